@@ -1,0 +1,27 @@
+-- cancel: stop a task that has not finished. Lazy: the slice entry stays for the claimer to drop.
+--
+-- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
+-- ARGV[1]  task key
+-- ARGV[2]  now_ms
+-- ARGV[3]  retention_ms, how long the cancelled record stays readable
+--
+-- Reply:  1 cancelled, -1 no such task, -2 already finished
+local P = KEYS[1]
+local key = ARGV[1]
+local now, retention = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tkey = P .. 't:' .. key
+
+local st = redis.call('HMGET', tkey, 'status', 'minute')
+if not st[1] then return -1 end
+if st[1] == 'succeeded' or st[1] == 'failed' or st[1] == 'cancelled' then return -2 end
+
+if st[1] == 'delivering' then
+  -- Dropping the claim token makes the holder's start check fail: no attempt starts after this.
+  redis.call('ZREM', P .. 'lease', key)
+else
+  redis.call('SADD', P .. 'd:' .. st[2], key)
+end
+redis.call('HDEL', tkey, 'claim', 'started')
+redis.call('HSET', tkey, 'status', 'cancelled', 'finished', now)
+redis.call('PEXPIRE', tkey, retention)
+return 1

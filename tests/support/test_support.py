@@ -1,0 +1,95 @@
+"""The test support itself: real redis-server, real cluster, real receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis
+import redis.cluster
+
+from .receiver import Receiver, Reply, ThreadedReceiver
+from .redis_server import RedisCluster, RedisServer
+
+
+def test_server_keeps_acknowledged_writes_across_sigkill(tmp_path: Path) -> None:
+    with RedisServer(tmp_path, appendfsync="always") as server:
+        port = server.port
+        with redis.Redis.from_url(server.url) as conn:
+            conn.set("k", "v")
+            conn.zadd("z", {"task": 1_700_000_000_123})
+        server.kill()
+        assert not server.running
+        server.restart()
+        assert server.port == port
+        with redis.Redis.from_url(server.url) as conn:
+            assert conn.get("k") == b"v"
+            assert conn.zscore("z", "task") == 1_700_000_000_123
+            assert conn.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+async def test_receiver_scripted_statuses_and_delay() -> None:
+    async with Receiver() as r, aiohttp.ClientSession() as session:
+        r.respond("/hook", [500, Reply(503, {"Retry-After": "2"}), 200])
+        r.respond("/slow", [Reply(200, delay=5.0), 204])
+        statuses = []
+        for i in range(4):
+            async with session.post(r.url(), data=f"b{i}", headers={"X-Test": "1"}) as resp:
+                statuses.append(resp.status)
+                if resp.status == 503:
+                    assert resp.headers["Retry-After"] == "2"
+        assert statuses == [500, 503, 200, 200]
+
+        with pytest.raises(asyncio.TimeoutError):
+            timeout = aiohttp.ClientTimeout(total=0.2)
+            async with session.get(r.url("/slow"), timeout=timeout):
+                pass
+        async with session.get(r.url("/slow")) as resp:
+            assert resp.status == 204
+        async with session.get(r.url("/other")) as resp:
+            assert resp.status == 200 and await resp.read() == b""
+
+        await r.wait_for(7, timeout=2)
+        hooks = r.arrivals_for("/hook")
+        assert [a.body for a in hooks] == [b"b0", b"b1", b"b2", b"b3"]
+        assert hooks[0].method == "POST" and hooks[0].headers["x-test"] == "1"
+        assert abs(hooks[0].received_at - time.time()) < 10
+        with pytest.raises(TimeoutError):
+            await r.wait_for(8, timeout=0.05)
+
+
+def test_threaded_receiver_from_sync_code() -> None:
+    with ThreadedReceiver() as r:
+        r.respond("/hook", [503, 200])
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(urllib.request.Request(r.url(), data=b"x"), timeout=5)
+        info.value.close()
+        with urllib.request.urlopen(r.url(), timeout=5) as resp:
+            assert resp.status == 200
+        r.wait_for_sync(2, timeout=2)
+        assert [a.method for a in r.arrivals] == ["POST", "GET"]
+        # A reply that hangs must not hold up shutdown.
+        r.respond("/hang", [Reply(delay=60)])
+        with pytest.raises(TimeoutError):
+            urllib.request.urlopen(r.url("/hang"), timeout=0.2)
+        started = time.monotonic()
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.cluster
+def test_cluster_spreads_keys_over_masters(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with RedisCluster(tmp_path) as cluster:
+        assert time.monotonic() - started < 15
+        keys = [f"{{tw:{i}}}:task" for i in range(16)]
+        with redis.cluster.RedisCluster.from_url(cluster.seed_url) as rc:
+            for key in keys:
+                rc.set(key, key)
+            assert [rc.get(key) for key in keys] == [key.encode() for key in keys]
+            owners = {rc.get_node_from_key(key).port for key in keys}
+        assert owners == {node.port for node in cluster.nodes}

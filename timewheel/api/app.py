@@ -1,0 +1,95 @@
+"""create_app: the FastAPI application, its lifespan and its error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from timewheel import __version__
+from timewheel.api import ops, tasks
+from timewheel.api.deps import require_token
+from timewheel.api.limits import BodySizeLimit
+from timewheel.clock import Clock
+from timewheel.errors import StoreUnavailable, TaskConflict, TaskNotFound
+from timewheel.metrics import Metrics
+from timewheel.models import MAX_BODY_BYTES
+from timewheel.record import BodyTooLarge
+from timewheel.senders import Sender
+from timewheel.service import Wheel
+from timewheel.settings import Settings
+
+# The whole request may carry the 1 MiB body plus the other fields (URL, headers, ...).
+MAX_REQUEST_BYTES = MAX_BODY_BYTES + 128 * 1024
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
+               sender: Sender | None = None, metrics: Metrics | None = None,
+               run_ticker: bool = True) -> FastAPI:
+    """Build an app. ``clock``, ``sender`` and ``run_ticker=False`` are for tests."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        wheel = await Wheel.open(settings, clock=clock, sender=sender, metrics=metrics)
+        if run_ticker:
+            wheel.start_ticker()
+        try:
+            yield {"wheel": wheel}
+        finally:
+            await wheel.close()
+
+    public_docs = settings.docs_public
+    app = FastAPI(
+        title="timewheel", version=__version__, lifespan=lifespan,
+        description="Calls HTTP URLs at their scheduled millisecond. See API.md.",
+        docs_url="/docs" if public_docs else None,
+        openapi_url="/openapi.json" if public_docs else None,
+        redoc_url=None,
+    )
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_REQUEST_BYTES)
+    app.include_router(ops.router)
+    app.include_router(ops.metrics_router,
+                       dependencies=[] if settings.metrics_public else [Depends(require_token)])
+    app.include_router(tasks.router)
+    if not public_docs:
+        _private_docs(app)
+    _error_handlers(app)
+    return app
+
+
+def _private_docs(app: FastAPI) -> None:
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(require_token)])
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="timewheel")
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(TaskNotFound)
+    async def not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(TaskConflict)
+    async def conflict(request: Request, exc: TaskConflict) -> JSONResponse:
+        # The body is the task view (when there is one) plus the reason.
+        body: dict[str, Any] = exc.view.model_dump(mode="json") if exc.view else {}
+        body["detail"] = str(exc)
+        return JSONResponse(body, status_code=409)
+
+    @app.exception_handler(StoreUnavailable)
+    async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": "Redis is unavailable; try again later"},
+                            status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "too_large", "loc": ["body", "body"],
+                                         "msg": str(exc)}]}, status_code=413)

@@ -1,0 +1,136 @@
+"""``/tasks``: schedule, replace, cancel, inspect, list dead letters, replay (API.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.exceptions import RequestValidationError
+
+from timewheel.api.deps import Authorized, WheelDep
+from timewheel.errors import TaskConflict, TaskNotFound
+from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskView
+from timewheel.netguard import BlockedAddress
+from timewheel.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
+from timewheel.service import Wheel
+from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND
+
+router = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=[Authorized])
+
+TaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
+_CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such task"}, 409: {"description": "conflict"},
+    413: {"description": "body too large"}, 503: {"description": "Redis unavailable"},
+}
+
+
+def _invalid(field: str, message: str, value: object) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": ("body", field),
+                                    "msg": message, "input": value}])
+
+
+def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
+    """Limits that depend on settings, then the record to store. Raises 422 on bad input."""
+    settings = wheel.settings
+    if fields.timeout is not None and fields.timeout > settings.batch_deadline_seconds:
+        raise _invalid("timeout", "must be at most the batch deadline "
+                       f"({settings.batch_deadline_seconds:g}s)", fields.timeout)
+    due = due_ms(fields, now)
+    if due - now > settings.max_horizon_seconds * 1000:
+        field = "delay" if fields.delay is not None else "execute_at"
+        raise _invalid(field, f"is more than {settings.max_horizon_seconds:g}s ahead "
+                       "(TIMEWHEEL_MAX_HORIZON_SECONDS)", getattr(fields, field))
+    try:
+        wheel.policy.check_url_host(fields.callback_url)
+    except BlockedAddress as exc:
+        raise _invalid("callback_url", str(exc), fields.callback_url) from exc
+    default_timeout = min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds)
+    return prepare(fields, key, now, default_timeout=default_timeout)
+
+
+async def _existing_view(wheel: Wheel, key: str) -> TaskView:
+    view = await wheel.store.get(key)
+    if view is None:  # expired between the script and this read
+        raise TaskNotFound(key)
+    return view
+
+
+@router.post("", status_code=201, response_model=TaskView, responses=_CONFLICT_RESPONSES)
+async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> TaskView:
+    """Schedule a task. Repeating the same request with the same key is safe (200)."""
+    key = body.key or new_key()
+    now = wheel.clock.now_ms()
+    task = _prepare(wheel, body, key, now)
+    code = await wheel.store.schedule(task, replace=False, now_ms=now)
+    if code == CONFLICT:
+        raise TaskConflict(f"task {key!r} exists with other content")
+    if code == EXISTS:
+        response.status_code = 200
+        return await _existing_view(wheel, key)
+    wheel.metrics.scheduled.inc()
+    response.headers["Location"] = f"/tasks/{key}"
+    return task.view(now)
+
+
+@router.put("/{key}", response_model=TaskView, responses={201: {"description": "created"},
+                                                          **_CONFLICT_RESPONSES})
+async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
+                       response: Response) -> TaskView:
+    """Create the task, or replace (reschedule) it if it has not finished."""
+    now = wheel.clock.now_ms()
+    task = _prepare(wheel, body, key, now)
+    code = await wheel.store.schedule(task, replace=True, now_ms=now)
+    wheel.metrics.scheduled.inc()
+    if code == CREATED:
+        response.status_code = 201
+        response.headers["Location"] = f"/tasks/{key}"
+    return task.view(now)
+
+
+@router.delete("/{key}", status_code=204, response_class=Response,
+               responses=_CONFLICT_RESPONSES)
+async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
+    """Cancel: once this returns 204, no attempt starts (one in flight may still arrive)."""
+    code = await wheel.store.cancel(key, now_ms=wheel.clock.now_ms())
+    if code == NOT_FOUND:
+        raise TaskNotFound(key)
+    if code == NOT_ALLOWED:
+        raise TaskConflict(f"task {key!r} has already finished", await wheel.store.get(key))
+    wheel.metrics.cancelled.inc()
+    return Response(status_code=204)
+
+
+@router.get("/{key}", response_model=TaskView, responses=_CONFLICT_RESPONSES)
+async def get_task(key: TaskKey, wheel: WheelDep) -> TaskView:
+    view = await wheel.store.get(key)
+    if view is None:
+        raise TaskNotFound(key)
+    return view
+
+
+@router.get("", response_model=TaskList, responses=_CONFLICT_RESPONSES)
+async def list_tasks(
+    wheel: WheelDep,
+    status: Annotated[Literal["failed"], Query(description="only `failed` (dead letters)")],
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=300, pattern=r"^\d+:.+$")] = None,
+) -> TaskList:
+    """Dead letters: tasks that failed for good, newest first, cursor-paginated."""
+    after = None
+    if cursor is not None:
+        ms, _, key = cursor.partition(":")
+        after = (int(ms), key)
+    views, last = await wheel.store.list_failed(limit, after)
+    return TaskList(tasks=views, next_cursor=f"{last[0]}:{last[1]}" if last else None)
+
+
+@router.post("/{key}/replay", response_model=TaskView, responses=_CONFLICT_RESPONSES)
+async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
+    """Schedule a failed or cancelled task again, now, with its attempts reset."""
+    code = await wheel.store.replay(key, now_ms=wheel.clock.now_ms())
+    if code == NOT_FOUND:
+        raise TaskNotFound(key)
+    if code == NOT_ALLOWED:
+        raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
+                           await wheel.store.get(key))
+    return await _existing_view(wheel, key)

@@ -1,0 +1,57 @@
+"""``timewheel serve``: the API, the ticker and the dispatcher in one process (uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from timewheel import __version__
+from timewheel.settings import Settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timewheel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the service",
+                                description="Every setting below can also be given as an "
+                                "environment variable TIMEWHEEL_<NAME>; flags win.")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    for name, info in Settings.model_fields.items():
+        serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
+                           metavar="VALUE",
+                           help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    overrides: dict[str, Any] = {
+        key.removeprefix("setting_"): value for key, value in vars(args).items()
+        if key.startswith("setting_") and value is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        sys.exit(f"timewheel: invalid settings:\n{exc}")
+    serve(settings, args.host, args.port)
+
+
+def serve(settings: Settings, host: str, port: int) -> None:
+    import uvicorn
+
+    from timewheel.api.app import create_app
+
+    level = settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=host, port=port, loop="uvloop", http="httptools",
+                log_level=settings.log_level.lower(), access_log=False,
+                timeout_graceful_shutdown=int(settings.batch_deadline_seconds) + 5)
+
+
+if __name__ == "__main__":
+    main()

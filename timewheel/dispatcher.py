@@ -1,0 +1,209 @@
+"""Dispatcher: fires each claimed task at its own millisecond and records the outcome.
+
+Per task: wait until just before it is due; check with Redis that the claim still holds
+(``start``: a task cancelled or replaced after the claim is not sent); wait until it is due
+(never before); send; record the outcome (``complete``). The Redis calls of all tasks in flight
+are batched per bucket (timewheel/batching.py). Concurrency is bounded by a semaphore and the
+sender's connection pool.
+
+Deadlines: a task must start within half its lease margin of its due time, or it is handed back
+unstarted (``release``) for any process to claim at once; an attempt in flight when its tick's
+batch deadline passes is abandoned and its lease left to run out, so another process re-sends
+it (its outcome is unknown: at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from timewheel import __version__
+from timewheel.batching import BucketBatcher
+from timewheel.clock import Clock
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.models import format_ms
+from timewheel.record import ClaimedTask
+from timewheel.retry_policy import classify_status, next_due_ms
+from timewheel.senders import Answer, SendError, Sender
+from timewheel.signing import Signer
+from timewheel.store import Outcome, Store
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = f"timewheel/{__version__}"
+START_LEAD_MS = 3.0  # the claim check runs this much before the due time, off the critical path
+MAX_ERROR_CHARS = 500
+
+
+class Dispatcher:
+    def __init__(self, store: Store, clock: Clock, sender: Sender, metrics: Metrics, *,
+                 signer: Signer | None, max_concurrency: int, batch_deadline_ms: int) -> None:
+        self._store = store
+        self._clock = clock
+        self._sender = sender
+        self._metrics = metrics
+        self._signer = signer
+        self._batch_deadline_ms = batch_deadline_ms
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._starts: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._flush_starts)
+        self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
+        self._waiting: dict[asyncio.Task[None], ClaimedTask] = {}  # claimed, not started
+        self._sending: set[asyncio.Task[None]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting) + len(self._sending)
+
+    def submit(self, tasks: Sequence[ClaimedTask], claimed_at_ms: int) -> None:
+        """Take over freshly claimed tasks; each fires at its own time."""
+        deadline_ms = claimed_at_ms + self._batch_deadline_ms
+        for claimed in tasks:
+            runner = asyncio.create_task(self._deliver(claimed, claimed_at_ms, deadline_ms))
+            self._waiting[runner] = claimed
+            runner.add_done_callback(self._forget)
+
+    def _forget(self, runner: asyncio.Task[None]) -> None:
+        self._waiting.pop(runner, None)
+        self._sending.discard(runner)
+
+    async def _deliver(self, task: ClaimedTask, claimed_at_ms: int, deadline_ms: int) -> None:
+        runner = asyncio.current_task()
+        assert runner is not None
+        start_by = max(task.due_ms, claimed_at_ms) + self._store.lease_margin_ms // 2
+        await self._clock.sleep_until(task.due_ms - START_LEAD_MS)
+        async with self._slots:
+            if self._clock.now_ms() > start_by:
+                await self._hand_back([task], "missed its start deadline")
+                return
+            try:
+                attempt = await self._starts.submit(task.bucket, (task.key, task.token))
+            except StoreUnavailable as exc:
+                # Cannot tell whether it was cancelled: do not send. The lease runs out and a
+                # process re-claims it once Redis answers again.
+                log.warning("cannot start %s, leaving it to its lease: %s", task.key, exc)
+                return
+            if attempt == 0:
+                self._metrics.skipped.inc()  # cancelled or replaced since the claim
+                return
+            self._waiting.pop(runner, None)
+            self._sending.add(runner)
+            await self._clock.sleep_until(task.due_ms)
+            timeout_ms = min(task.timeout_ms, deadline_ms - self._clock.now_ms())
+            if timeout_ms <= 0:
+                self._metrics.callbacks.labels("abandoned").inc()
+                return  # the batch deadline passed while waiting; the lease re-sends it
+            outcome = await self._attempt(task, attempt, timeout_ms / 1000.0)
+        if outcome is not None:
+            await self._record(task, outcome)
+
+    async def _attempt(self, task: ClaimedTask, attempt: int, timeout: float) -> Outcome | None:
+        started_ms = self._clock.wall_ms()
+        lateness = (started_ms - task.due_ms) / 1000.0
+        self._metrics.lateness.labels("first" if attempt == 1 else "retry").observe(lateness)
+        headers = self._headers(task, attempt, int(started_ms // 1000))
+        answer: Answer | None = None
+        error: SendError | None = None
+        self._metrics.inflight.inc()
+        try:
+            answer = await self._sender.send(task.method, task.url, headers, task.body or None,
+                                             timeout)
+        except SendError as exc:
+            error = exc
+        finally:
+            self._metrics.inflight.dec()
+        took = (self._clock.wall_ms() - started_ms) / 1000.0
+        self._metrics.duration.observe(took)
+        return self._outcome(task, attempt, answer, error, took, int(started_ms))
+
+    def _headers(self, task: ClaimedTask, attempt: int, timestamp: int) -> list[tuple[str, str]]:
+        headers = [*task.headers,
+                   ("webhook-id", task.key),
+                   ("webhook-timestamp", str(timestamp)),
+                   ("timewheel-attempt", str(attempt)),
+                   ("timewheel-scheduled-at", format_ms(task.execute_at_ms) or ""),
+                   ("User-Agent", USER_AGENT)]
+        if self._signer is not None:
+            headers.append(("webhook-signature",
+                            self._signer.sign(task.key, timestamp, task.body or b"")))
+        return headers
+
+    def _outcome(self, task: ClaimedTask, attempt: int, answer: Answer | None,
+                 error: SendError | None, took: float, started_ms: int) -> Outcome:
+        now = self._clock.now_ms()
+        if answer is not None:
+            verdict = classify_status(answer.status)
+            code: int | None = answer.status
+            message = None if verdict == "ok" else f"HTTP {answer.status}"
+            retry_after = answer.retry_after
+        else:
+            assert error is not None
+            verdict = "fail" if error.kind == "blocked" else "retry"
+            code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
+        if verdict == "retry" and attempt >= task.max_attempts:
+            verdict = "fail"
+        log.info("callback %s attempt=%d %s %.3fs -> %s", task.key, attempt,
+                 code if code is not None else message, took, verdict)
+        if verdict == "retry":
+            self._metrics.callbacks.labels("retried").inc()
+            return Outcome(task.key, task.token, "retry", code, message,
+                           next_due_ms(now, task.backoff_ms, attempt, retry_after), started_ms)
+        self._metrics.callbacks.labels("succeeded" if verdict == "ok" else "failed").inc()
+        return Outcome(task.key, task.token, verdict, code, message, started_ms=started_ms)
+
+    async def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
+        """Store the outcome; while Redis is down, keep trying until the lease would have
+        run out anyway (after that the task is re-sent: at-least-once)."""
+        give_up = self._clock.now_ms() + task.timeout_ms + self._store.lease_margin_ms
+        delay = 0.05
+        while True:
+            try:
+                if not await self._completes.submit(task.bucket, outcome):
+                    log.info("outcome of %s dropped: cancelled, replaced or re-claimed meanwhile",
+                             task.key)
+                return
+            except StoreUnavailable as exc:
+                if self._clock.now_ms() + delay * 1000 > give_up:
+                    log.warning("outcome of %s not stored, it will be re-sent: %s", task.key, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _hand_back(self, tasks: Sequence[ClaimedTask], why: str) -> None:
+        by_bucket: dict[int, list[tuple[str, str]]] = {}
+        for task in tasks:
+            by_bucket.setdefault(task.bucket, []).append((task.key, task.token))
+        for bucket, claims in by_bucket.items():
+            try:
+                await self._store.release(bucket, claims)
+            except StoreUnavailable as exc:
+                log.warning("could not hand back %d claims (%s); their leases will: %s",
+                            len(claims), why, exc)
+        self._metrics.skipped.inc(len(tasks))
+        log.info("handed back %d claims: %s", len(tasks), why)
+
+    async def _flush_starts(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
+        return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
+
+    async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]) -> list[int]:
+        return await self._store.complete(bucket, now_ms=self._clock.now_ms(), outcomes=outcomes)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Hand back every claim not yet started, at once; give attempts in flight up to
+        ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
+        waiting = dict(self._waiting)
+        for runner in waiting:
+            runner.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        # A runner cancelled inside its start check may have started; release skips those.
+        if waiting:
+            await self._hand_back(list(waiting.values()), "shutting down")
+        if self._sending:
+            _, late = await asyncio.wait(set(self._sending), timeout=grace_seconds)
+            for runner in late:
+                runner.cancel()
+            if late:
+                log.warning("%d attempts still in flight at shutdown; their leases will "
+                            "re-send them", len(late))
+                await asyncio.gather(*late, return_exceptions=True)

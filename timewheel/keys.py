@@ -1,0 +1,60 @@
+"""Redis key names. All keys of one task live under one ``{hash tag}``: its bucket's.
+
+    bucket = crc32(task key) % buckets       (buckets is fixed per wheel and stored in Redis)
+    prefix = "{<key_prefix>:<bucket>}:"
+
+Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua):
+
+    P t:<key>      hash   the task record
+    P m:<minute>   zset   the minute slice: task key -> due_ms
+    P d:<minute>   set    the minute's delete-set (cancelled or moved away)
+    P cursor       string oldest minute that may still hold entries
+    P lease        zset   claimed task key -> lease expiry ms
+    P dead         zset   failed task key -> finished ms (the dead letters)
+    P c:<token>    list   keys one claim call took (lets a retried call return the same)
+
+On a Redis Cluster each bucket is one hash slot, so a minute's load spreads over the cluster
+while every script still touches a single slot.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+DEFAULT_BUCKETS = 16
+
+
+class Keyspace:
+    def __init__(self, key_prefix: str, buckets: int = DEFAULT_BUCKETS) -> None:
+        self.key_prefix = key_prefix
+        self.buckets = buckets
+        self._prefixes = [f"{{{key_prefix}:{b}}}:" for b in range(buckets)]
+
+    @property
+    def buckets_key(self) -> str:
+        """Where the wheel's bucket count is stored (outside any bucket)."""
+        return f"{self.key_prefix}:buckets"
+
+    def bucket_of(self, task_key: str) -> int:
+        return zlib.crc32(task_key.encode()) % self.buckets
+
+    def prefix(self, bucket: int) -> str:
+        return self._prefixes[bucket]
+
+    def task(self, task_key: str) -> str:
+        return f"{self.prefix(self.bucket_of(task_key))}t:{task_key}"
+
+    def slice(self, bucket: int, minute: int) -> str:
+        return f"{self.prefix(bucket)}m:{minute}"
+
+    def delete_set(self, bucket: int, minute: int) -> str:
+        return f"{self.prefix(bucket)}d:{minute}"
+
+    def cursor(self, bucket: int) -> str:
+        return f"{self.prefix(bucket)}cursor"
+
+    def lease(self, bucket: int) -> str:
+        return f"{self.prefix(bucket)}lease"
+
+    def dead(self, bucket: int) -> str:
+        return f"{self.prefix(bucket)}dead"

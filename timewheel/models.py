@@ -1,0 +1,195 @@
+"""Request and response models of the HTTP API (API.md, "Tasks")."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+MAX_URL_LENGTH = 2048
+MAX_HEADERS = 50
+MAX_BODY_BYTES = 1024 * 1024
+MAX_BACKOFF_SECONDS = 3600.0
+KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
+# RFC 9110 token: the characters a header name may hold.
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_FORBIDDEN_VALUE_CHARS = re.compile(r"[\r\n\x00]")
+# Hop-by-hop and framing headers: the HTTP client owns them (API.md).
+_HOP_BY_HOP = {"host", "connection", "content-length", "transfer-encoding", "te", "trailer",
+               "upgrade", "keep-alive"}
+# Headers the service sets on every callback; a task may not forge or blur them.
+_RESERVED = {"webhook-id", "webhook-timestamp", "webhook-signature", "user-agent"}
+# RFC 3339 date-time; the offset is required (a local time would be ambiguous).
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+class Method(StrEnum):
+    GET = "GET"
+    POST = "POST"
+    PUT = "PUT"
+    PATCH = "PATCH"
+    DELETE = "DELETE"
+
+
+class TaskStatus(StrEnum):
+    SCHEDULED = "scheduled"
+    DELIVERING = "delivering"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+Number = StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
+
+
+def epoch_ms_ceil(seconds: Decimal) -> int:
+    """Seconds to whole milliseconds, rounded up: a fraction of a millisecond never fires early."""
+    return int((seconds * 1000).to_integral_value(rounding=ROUND_CEILING))
+
+
+def parse_execute_at(value: str | int | float) -> int:
+    """``execute_at`` (RFC 3339 with offset, or Unix seconds) as epoch milliseconds."""
+    if isinstance(value, str):
+        if not _RFC3339.match(value):
+            raise ValueError("must be an RFC 3339 date-time with offset, e.g. 2026-11-22T10:00:00Z")
+        try:
+            moment = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(f"not a valid date-time: {exc}") from exc
+        whole = Decimal(int(moment.replace(microsecond=0).timestamp()))
+        fraction = re.search(r"\.(\d+)", value)
+        return epoch_ms_ceil(whole + (Decimal("0." + fraction.group(1)) if fraction else 0))
+    try:
+        seconds = Decimal(str(value))
+    except InvalidOperation as exc:  # pragma: no cover - StrictFloat excludes nan/inf
+        raise ValueError("not a number") from exc
+    if seconds < 0:
+        raise ValueError("must be Unix epoch seconds >= 0")
+    return epoch_ms_ceil(seconds)
+
+
+def format_ms(ms: int | None) -> str | None:
+    """Epoch milliseconds as RFC 3339 UTC with milliseconds (``2026-11-22T10:00:00.123Z``)."""
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+
+
+class TaskFields(BaseModel):
+    """Body of ``PUT /tasks/{key}``; ``POST /tasks`` adds ``key``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    callback_url: StrictStr = Field(max_length=MAX_URL_LENGTH)
+    method: Method = Method.POST
+    headers: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    body: Any = None
+    execute_at: StrictStr | Number | None = None
+    delay: Annotated[Number, Field(ge=0)] | None = None
+    timeout: Annotated[Number, Field(gt=0)] | None = None
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 5
+    retry_backoff: Annotated[Number, Field(gt=0, le=MAX_BACKOFF_SECONDS)] = 1.0
+
+    @field_validator("callback_url")
+    @classmethod
+    def _absolute_http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL: {exc}") from exc
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an absolute http:// or https:// URL")
+        if any(ch.isspace() or ord(ch) < 0x20 for ch in value):
+            raise ValueError("must not contain whitespace or control characters")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry user:password (put credentials in headers)")
+        return value
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper_method(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_HEADERS:
+            raise ValueError(f"at most {MAX_HEADERS} headers")
+        seen: set[str] = set()
+        for name, val in value.items():
+            lower = name.lower()
+            if not _TOKEN.match(name):
+                raise ValueError(f"header name {name!r} is not an RFC 9110 token")
+            if _FORBIDDEN_VALUE_CHARS.search(val):
+                raise ValueError(f"header {name!r} holds CR, LF or NUL")
+            if lower in _HOP_BY_HOP or lower.startswith("proxy-"):
+                raise ValueError(f"header {name!r} is hop-by-hop or framing: the client sets it")
+            if lower in _RESERVED or lower.startswith("timewheel-"):
+                raise ValueError(f"header {name!r} is set by timewheel on every callback")
+            if lower in seen:
+                raise ValueError(f"header {name!r} is given twice")
+            seen.add(lower)
+        return value
+
+    @field_validator("execute_at")
+    @classmethod
+    def _valid_execute_at(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_execute_at(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_time(self) -> TaskFields:
+        if self.execute_at is not None and self.delay is not None:
+            raise ValueError("give at most one of execute_at and delay")
+        return self
+
+
+class TaskCreate(TaskFields):
+    """Body of ``POST /tasks``."""
+
+    key: Annotated[StrictStr, Field(pattern=KEY_PATTERN)] | None = None
+
+
+class TaskView(BaseModel):
+    """What the API shows of a task."""
+
+    key: str
+    status: TaskStatus
+    execute_at: str
+    callback_url: str
+    method: str
+    attempts: int
+    max_attempts: int
+    next_attempt_at: str | None
+    last_attempt_at: str | None
+    last_status_code: int | None
+    last_error: str | None
+    created_at: str
+    finished_at: str | None
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskView]
+    next_cursor: str | None

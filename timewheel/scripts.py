@@ -1,0 +1,44 @@
+"""Finds ``lua/*.lua`` and registers each script once per Redis client.
+
+redis-py's ``register_script`` calls EVALSHA and falls back to loading the script on NOSCRIPT,
+so a Redis restart or failover that empties the script cache is handled transparently.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+
+NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay")
+
+
+def lua_dir() -> Path:
+    """``timewheel/lua`` in an installed wheel; the repository's ``lua/`` in an editable install."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "lua", here.parent / "lua"):
+        if (candidate / "claim.lua").is_file():
+            return candidate
+    raise FileNotFoundError("cannot find the timewheel Lua scripts (lua/claim.lua)")
+
+
+@cache
+def source(name: str) -> str:
+    return (lua_dir() / f"{name}.lua").read_text()
+
+
+class Scripts:
+    """One registered script per operation, named like the Store method that calls it."""
+
+    def __init__(self, redis: Redis | RedisCluster) -> None:
+        registered = {name: redis.register_script(source(name)) for name in NAMES}
+        self.schedule: AsyncScript = registered["schedule"]
+        self.cancel: AsyncScript = registered["cancel"]
+        self.claim: AsyncScript = registered["claim"]
+        self.start: AsyncScript = registered["start"]
+        self.complete: AsyncScript = registered["complete"]
+        self.release: AsyncScript = registered["release"]
+        self.replay: AsyncScript = registered["replay"]

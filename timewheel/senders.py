@@ -1,0 +1,132 @@
+"""How callbacks leave the process: a small Sender interface and two implementations.
+
+The dispatcher's hot path uses aiohttp directly: measured on this project's 2-core machine
+(bench/senders.py, bench/README.md), httpx's default transport costs ~4 ms of CPU per request
+and httpx on an aiohttp transport ~0.7 ms, while aiohttp alone ~0.2 ms; only the last meets the
+burst target. ``HttpxSender`` keeps httpx available (``TIMEWHEEL_HTTP_CLIENT=httpx``) and is
+what the dispatcher's unit tests drive with respx. Both connect only to addresses the SSRF
+guard approved (timewheel/netguard.py), follow no redirects and ignore proxy variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import aiohttp
+import httpx
+
+from timewheel.netguard import (
+    BlockedAddress,
+    NetworkPolicy,
+    guarded_connector,
+    guarded_httpx_transport,
+)
+
+MAX_RESPONSE_BYTES = 64 * 1024  # read and dropped, so the connection can be reused
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    retry_after: str | None
+
+
+class SendError(Exception):
+    """The attempt got no HTTP answer. ``kind`` says why; "blocked" is never retried."""
+
+    def __init__(self, kind: Literal["connect", "timeout", "blocked", "error"],
+                 message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Sender(Protocol):
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+                   body: bytes | None, timeout: float) -> Answer: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _blocked_cause(exc: BaseException) -> BlockedAddress | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, BlockedAddress):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class AiohttpSender:
+    def __init__(self, policy: NetworkPolicy, *, max_connections: int) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=guarded_connector(policy, limit=max_connections, limit_per_host=0),
+            trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+                   body: bytes | None, timeout: float) -> Answer:
+        try:
+            async with self._session.request(
+                method, url, headers=headers, data=body, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                await response.content.read(MAX_RESPONSE_BYTES)
+                if not response.content.at_eof():
+                    response.close()  # a large answer is not worth draining
+                return Answer(response.status, response.headers.get("Retry-After"))
+        except TimeoutError as exc:
+            raise SendError("timeout", f"no answer within {timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            blocked = _blocked_cause(exc)
+            if blocked is not None:
+                raise SendError("blocked", str(blocked)) from exc
+            kind: Literal["connect", "error"] = (
+                "connect" if isinstance(exc, aiohttp.ClientConnectionError) else "error")
+            raise SendError(kind, f"{type(exc).__name__}: {exc}") from exc
+        except BlockedAddress as exc:
+            raise SendError("blocked", str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+class HttpxSender:
+    def __init__(self, policy: NetworkPolicy, *, max_connections: int) -> None:
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections)
+        self._client = httpx.AsyncClient(
+            transport=guarded_httpx_transport(policy, limits=limits),
+            follow_redirects=False, trust_env=False,
+        )
+
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+                   body: bytes | None, timeout: float) -> Answer:
+        try:
+            async with self._client.stream(method, url, headers=headers, content=body,
+                                           timeout=timeout) as response:
+                read = 0
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read >= MAX_RESPONSE_BYTES:
+                        break
+                return Answer(response.status_code, response.headers.get("Retry-After"))
+        except httpx.TimeoutException as exc:
+            raise SendError("timeout", f"no answer within {timeout:g}s") from exc
+        except (httpx.HTTPError, BlockedAddress) as exc:
+            blocked = _blocked_cause(exc)
+            if blocked is not None:
+                raise SendError("blocked", str(blocked)) from exc
+            kind: Literal["connect", "error"] = (
+                "connect" if isinstance(exc, httpx.TransportError) else "error")
+            raise SendError(kind, f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def make_sender(kind: str, policy: NetworkPolicy, *, max_connections: int) -> Sender:
+    if kind == "httpx":
+        return HttpxSender(policy, max_connections=max_connections)
+    return AiohttpSender(policy, max_connections=max_connections)

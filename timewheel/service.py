@@ -1,0 +1,95 @@
+"""Wheel: the parts of one ``timewheel serve`` process, built from Settings, started and
+stopped in order (embedded Redis first and last)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from timewheel.clock import Clock, RedisClock
+from timewheel.connection import make_redis
+from timewheel.dispatcher import Dispatcher
+from timewheel.embedded import EmbeddedRedis
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.netguard import NetworkPolicy
+from timewheel.senders import Sender, make_sender
+from timewheel.settings import Settings
+from timewheel.signing import Signer
+from timewheel.store import Store
+from timewheel.ticker import Ticker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Wheel:
+    settings: Settings
+    policy: NetworkPolicy
+    metrics: Metrics
+    redis: Redis | RedisCluster
+    store: Store
+    clock: Clock
+    dispatcher: Dispatcher
+    ticker: Ticker
+    sender: Sender
+    embedded: EmbeddedRedis | None = None
+    _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @classmethod
+    async def open(cls, settings: Settings, *, clock: Clock | None = None,
+                   sender: Sender | None = None, metrics: Metrics | None = None) -> Wheel:
+        embedded = None
+        url = settings.redis_url
+        if url is None:
+            embedded = EmbeddedRedis(settings.data_dir, appendfsync=settings.embedded_appendfsync)
+            await asyncio.to_thread(embedded.start)
+            url = embedded.url
+        redis = make_redis(url, cluster=settings.redis_cluster)
+        metrics = metrics or Metrics()
+        policy = NetworkPolicy(allow_private=settings.allow_private_networks,
+                               allowed_networks=tuple(settings.allowed_networks))
+        store = Store(redis, settings.key_prefix,
+                      retention_ms=int(settings.retention_seconds * 1000),
+                      lease_margin_ms=int(settings.lease_margin_seconds * 1000))
+        clock = clock or RedisClock(redis)
+        sender = sender or make_sender(settings.http_client, policy,
+                                       max_connections=settings.max_concurrency)
+        signer = (Signer([s.get_secret_value() for s in settings.signing_secret])
+                  if settings.signing_secret else None)
+        dispatcher = Dispatcher(store, clock, sender, metrics, signer=signer,
+                                max_concurrency=settings.max_concurrency,
+                                batch_deadline_ms=int(settings.batch_deadline_seconds * 1000))
+        ticker = Ticker(store, clock, dispatcher, metrics,
+                        tick_ms=int(settings.tick_seconds * 1000),
+                        claim_batch=settings.claim_batch,
+                        max_pending=settings.max_concurrency * 20)
+        wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, ticker, sender,
+                    embedded)
+        try:
+            await store.init()
+            await clock.refresh()
+        except StoreUnavailable as exc:
+            # Stay up: the API answers 503 and the ticker retries until Redis is back.
+            log.error("Redis unavailable at start-up: %s", exc)
+        return wheel
+
+    def start_ticker(self) -> None:
+        self._ticker_task = asyncio.create_task(self.ticker.run(), name="timewheel-ticker")
+
+    async def close(self) -> None:
+        """Stop claiming, hand back or finish what is in flight, then close everything."""
+        self.ticker.stop()
+        if self._ticker_task is not None:
+            await self._ticker_task
+        await self.dispatcher.stop(self.settings.batch_deadline_seconds)
+        await self.sender.aclose()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)

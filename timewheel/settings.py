@@ -1,0 +1,68 @@
+"""Settings from flags or ``TIMEWHEEL_*`` environment variables (names fixed by API.md)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set. Built once in the CLI or ``create_app`` and passed down."""
+
+    model_config = SettingsConfigDict(env_prefix="TIMEWHEEL_", extra="ignore")
+
+    redis_url: str | None = None
+    redis_cluster: bool = False
+    data_dir: Path = Path(".timewheel")
+    key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9._:-]{1,50}$")
+    api_tokens: Annotated[list[SecretStr], NoDecode] = []
+    signing_secret: Annotated[list[SecretStr], NoDecode] = []
+    allow_private_networks: bool = False
+    allowed_networks: Annotated[list[IPNetwork], NoDecode] = []
+    tick_seconds: float = Field(default=1.0, gt=0, le=60)
+    batch_deadline_seconds: float = Field(default=30.0, gt=0, le=3600)
+    max_horizon_seconds: float = Field(default=31_536_000, gt=0)
+
+    # Beyond API.md: operational knobs with safe defaults.
+    retention_seconds: float = Field(default=7 * 86400, gt=0)
+    lease_margin_seconds: float = Field(default=5.0, gt=0)
+    claim_batch: int = Field(default=500, ge=1, le=10_000)
+    max_concurrency: int = Field(default=512, ge=1, le=100_000)
+    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    metrics_public: bool = True
+    docs_public: bool = True
+    embedded_appendfsync: Literal["always", "everysec"] = "always"
+    log_level: str = "info"
+
+    @field_validator("api_tokens", "signing_secret", "allowed_networks", mode="before")
+    @classmethod
+    def _csv(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("signing_secret")
+    @classmethod
+    def _whsec(cls, value: list[SecretStr]) -> list[SecretStr]:
+        # Decoded here so a bad secret stops the start, not the first callback.
+        from timewheel.signing import decode_secret
+
+        for secret in value:
+            decode_secret(secret.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _cluster_needs_url(self) -> Settings:
+        if self.redis_cluster and not self.redis_url:
+            raise ValueError("TIMEWHEEL_REDIS_CLUSTER needs TIMEWHEEL_REDIS_URL (a cluster node)")
+        return self

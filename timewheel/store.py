@@ -1,0 +1,203 @@
+"""Store: every read and write of the wheel's state, one atomic Lua script per mutation.
+
+Methods take ``now_ms`` from the caller's clock (the scripts never read the time themselves),
+and translate Redis failures into ``StoreUnavailable``, keeping the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from timewheel.errors import StoreUnavailable
+from timewheel.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.models import TaskView
+from timewheel.record import VIEW_FIELDS, ClaimedTask, NewTask, view_from_fields
+from timewheel.scripts import Scripts
+
+log = logging.getLogger(__name__)
+
+CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
+NOT_FOUND, NOT_ALLOWED = -1, -2
+_CLAIM_FIELDS = 11  # key, due, then the nine FIELDS of lua/claim.lua
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt, for ``Store.complete``."""
+
+    key: str
+    token: str
+    kind: Literal["ok", "retry", "fail"]
+    status_code: int | None = None
+    error: str | None = None
+    next_due_ms: int | None = None
+    started_ms: int = 0
+
+
+@asynccontextmanager
+async def _redis_errors(what: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+class Store:
+    def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
+                 retention_ms: int, lease_margin_ms: int) -> None:
+        self.redis = redis
+        self.keys = Keyspace(key_prefix)
+        self.retention_ms = retention_ms
+        self.lease_margin_ms = lease_margin_ms
+        self.scripts = Scripts(redis)
+        self.ready = False  # init() has read the bucket count
+
+
+    async def init(self) -> None:
+        """Read (or fix, the first time) the wheel's bucket count; warn about eviction."""
+        async with _redis_errors("init"):
+            await self.redis.set(self.keys.buckets_key, DEFAULT_BUCKETS, nx=True)
+            buckets = int(await self.redis.get(self.keys.buckets_key) or DEFAULT_BUCKETS)
+            if buckets != self.keys.buckets:
+                self.keys = Keyspace(self.keys.key_prefix, buckets)
+        self.ready = True
+        try:
+            policy = await self.redis.config_get("maxmemory-policy")
+        except RedisError:  # managed Redis often refuses CONFIG
+            return
+        values = policy.values() if isinstance(policy, dict) else []
+        for value in values:
+            # A cluster answers per node: {node: {key: value}}.
+            found = value.get(b"maxmemory-policy", value) if isinstance(value, dict) else value
+            if found not in (b"noeviction", "noeviction"):
+                log.warning("Redis maxmemory-policy is %r, not noeviction: Redis may evict "
+                            "tasks under memory pressure", found)
+
+    async def ping(self) -> None:
+        async with _redis_errors("ping"):
+            await self.redis.ping()
+
+    # -- the API's operations -----------------------------------------------------------------
+
+    async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> int:
+        """CREATED, REPLACED, EXISTS (identical, create only) or CONFLICT (create only)."""
+        bucket = self.keys.bucket_of(task.key)
+        async with _redis_errors("schedule"):
+            return int(await self.scripts.schedule(
+                keys=[self.keys.prefix(bucket)],
+                args=[task.key, "replace" if replace else "create", now_ms, task.due_ms,
+                      task.fingerprint, *task.fields()],
+            ))
+
+    async def cancel(self, key: str, *, now_ms: int) -> int:
+        """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished)."""
+        async with _redis_errors("cancel"):
+            return int(await self.scripts.cancel(
+                keys=[self.keys.prefix(self.keys.bucket_of(key))],
+                args=[key, now_ms, self.retention_ms],
+            ))
+
+    async def replay(self, key: str, *, now_ms: int) -> int:
+        """1 scheduled again, NOT_FOUND, or NOT_ALLOWED (not failed or cancelled)."""
+        async with _redis_errors("replay"):
+            return int(await self.scripts.replay(
+                keys=[self.keys.prefix(self.keys.bucket_of(key))], args=[key, now_ms]))
+
+    async def get(self, key: str) -> TaskView | None:
+        async with _redis_errors("get"):
+            values = await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS))
+        return view_from_fields(key, values)
+
+    async def list_failed(self, limit: int, cursor: tuple[int, str] | None
+                          ) -> tuple[list[TaskView], tuple[int, str] | None]:
+        """Dead letters, newest first, across every bucket. ``cursor`` is the (finished_ms, key)
+        of the last task of the previous page."""
+        rows: list[tuple[int, str]] = []
+        async with _redis_errors("list_failed"):
+            for bucket in range(self.keys.buckets):
+                dead = self.keys.dead(bucket)
+                if cursor is None:
+                    found = await self.redis.zrevrangebyscore(dead, "+inf", "-inf", 0, limit,
+                                                              withscores=True)
+                else:
+                    # Ties on the cursor's millisecond first (order by key), then older ones.
+                    ties = await self.redis.zrangebyscore(dead, cursor[0], cursor[0],
+                                                          withscores=True)
+                    found = [(k, s) for k, s in ties if k.decode() < cursor[1]]
+                    found += await self.redis.zrevrangebyscore(dead, f"({cursor[0]}", "-inf", 0,
+                                                               limit, withscores=True)
+                rows.extend((int(score), member.decode()) for member, score in found)
+            rows.sort(reverse=True)
+            page = rows[:limit]
+            views = []
+            for _, key in page:
+                view = view_from_fields(
+                    key, await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS)))
+                if view is not None:
+                    views.append(view)
+        more = len(rows) > limit
+        return views, (page[-1] if more and page else None)
+
+    # -- the ticker's and dispatcher's operations ----------------------------------------------
+
+    async def claim(self, bucket: int, *, now_ms: int, horizon_ms: int, limit: int, token: str,
+                    max_minutes: int = 1440) -> tuple[bool, list[ClaimedTask]]:
+        """Claim up to ``limit`` tasks of one bucket due at or before ``horizon_ms``.
+        Returns (more, tasks): call again while ``more``."""
+        async with _redis_errors("claim"):
+            reply = await self.scripts.claim(
+                keys=[self.keys.prefix(bucket)],
+                args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
+                      self.retention_ms],
+            )
+        more, count = int(reply[0]), int(reply[1])
+        tasks = []
+        for i in range(2, 2 + count * _CLAIM_FIELDS, _CLAIM_FIELDS):
+            (key, due, exec_ms, attempts, max_attempts, backoff, timeout, url, method, headers,
+             body) = reply[i:i + _CLAIM_FIELDS]
+            tasks.append(ClaimedTask(
+                key=key.decode(), bucket=bucket, token=token, due_ms=int(due),
+                execute_at_ms=int(exec_ms), attempts=int(attempts), max_attempts=int(max_attempts),
+                backoff_ms=int(backoff), timeout_ms=int(timeout), url=url.decode(),
+                method=method.decode(),
+                headers=[(str(n), str(v)) for n, v in json.loads(headers)], body=body,
+            ))
+        return bool(more), tasks
+
+    async def start(self, bucket: int, *, now_ms: int,
+                    claims: Sequence[tuple[str, str]]) -> list[int]:
+        """Begin attempts for (key, token) pairs: the attempt number each, or 0 (do not send)."""
+        async with _redis_errors("start"):
+            reply = await self.scripts.start(
+                keys=[self.keys.prefix(bucket)],
+                args=[now_ms, *(part for claim in claims for part in claim)])
+        return [int(x) for x in reply]
+
+    async def complete(self, bucket: int, *, now_ms: int,
+                       outcomes: Sequence[Outcome]) -> list[int]:
+        """Record outcomes; 1 each recorded, 0 each stale (the claim was no longer ours)."""
+        args: list[str | int] = [now_ms, self.retention_ms]
+        for o in outcomes:
+            args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
+                     o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
+                     o.started_ms]
+        async with _redis_errors("complete"):
+            reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
+        return [int(x) for x in reply]
+
+    async def release(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
+        """Hand back claims that never started; 1 each handed back."""
+        async with _redis_errors("release"):
+            reply = await self.scripts.release(
+                keys=[self.keys.prefix(bucket)],
+                args=[part for claim in claims for part in claim])
+        return [int(x) for x in reply]
