@@ -1,0 +1,122 @@
+"""End-to-end fixtures: real `timewheel serve` processes against a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.redis_server import RedisServer, free_port
+from tests.support.receiver import ThreadedReceiver
+
+pytestmark = pytest.mark.e2e
+
+
+class Service:
+    """One `timewheel serve` process. ``redis_url=None`` makes it start its embedded Redis."""
+
+    def __init__(self, directory: Path, redis_url: str | None, **settings: str) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
+        self.env.update({
+            "TIMEWHEEL_ALLOW_PRIVATE_NETWORKS": "true",
+            "TIMEWHEEL_DATA_DIR": str(directory / "data"),
+            "TIMEWHEEL_LEASE_MARGIN_SECONDS": "2",
+        })
+        if redis_url:
+            self.env["TIMEWHEEL_REDIS_URL"] = redis_url
+        self.env.update({f"TIMEWHEEL_{k.upper()}": v for k, v in settings.items()})
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = directory / f"serve-{self.port}.log"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> Service:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "timewheel.cli", "serve", "--host", "127.0.0.1",
+                 "--port", str(self.port)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"timewheel serve exited early:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"timewheel serve not healthy in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=10)
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (a crash)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.terminate()
+        return self.process.wait(timeout)
+
+
+@pytest.fixture
+def redis_server_e2e(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of the test's own, so killing or restarting it disturbs no other test."""
+    with RedisServer(tmp_path / "redis", appendfsync="always") as server:
+        yield server
+
+
+@pytest.fixture
+def receiver() -> Iterator[ThreadedReceiver]:
+    with ThreadedReceiver() as r:
+        yield r
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[list[Service]]:
+    """Tests append the Services they start; every one is killed at the end."""
+    started: list[Service] = []
+    yield started
+    for service in started:
+        if service.process is not None and service.process.poll() is None:
+            try:
+                service.process.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            service.kill()
+
+
+@pytest.fixture
+def start_service(tmp_path: Path, services: list[Service], redis_server_e2e: RedisServer):
+    """``start_service(**settings)`` starts one more process on the test's Redis;
+    ``start_service(redis_url=None)`` uses the embedded Redis in the test's data dir."""
+    def start(redis_url: str | None = redis_server_e2e.url, **settings: str) -> Service:
+        service = Service(tmp_path, redis_url, **settings)
+        services.append(service)
+        return service.start()
+    return start
