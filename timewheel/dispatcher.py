@@ -26,7 +26,7 @@ from timewheel.metrics import Metrics
 from timewheel.models import format_ms
 from timewheel.record import ClaimedTask
 from timewheel.retry_policy import classify_status, next_due_ms
-from timewheel.senders import Answer, SendError, Sender
+from timewheel.senders import Answer, Sender, SendError
 from timewheel.signing import Signer
 from timewheel.store import Outcome, Store
 

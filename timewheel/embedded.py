@@ -79,7 +79,7 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",
         ]
-        self._process = subprocess.Popen(args, preexec_fn=_die_with_parent,  # noqa: PLW1509
+        self._process = subprocess.Popen(args, preexec_fn=_die_with_parent,
                                          stdin=subprocess.DEVNULL)
         self._wait_ready(timeout)
         log.info("embedded redis-server pid=%d data_dir=%s", self._process.pid, self.data_dir)

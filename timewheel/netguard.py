@@ -189,8 +189,9 @@ class NetworkPolicy:
 
 
 def blocked_cause(exc: BaseException | None) -> BlockedAddress | None:
-    """The BlockedAddress behind an aiohttp/httpx error (via ``os_error``,
-    ``__cause__`` or ``__context__``), or None for an ordinary failure."""
+    """The BlockedAddress behind an aiohttp/httpx error (via ``os_error`` or
+    ``__cause__``; not ``__context__``, which may be unrelated), else None.
+    aiohttp: ClientConnectorError; httpx: ConnectError caused by BlockedConnectError."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -199,7 +200,7 @@ def blocked_cause(exc: BaseException | None) -> BlockedAddress | None:
         os_error = getattr(exc, "os_error", None)  # aiohttp.ClientConnectorError
         if isinstance(os_error, BlockedAddress):
             return os_error
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__
     return None
 
 
@@ -276,6 +277,15 @@ def guarded_connector(policy: NetworkPolicy, **connector_kwargs: Any) -> aiohttp
 # ---------------------------------------------------------------- httpx
 
 
+class BlockedConnectError(httpcore.ConnectError):
+    """httpcore's pool re-raises `from None`, dropping __cause__: carry the
+    BlockedAddress as ``os_error`` (like aiohttp) so blocked_cause() finds it."""
+
+    def __init__(self, blocked: BlockedAddress) -> None:
+        super().__init__(str(blocked))
+        self.os_error = blocked
+
+
 class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
     """Resolves, validates every address, then dials the validated IP through
     `backend`. httpcore calls ``start_tls(server_hostname=<origin host>)`` on the
@@ -309,7 +319,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
             for ip in ips:  # all of them first: fail closed
                 self.policy.check_ip(ip, host=host)
         except BlockedAddress as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
+            raise BlockedConnectError(exc) from exc
         last: httpcore.ConnectError | None = None
         for ip in ips:
             left = None if deadline is None else max(0.0, deadline - loop.time())
@@ -323,8 +333,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         raise last
 
     async def connect_unix_socket(self, path: str, *args: Any, **kwargs: Any) -> Any:
-        blocked = BlockedAddress(path, "a Unix socket")  # bypasses the checks: refuse
-        raise httpcore.ConnectError(str(blocked)) from blocked
+        raise BlockedConnectError(BlockedAddress(path, "a Unix socket"))  # unchecked: refuse
 
     async def sleep(self, seconds: float) -> None:
         await self._backend.sleep(seconds)

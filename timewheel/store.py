@@ -6,12 +6,13 @@ and translate Redis failures into ``StoreUnavailable``, keeping the cause.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -114,38 +115,40 @@ class Store:
 
     async def get(self, key: str) -> TaskView | None:
         async with _redis_errors("get"):
-            values = await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS))
+            values: list[Any] = await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS))
         return view_from_fields(key, values)
 
     async def list_failed(self, limit: int, cursor: tuple[int, str] | None
                           ) -> tuple[list[TaskView], tuple[int, str] | None]:
         """Dead letters, newest first, across every bucket. ``cursor`` is the (finished_ms, key)
         of the last task of the previous page."""
-        rows: list[tuple[int, str]] = []
         async with _redis_errors("list_failed"):
-            for bucket in range(self.keys.buckets):
-                dead = self.keys.dead(bucket)
-                if cursor is None:
-                    found = await self.redis.zrevrangebyscore(dead, "+inf", "-inf", 0, limit,
-                                                              withscores=True)
-                else:
-                    # Ties on the cursor's millisecond first (order by key), then older ones.
-                    ties = await self.redis.zrangebyscore(dead, cursor[0], cursor[0],
-                                                          withscores=True)
-                    found = [(k, s) for k, s in ties if k.decode() < cursor[1]]
-                    found += await self.redis.zrevrangebyscore(dead, f"({cursor[0]}", "-inf", 0,
-                                                               limit, withscores=True)
-                rows.extend((int(score), member.decode()) for member, score in found)
-            rows.sort(reverse=True)
+            pages = await asyncio.gather(*(self._dead_page(bucket, limit, cursor)
+                                           for bucket in range(self.keys.buckets)))
+            rows = sorted((row for page in pages for row in page), reverse=True)
             page = rows[:limit]
-            views = []
-            for _, key in page:
-                view = view_from_fields(
-                    key, await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS)))
-                if view is not None:
-                    views.append(view)
+            views = await asyncio.gather(*(self.get(key) for _, key in page))
         more = len(rows) > limit
-        return views, (page[-1] if more and page else None)
+        return [v for v in views if v is not None], (page[-1] if more and page else None)
+
+    async def _dead_page(self, bucket: int, limit: int, cursor: tuple[int, str] | None
+                         ) -> list[tuple[int, str]]:
+        """Up to ``limit`` dead letters of one bucket after the cursor, newest first."""
+        dead = self.keys.dead(bucket)
+        found: Any
+        if cursor is None:
+            found = await self.redis.zrevrangebyscore(dead, "+inf", "-inf", start=0, num=limit,
+                                                      withscores=True)
+        else:
+            # Ties on the cursor's millisecond come in descending key order, then older ones.
+            ties: list[Any] = await self.redis.zrangebyscore(dead, cursor[0], cursor[0],
+                                                             withscores=True)
+            found = [(member, score) for member, score in ties
+                     if member.decode() < cursor[1]]
+            older: list[Any] = await self.redis.zrevrangebyscore(
+                dead, f"({cursor[0]}", "-inf", start=0, num=limit, withscores=True)
+            found += older
+        return [(int(score), member.decode()) for member, score in found]
 
     # -- the ticker's and dispatcher's operations ----------------------------------------------
 

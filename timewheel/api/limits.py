@@ -17,48 +17,53 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
-                return
-        received = 0
-        refused = False
-        started = False
-
-        async def counting_receive() -> Message:
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes and not started:
-                    # Answer now and tell the app the client left: it stops reading.
-                    refused = True
-                    await self._refuse(send)
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal started
-            if refused:
-                return  # the 413 is out; whatever the app says after it is dropped
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await refuse(send, self.max_bytes)
+            return
+        guard = _Guard(receive, send, self.max_bytes)
         try:
-            await self.app(scope, counting_receive, guarded_send)
+            await self.app(scope, guard.receive, guard.send)
         except Exception:
-            if not refused:
+            if not guard.refused:
                 raise
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": [{
-            "type": "too_large", "loc": ["body"],
-            "msg": f"request body is over {self.max_bytes} bytes",
-        }]}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+
+class _Guard:
+    """Counts a request's body bytes. Past the limit it answers 413 itself, tells the app the
+    client left (so it stops reading) and drops whatever the app sends after that."""
+
+    def __init__(self, receive: Receive, send: Send, max_bytes: int) -> None:
+        self._receive, self._send, self._max = receive, send, max_bytes
+        self.received = 0
+        self.refused = False
+        self.started = False
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self._max and not self.started:
+                self.refused = True
+                await refuse(self._send, self._max)
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.refused:
+            return
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
+
+
+async def refuse(send: Send, max_bytes: int) -> None:
+    body = json.dumps({"detail": [{
+        "type": "too_large", "loc": ["body"], "msg": f"request body is over {max_bytes} bytes",
+    }]}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
