@@ -19,6 +19,7 @@ import httpx
 from timewheel.netguard import (
     BlockedAddress,
     NetworkPolicy,
+    blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
 )
@@ -48,15 +49,6 @@ class Sender(Protocol):
     async def aclose(self) -> None: ...
 
 
-def _blocked_cause(exc: BaseException) -> BlockedAddress | None:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, BlockedAddress):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
 class AiohttpSender:
     def __init__(self, policy: NetworkPolicy, *, max_connections: int) -> None:
         self._session = aiohttp.ClientSession(
@@ -79,7 +71,7 @@ class AiohttpSender:
         except TimeoutError as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
-            blocked = _blocked_cause(exc)
+            blocked = blocked_cause(exc)
             if blocked is not None:
                 raise SendError("blocked", str(blocked)) from exc
             kind: Literal["connect", "error"] = (
@@ -115,7 +107,7 @@ class HttpxSender:
         except httpx.TimeoutException as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except (httpx.HTTPError, BlockedAddress) as exc:
-            blocked = _blocked_cause(exc)
+            blocked = blocked_cause(exc)
             if blocked is not None:
                 raise SendError("blocked", str(blocked)) from exc
             kind: Literal["connect", "error"] = (
