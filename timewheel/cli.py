@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -46,6 +47,10 @@ def serve(settings: Settings, host: str, port: int) -> None:
 
     from timewheel.api.app import create_app
 
+    # uvicorn restores the previous SIGTERM handler after its graceful shutdown and raises the
+    # signal again, so with the default handler the process would die by it (status 143).
+    # API.md promises exit 0 after a SIGTERM shutdown: make the re-raised signal a no-op.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     level = settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=host, port=port, loop="uvloop", http="httptools",
