@@ -12,7 +12,8 @@
 --
 -- Reply: {more, n, then n times: key, due, exec, attempts, max, backoff, timeout, url, method,
 --         headers, body}
---   more = 1 when the caller should call again (limit reached or minutes left to scan).
+--   more = 1 when the caller should call again (limit reached, a read window came back full,
+--   or minutes left to scan).
 --
 -- Order: expired leases first (their process died: re-deliver), then the slices from the
 -- cursor onwards. A slice entry is dropped without claiming when its key is in the minute's
@@ -54,8 +55,13 @@ local function take(key, tkey, due)
   emit(key, tkey, due, f)
 end
 
+-- A window that came back full may hide more due entries behind dropped ones: call again.
+local more = 0
+
 -- 1. Leases that ran out: their holder died or stalled. Claim them again.
-for _, key in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease', '-inf', now, 'LIMIT', 0, limit)) do
+local expired = redis.call('ZRANGEBYSCORE', P .. 'lease', '-inf', now, 'LIMIT', 0, limit)
+if #expired == limit then more = 1 end
+for _, key in ipairs(expired) do
   local tkey = P .. 't:' .. key
   local st = redis.call('HMGET', tkey, 'status', 'due')
   if st[1] == 'delivering' then
@@ -66,7 +72,6 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease', '-inf', now, 'LIM
 end
 
 -- 2. The slices, oldest first.
-local more = 0
 local cursor = tonumber(redis.call('GET', P .. 'cursor'))
 if cursor then
   local now_minute = math.floor(now / 60000)
@@ -77,7 +82,9 @@ if cursor then
     if scanned >= budget then more = 1; break end
     scanned = scanned + 1
     local zkey, dkey = P .. 'm:' .. m, P .. 'd:' .. m
-    local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, limit - n)
+    local window = limit - n
+    local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, window)
+    if #entries == 2 * window then more = 1 end
     for i = 1, #entries, 2 do
       local key = entries[i]
       local tkey = P .. 't:' .. key
