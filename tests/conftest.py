@@ -70,7 +70,7 @@ async def running_app(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def make_client(redis: Redis, fake_clock: FakeClock
                 ) -> Callable[..., Any]:
-    """``async with make_client(settings, **create_app_kwargs) as client``; no ticker, fake clock."""
+    """``async with make_client(settings, **kwargs) as client``: no ticker, fake clock."""
     def factory(settings: Settings, **kwargs: Any) -> Any:
         kwargs.setdefault("clock", fake_clock)
         kwargs.setdefault("run_ticker", False)

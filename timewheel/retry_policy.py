@@ -35,11 +35,11 @@ def retry_after_ms(value: str | None, now_ms: int) -> int | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # isdigit alone accepts "²" and "١٢"
         return int(value) * 1000
     try:
         moment = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     if moment.tzinfo is None:
         return None

@@ -72,20 +72,36 @@ class Store:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
         self.ready = True
         try:
-            policy = await self.redis.config_get("maxmemory-policy")
+            policies = await self._eviction_policies()
         except RedisError:  # managed Redis often refuses CONFIG
             return
-        values = policy.values() if isinstance(policy, dict) else []
-        for value in values:
-            # A cluster answers per node: {node: {key: value}}.
-            found = value.get(b"maxmemory-policy", value) if isinstance(value, dict) else value
-            if found not in (b"noeviction", "noeviction"):
-                log.warning("Redis maxmemory-policy is %r, not noeviction: Redis may evict "
-                            "tasks under memory pressure", found)
+        for node, policy in policies.items():
+            if policy != "noeviction":
+                log.warning("Redis %s has maxmemory-policy %r, not noeviction: it may evict "
+                            "tasks under memory pressure", node, policy)
+
+    async def _eviction_policies(self) -> dict[str, str]:
+        """maxmemory-policy of every primary (one entry for a single Redis)."""
+        if isinstance(self.redis, RedisCluster):
+            reply: Any = await self.redis.config_get(
+                "maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
+        else:
+            reply = await self.redis.config_get("maxmemory-policy")
+        # A cluster answers {node: {name: value}}, or a flat {name: value} for one primary.
+        nodes = reply if any(isinstance(v, dict) for v in reply.values()) else {"redis": reply}
+        policies = {}
+        for node, values in nodes.items():
+            value = values.get("maxmemory-policy", values.get(b"maxmemory-policy", b""))
+            policies[str(node)] = value.decode() if isinstance(value, bytes) else str(value)
+        return policies
 
     async def ping(self) -> None:
+        """Every primary must answer: on a cluster, one master down fails the buckets it holds."""
         async with _redis_errors("ping"):
-            await self.redis.ping()
+            if isinstance(self.redis, RedisCluster):
+                await self.redis.ping(target_nodes=RedisCluster.PRIMARIES)
+            else:
+                await self.redis.ping()
 
     # -- the API's operations -----------------------------------------------------------------
 

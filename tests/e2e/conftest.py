@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.redis_server import RedisServer, free_port
 from tests.support.receiver import ThreadedReceiver
+from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ class Service:
 
     def start(self, timeout: float = 30.0) -> Service:
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "timewheel.cli", "serve", "--host", "127.0.0.1",

@@ -1,0 +1,120 @@
+"""Redis going away under a running app: 503 (never 500, never a false 201), then recovery
+without restarting the app. Each test owns its redis-server, real RedisClock, ticker on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import running_app
+from tests.support.redis_server import RedisServer
+from timewheel.api.app import create_app
+from timewheel.settings import Settings
+
+URL = "http://127.0.0.1:9/hook"
+RECOVERY_SECONDS = 20.0
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_settings(server: RedisServer, tmp_path: Path) -> Settings:
+    return Settings(redis_url=server.url, allow_private_networks=True, data_dir=tmp_path,
+                    tick_seconds=0.2)
+
+
+async def task_keys(server: RedisServer) -> list[bytes]:
+    client = Redis.from_url(server.url)
+    try:
+        return sorted([key async for key in client.scan_iter(match="*t:*")])
+    finally:
+        await client.aclose()
+
+
+async def poll(client: httpx.AsyncClient, method: str, path: str, want: int,
+               **kwargs: Any) -> list[int]:
+    """Repeat a request until it answers ``want``; returns every status seen on the way."""
+    seen: list[int] = []
+    deadline = asyncio.get_running_loop().time() + RECOVERY_SECONDS
+    while True:
+        r = await client.request(method, path, **kwargs)
+        seen.append(r.status_code)
+        if r.status_code == want:
+            return seen
+        assert asyncio.get_running_loop().time() < deadline, f"no {want} after {seen[-5:]}"
+        await asyncio.sleep(0.05)
+
+
+DOWN_CALLS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/tasks", {"json": {"key": "lost", "callback_url": URL, "delay": 3600}}),
+    ("PUT", "/tasks/lost-put", {"json": {"callback_url": URL, "delay": 3600}}),
+    ("GET", "/tasks/kept", {}),
+    ("DELETE", "/tasks/kept", {}),
+    ("POST", "/tasks/kept/replay", {}),
+    ("GET", "/tasks", {"params": {"status": "failed"}}),
+]
+
+
+async def test_redis_down_answers_503_then_recovers(own_redis: RedisServer,
+                                                    tmp_path: Path) -> None:
+    """Redis stopped: /healthz and every /tasks call 503 and nothing is written; Redis
+    back on the same port: both recover in the same app, and earlier tasks are still there."""
+    app = create_app(make_settings(own_redis, tmp_path), run_ticker=True)
+    async with running_app(app) as client:
+        r = await client.post("/tasks", json={"key": "kept", "callback_url": URL,
+                                              "delay": 3600})
+        assert r.status_code == 201
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+        await asyncio.to_thread(own_redis.stop)
+        r = await client.get("/healthz")
+        assert (r.status_code, r.json()) == (503, {"status": "unavailable"})
+        for method, path, kwargs in DOWN_CALLS * 2:
+            r = await client.request(method, path, **kwargs)
+            assert r.status_code == 503, (method, path, r.status_code, r.text)
+            assert r.headers["retry-after"] == "1"
+            assert r.json() == {"detail": "Redis is unavailable; try again later"}
+
+        await asyncio.to_thread(own_redis.start)
+        seen = await poll(client, "GET", "/healthz", 200)
+        assert set(seen) <= {503, 200}
+        r = await client.post("/tasks", json={"key": "after", "callback_url": URL,
+                                              "delay": 3600})
+        assert r.status_code == 201, r.text
+        assert (await client.get("/tasks/kept")).json()["status"] == "scheduled"
+        assert (await client.get("/tasks/lost")).status_code == 404
+        assert (await client.get("/tasks/lost-put")).status_code == 404
+        keys = await task_keys(own_redis)
+        assert [k.rsplit(b":", 1)[1] for k in keys] == [b"after", b"kept"]
+
+
+async def test_app_started_while_redis_is_down(own_redis: RedisServer, tmp_path: Path) -> None:
+    """The app starts with Redis down (no clock read yet): 503 everywhere, never 500; once
+    Redis starts the ticker reads the clock and POST succeeds, without a restart."""
+    await asyncio.to_thread(own_redis.stop)
+    app = create_app(make_settings(own_redis, tmp_path), run_ticker=True)
+    async with running_app(app) as client:
+        assert (await client.get("/healthz")).status_code == 503
+        for method, path, kwargs in DOWN_CALLS:
+            r = await client.request(method, path, **kwargs)
+            assert r.status_code == 503, (method, path, r.status_code, r.text)
+
+        await asyncio.to_thread(own_redis.start)
+        assert set(await poll(client, "GET", "/healthz", 200)) <= {503, 200}
+        body = {"key": "after", "callback_url": URL, "delay": 3600}
+        assert set(await poll(client, "POST", "/tasks", 201, json=body)) <= {503, 201}
+        assert (await client.get("/tasks/after")).json()["status"] == "scheduled"
+        assert (await client.get("/tasks/lost")).status_code == 404
+        keys = await task_keys(own_redis)
+        assert [k.rsplit(b":", 1)[1] for k in keys] == [b"after"]

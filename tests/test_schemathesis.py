@@ -1,0 +1,171 @@
+"""Property-based run of schemathesis over the app's own /openapi.json, in-process, with every
+check: no server errors and no response that contradicts the schema. The ticker is off, so no
+generated task is ever sent, and private networks are refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import HookContext
+from schemathesis.core.failures import Failure
+from schemathesis.core.transport import Response
+from schemathesis.openapi.checks import (
+    AllowHeaderMismatch,
+    RejectedPositiveData,
+    UndefinedContentType,
+    UndefinedStatusCode,
+)
+from schemathesis.python import asgi
+
+from tests.support.redis_server import RedisServer
+from timewheel.api.app import create_app
+from timewheel.settings import Settings
+
+WRITES = ("POST /tasks", "PUT /tasks/{key}")
+
+
+@pytest.fixture
+def api_schema(redis_server: RedisServer, tmp_path: Path) -> Iterator[schemathesis.BaseSchema]:
+    """The schema served by a fresh app; schemathesis runs the app's lifespan and passes its
+    state to each request (as uvicorn does). The lifespan is shut down after the test."""
+    with redis_server.client() as conn:
+        conn.flushall()
+    app = create_app(Settings(redis_url=redis_server.url, allow_private_networks=False,
+                              data_dir=tmp_path), run_ticker=False)
+    try:
+        loaded = schemathesis.openapi.from_asgi("/openapi.json", app)
+        loaded.hook("map_case")(storable_task)
+        loaded.hook("filter_failure")(not_a_known_bug)
+        yield loaded
+    finally:
+        asgi.shutdown_lifespans()
+    with redis_server.client() as conn:
+        assert conn.keys("*:t:*"), "no generated task was ever stored"
+
+
+def storable_task(context: HookContext, case: schemathesis.Case) -> schemathesis.Case:
+    """map_case hook: the schema cannot say what a valid callback_url or execute_at string is,
+    so positive task bodies get a public-looking URL (never called: the ticker is off) and lose
+    a random execute_at string; the rest stays generated. Then some tasks really get stored."""
+    if (context.operation is not None and context.operation.label in WRITES
+            and case.meta is not None and case.meta.generation.mode.is_positive
+            and isinstance(case.body, dict)):
+        body = {**case.body, "callback_url": "https://hooks.example.invalid/cb"}
+        if isinstance(body.get("execute_at"), str):
+            body.pop("execute_at")
+        case.body = body
+    return case
+
+
+def not_utf8(body: object) -> bool:
+    if not isinstance(body, bytes):
+        return False
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def not_a_known_bug(context: HookContext, failure: Failure, case: schemathesis.Case,
+                    response: Response) -> bool:
+    """filter_failure hook: drop exactly the failures that the xfail tests below pin, and the
+    one that is no bug; every other failure of every check still fails the run."""
+    label = case.operation.label
+    if isinstance(failure, AllowHeaderMismatch):
+        return False  # test_405_allow_lists_every_method
+    if (isinstance(failure, UndefinedContentType) and label == "GET /metrics"
+            and failure.content_type.startswith("text/plain")):
+        return False  # test_metrics_content_type_is_documented
+    if isinstance(failure, UndefinedStatusCode):
+        if failure.status_code == 400 and not_utf8(case.body):
+            return False  # test_body_not_utf8_is_422
+        if failure.status_code == 200 and label == "POST /tasks":
+            return False  # test_repeated_post_200_is_documented
+    # Not a bug: some rules depend on settings and the clock (horizon, batch deadline, private
+    # networks, encoded body size). No schema can say them, so schema-valid data may get 422.
+    return not (isinstance(failure, RejectedPositiveData) and label in WRITES
+                and failure.status_code == 422)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
+    """Every operation, positive and negative data, every check: no server error and no answer
+    the schema does not describe (but for the known bugs pinned below)."""
+    case.call_and_validate()
+
+
+def walk(node: object) -> Iterator[dict[str, Any]]:
+    """Every JSON object inside ``node``."""
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+@pytest.fixture
+def openapi(settings: Settings) -> dict[str, Any]:
+    return create_app(settings).openapi()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: constraints on the Number unions (delay ge=0, timeout gt=0, retry_backoff gt=0 "
+    "le=3600) reach /openapi.json as 'ge'/'gt'/'le', which are not JSON Schema keywords: "
+    "clients and schemathesis never see them (timewheel/models.py)"))
+def test_numeric_constraints_are_json_schema(openapi: dict[str, Any]) -> None:
+    """Found by schemathesis: the documented limits must be JSON Schema keywords."""
+    assert [node for node in walk(openapi) if {"ge", "gt", "le", "lt"} & node.keys()] == []
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: /metrics answers text/plain (Prometheus) but /openapi.json documents "
+    "application/json (timewheel/api/ops.py: declare response_class or responses content)"))
+def test_metrics_content_type_is_documented(openapi: dict[str, Any]) -> None:
+    """Found by schemathesis (content_type_conformance on GET /metrics)."""
+    content = openapi["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(content) == ["text/plain"]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: a 405 lists only the methods of the first route matching the path (Starlette), "
+    "e.g. OPTIONS /tasks -> Allow: POST, though GET /tasks exists too (RFC 9110 15.5.6)"))
+@pytest.mark.parametrize(("path", "allowed"), [("/tasks", {"GET", "POST"}),
+                                               ("/tasks/k", {"GET", "PUT", "DELETE"})])
+async def test_405_allow_lists_every_method(client: httpx.AsyncClient, path: str,
+                                            allowed: set[str]) -> None:
+    """Found by schemathesis (allow_header_conformance): curl -X OPTIONS .../tasks."""
+    r = await client.request("OPTIONS", path)
+    assert r.status_code == 405
+    assert {m.strip() for m in r.headers["allow"].split(",")} == allowed
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: POST /tasks answers 200 to a repeated identical request (API.md), but /openapi.json "
+    "documents only 201 for success (timewheel/api/tasks.py: add 200 to `responses`)"))
+def test_repeated_post_200_is_documented(openapi: dict[str, Any]) -> None:
+    """Found by schemathesis (status_code_conformance): the same POST /tasks twice."""
+    assert {"200", "201"} <= openapi["paths"]["/tasks"]["post"]["responses"].keys()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: a body that is not UTF-8 gets FastAPI's 400 {'detail': 'There was an error parsing "
+    "the body'}, not the 422 {'detail': [...]} of API.md, and 400 is undocumented"))
+async def test_body_not_utf8_is_422(client: httpx.AsyncClient) -> None:
+    """Found by schemathesis (status_code_conformance): POST /tasks with bytes 02 2e ff 2a."""
+    r = await client.post("/tasks", content=b"\x02.\xff*\xe9\x15",
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"][0] == "body"

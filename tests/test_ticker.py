@@ -1,0 +1,285 @@
+"""Ticker: what one tick claims, how it loops and bounds itself, and how run() rides out an
+outage. A real Redis behind the Store, a FakeClock, and a fake dispatcher that only records."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import START_MS
+from timewheel.clock import FakeClock
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.models import TaskFields
+from timewheel.record import ClaimedTask, prepare
+from timewheel.store import Store
+from timewheel.ticker import LOOKAHEAD_MARGIN_MS, Ticker
+
+URL = "http://127.0.0.1:9/hook"
+TICK_MS = 1000
+
+
+class FakeDispatcher:
+    """Records submit() calls; in_flight = what it was handed plus ``busy`` (settable)."""
+
+    def __init__(self, busy: int = 0) -> None:
+        self.busy = busy
+        self.calls: list[tuple[list[ClaimedTask], int]] = []
+
+    @property
+    def in_flight(self) -> int:
+        return self.busy + sum(len(tasks) for tasks, _ in self.calls)
+
+    def submit(self, tasks: list[ClaimedTask], claimed_at_ms: int) -> None:
+        self.calls.append((list(tasks), claimed_at_ms))
+
+    @property
+    def keys(self) -> list[str]:
+        return [task.key for tasks, _ in self.calls for task in tasks]
+
+
+class FlakyStore:
+    """Fault-injecting wrapper: while ``down``, claim raises StoreUnavailable as a dead Redis
+    would; everything else goes to the real Store. Counts claim calls."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.down = False
+        self.claims = 0
+        self.limits: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim(self, bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
+        self.claims += 1
+        if self.down:
+            raise StoreUnavailable("claim: ConnectionError: Connection refused (injected)")
+        self.limits.append(kwargs["limit"])
+        return await self._store.claim(bucket, **kwargs)
+
+
+async def add(store: Store, key: str, due_ms: int) -> None:
+    fields = TaskFields(callback_url=URL, execute_at=due_ms / 1000)
+    task = prepare(fields, key, START_MS, default_timeout=10.0)
+    assert task.due_ms == due_ms
+    await store.schedule(task, replace=False, now_ms=START_MS)
+
+
+def keys_in_bucket(store: Store, bucket: int, count: int) -> list[str]:
+    keys = (f"k{i}" for i in range(100_000))
+    found = [key for key in keys if store.keys.bucket_of(key) == bucket]
+    return found[:count]
+
+
+async def statuses(store: Store, keys: list[str]) -> dict[str, str]:
+    out = {}
+    for key in keys:
+        view = await store.get(key)
+        assert view is not None
+        out[key] = view.status.value
+    return out
+
+
+def make_ticker(store: Store | FlakyStore, clock: FakeClock, dispatcher: FakeDispatcher, *,
+                claim_batch: int = 100, max_pending: int = 100_000, tick_ms: int = TICK_MS
+                ) -> tuple[Ticker, Metrics]:
+    metrics = Metrics()
+    ticker = Ticker(store, clock, dispatcher, metrics, tick_ms=tick_ms,  # type: ignore[arg-type]
+                    claim_batch=claim_batch, max_pending=max_pending)
+    return ticker, metrics
+
+
+async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], what: str) -> None:
+    """Bounded polling for a condition (never a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 20.0
+    while True:
+        result = predicate()
+        if result if isinstance(result, bool) else await result:
+            return
+        if loop.time() > give_up:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+# -- tick() --------------------------------------------------------------------------------------
+
+
+async def test_tick_claims_exactly_what_is_due_by_the_next_tick_plus_margin(
+        store: Store, fake_clock: FakeClock) -> None:
+    """One tick claims, in every bucket, the late tasks and those due up to now + tick + margin
+    (inclusive), and nothing later; the next tick claims the rest as they come due."""
+    horizon = START_MS + TICK_MS + LOOKAHEAD_MARGIN_MS
+    offsets = [-3_600_000, -61_000, -1, 0, 1, 500, 999, 1000, 1249, 1250]
+    later = [1251, 1500, 2000, 59_999, 60_000, 3_600_000]
+    due: dict[str, int] = {}
+    for i in range(64):  # 64 keys spread over the 16 buckets
+        due[f"task-{i}"] = START_MS + (offsets + later)[i % (len(offsets) + len(later))]
+    for key, when in due.items():
+        await add(store, key, when)
+    expected = sorted(k for k, when in due.items() if when <= horizon)
+    assert len({store.keys.bucket_of(k) for k in expected}) > 8
+    dispatcher = FakeDispatcher()
+    ticker, metrics = make_ticker(store, fake_clock, dispatcher)
+
+    assert await ticker.tick() == len(expected)
+    assert sorted(dispatcher.keys) == expected
+    assert {at for _, at in dispatcher.calls} == {START_MS}
+    assert all(t.due_ms == due[t.key] for tasks, _ in dispatcher.calls for t in tasks)
+    states = await statuses(store, list(due))
+    assert {k for k, s in states.items() if s == "delivering"} == set(expected)
+    assert {k for k, s in states.items() if s == "scheduled"} == set(due) - set(expected)
+    assert metrics.registry.get_sample_value("timewheel_tasks_claimed_total") == len(expected)
+
+    # Same instant again: everything due is already claimed.
+    assert await ticker.tick() == 0
+    # One tick later the window has moved by a tick.
+    fake_clock.advance(TICK_MS)
+    second = sorted(k for k, when in due.items() if horizon < when <= horizon + TICK_MS)
+    assert await ticker.tick() == len(second)
+    assert sorted(dispatcher.keys) == sorted(expected + second)
+
+
+async def test_tick_loops_until_nothing_more_is_due(store: Store, fake_clock: FakeClock) -> None:
+    """With claim_batch 7 and 100 due tasks, one tick claims all 100 (looping on `more`),
+    each exactly once, never more than 7 per claim call."""
+    keys = [f"bulk-{i}" for i in range(100)]
+    for i, key in enumerate(keys):
+        await add(store, key, START_MS - 30_000 + i * 100)
+    flaky = FlakyStore(store)
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(flaky, fake_clock, dispatcher, claim_batch=7)
+
+    assert await ticker.tick() == 100
+    assert sorted(dispatcher.keys) == sorted(keys)
+    assert len(dispatcher.keys) == 100  # none twice
+    assert set(flaky.limits) == {7}
+    assert all(len(tasks) <= 7 for tasks, _ in dispatcher.calls)
+    assert set((await statuses(store, keys)).values()) == {"delivering"}
+    assert await ticker.tick() == 0
+
+
+async def test_tick_loops_within_one_bucket(store: Store, fake_clock: FakeClock) -> None:
+    """100 due tasks all in one bucket, claim_batch 7: still all claimed in one tick, in
+    calls of at most 7."""
+    keys = keys_in_bucket(store, 5, 100)
+    for key in keys:
+        await add(store, key, START_MS)
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, claim_batch=7)
+    assert await ticker.tick() == 100
+    assert sorted(dispatcher.keys) == sorted(keys)
+    sizes = [len(tasks) for tasks, _ in dispatcher.calls if tasks]
+    assert sizes == [7] * 14 + [2]
+
+
+async def test_tick_claims_nothing_at_max_pending(store: Store, fake_clock: FakeClock) -> None:
+    """While the dispatcher already holds max_pending tasks, a tick does not even ask Redis."""
+    for i in range(20):
+        await add(store, f"wait-{i}", START_MS)
+    flaky = FlakyStore(store)
+    dispatcher = FakeDispatcher(busy=50)
+    ticker, _ = make_ticker(flaky, fake_clock, dispatcher, max_pending=50)
+
+    assert await ticker.tick() == 0
+    assert flaky.claims == 0
+    assert dispatcher.calls == []
+    assert set((await statuses(store, [f"wait-{i}" for i in range(20)])).values()) == {
+        "scheduled"}
+
+    dispatcher.busy = 0  # room again: the next tick takes them all
+    assert await ticker.tick() == 20
+
+
+async def test_tick_stops_claiming_at_max_pending(store: Store, fake_clock: FakeClock) -> None:
+    """The claims of one tick stop when the dispatcher is full: 100 due in one bucket,
+    max_pending 48 → exactly 48 claimed, the rest left scheduled for later ticks."""
+    keys = keys_in_bucket(store, 3, 100)
+    for key in keys:
+        await add(store, key, START_MS)
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, claim_batch=7, max_pending=48)
+    assert await ticker.tick() == 48
+    states = await statuses(store, keys)
+    assert sorted(states.values()).count("delivering") == 48
+    assert sorted(states.values()).count("scheduled") == 52
+    assert await ticker.tick() == 0  # still full
+    dispatcher.calls.clear()  # the dispatcher finished them
+    assert await ticker.tick() == 48
+
+
+# -- run() through an outage ---------------------------------------------------------------------
+
+
+async def test_run_rides_out_an_outage_and_logs_it_once(
+        store: Store, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """While claims fail, run() keeps looping (backing off) and logs one error for the whole
+    outage; once Redis answers it resumes by itself, claims what is due, and says so once."""
+    caplog.set_level(logging.INFO, logger="timewheel.ticker")
+    flaky = FlakyStore(store)
+    flaky.down = True
+    dispatcher = FakeDispatcher()
+    ticker, metrics = make_ticker(flaky, fake_clock, dispatcher, tick_ms=5)
+
+    def errors() -> float:
+        return metrics.registry.get_sample_value("timewheel_tick_errors_total") or 0.0
+
+    runner = asyncio.create_task(ticker.run())
+    try:
+        await wait_until(lambda: errors() >= 4, "four failed ticks")
+        await add(store, "after-outage", START_MS)  # written straight to the real Redis
+        assert dispatcher.calls == []
+        flaky.down = False
+        await wait_until(lambda: "after-outage" in dispatcher.keys, "the ticker to resume")
+        failed_ticks = int(errors())
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+
+    assert runner.result() is None
+    assert failed_ticks >= 4
+    assert errors() == failed_ticks  # no failure after the store came back
+    assert dispatcher.keys == ["after-outage"]
+    records = [r for r in caplog.records if r.name == "timewheel.ticker"]
+    assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING]
+    assert records[0].getMessage().startswith(
+        "Redis unavailable, ticker backing off until it returns: claim: ConnectionError")
+    assert records[1].getMessage() == (
+        f"Redis answers again after {failed_ticks} failed ticks; ticker resumed")
+    assert (await statuses(store, ["after-outage"])) == {"after-outage": "delivering"}
+
+
+async def test_run_logs_each_outage_once(store: Store, fake_clock: FakeClock,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Two separate outages: one error and one recovery line each, nothing per failed tick."""
+    caplog.set_level(logging.INFO, logger="timewheel.ticker")
+    flaky = FlakyStore(store)
+    dispatcher = FakeDispatcher()
+    ticker, metrics = make_ticker(flaky, fake_clock, dispatcher, tick_ms=5)
+
+    def errors() -> float:
+        return metrics.registry.get_sample_value("timewheel_tick_errors_total") or 0.0
+
+    def ticks() -> float:
+        return metrics.registry.get_sample_value("timewheel_ticks_total") or 0.0
+
+    runner = asyncio.create_task(ticker.run())
+    try:
+        for outage in (1, 2):
+            before = errors()
+            flaky.down = True
+            await wait_until(lambda b=before: errors() >= b + 3, f"outage {outage}")
+            flaky.down = False
+            seen = ticks()
+            await wait_until(lambda seen=seen: ticks() >= seen + 2, "a good tick")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+
+    records = [r for r in caplog.records if r.name == "timewheel.ticker"]
+    assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING] * 2
