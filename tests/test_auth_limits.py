@@ -84,10 +84,6 @@ async def test_tasks_endpoints_need_a_token(make_client: MakeClient, token_setti
         assert await task_keys(redis) == [b"k", b"p"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: FastAPI parses the JSON body before running dependencies, so an unauthenticated "
-    "POST/PUT with malformed JSON gets 422 (with parser details), not 401 (api/deps.py: check "
-    "the token in middleware or a route class, before the body is read)"))
 @pytest.mark.parametrize(("method", "path"), [("POST", "/tasks"), ("PUT", "/tasks/k")])
 async def test_token_checked_before_the_body(make_client: MakeClient, token_settings: Settings,
                                              method: str, path: str) -> None:

@@ -22,7 +22,7 @@ from pydantic import (
 MAX_URL_LENGTH = 2048
 MAX_HEADERS = 50
 MAX_BODY_BYTES = 1024 * 1024
-MAX_BACKOFF_SECONDS = 3600.0
+MAX_BACKOFF_SECONDS = 3600  # also the bound of Backoff below
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 # RFC 9110 token: the characters a header name may hold.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -57,6 +57,14 @@ class TaskStatus(StrEnum):
 
 FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 Number = StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
+# Bounds go on each member of the union: on the union itself pydantic cannot express them in
+# JSON Schema, and /openapi.json would lose them.
+NonNegative = (Annotated[StrictInt, Field(ge=0)]
+               | Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)])
+Positive = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0,
+                                                                             allow_inf_nan=False)]
+Backoff = (Annotated[StrictInt, Field(gt=0, le=3600)]
+           | Annotated[StrictFloat, Field(gt=0, le=3600, allow_inf_nan=False)])
 
 
 def epoch_ms_ceil(seconds: Decimal) -> int:
@@ -103,10 +111,10 @@ class TaskFields(BaseModel):
     headers: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     body: Any = None
     execute_at: StrictStr | Number | None = None
-    delay: Annotated[Number, Field(ge=0)] | None = None
-    timeout: Annotated[Number, Field(gt=0)] | None = None
+    delay: NonNegative | None = None
+    timeout: Positive | None = None
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 5
-    retry_backoff: Annotated[Number, Field(gt=0, le=MAX_BACKOFF_SECONDS)] = 1.0
+    retry_backoff: Backoff = 1.0
 
     @field_validator("callback_url")
     @classmethod

@@ -92,7 +92,9 @@ def encode_body(fields: TaskFields) -> tuple[bytes | None, str | None]:
         data = fields.body.encode()
         content_type = None
     else:
-        data = json.dumps(fields.body, separators=(",", ":"), ensure_ascii=False).encode()
+        # The request parser already refuses NaN and Infinity (api/routing.py).
+        data = json.dumps(fields.body, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()
         content_type = "application/json"
     if len(data) > MAX_BODY_BYTES:
         raise BodyTooLarge(f"body is {len(data)} bytes encoded; at most {MAX_BODY_BYTES}")

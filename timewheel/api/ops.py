@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from timewheel.api.deps import WheelDep
@@ -23,7 +23,7 @@ async def healthz(wheel: WheelDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@metrics_router.get("/metrics")
+@metrics_router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(wheel: WheelDep) -> Response:
     """Prometheus text format."""
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 
-from timewheel.api.deps import Authorized, WheelDep
+from timewheel.api.deps import WheelDep
+from timewheel.api.routing import TaskRoute
 from timewheel.errors import TaskConflict, TaskNotFound
 from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskView
 from timewheel.netguard import BlockedAddress
@@ -15,7 +16,7 @@ from timewheel.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, 
 from timewheel.service import Wheel
 from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND
 
-router = APIRouter(prefix="/tasks", tags=["tasks"], dependencies=[Authorized])
+router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
 TaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
 _CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -35,8 +36,9 @@ def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
     if fields.timeout is not None and fields.timeout > settings.batch_deadline_seconds:
         raise _invalid("timeout", "must be at most the batch deadline "
                        f"({settings.batch_deadline_seconds:g}s)", fields.timeout)
-    due = due_ms(fields, now)
-    if due - now > settings.max_horizon_seconds * 1000:
+    # The delay is compared before it is turned into milliseconds: 1e305 s would overflow.
+    too_far = fields.delay is not None and fields.delay > settings.max_horizon_seconds
+    if too_far or due_ms(fields, now) - now > settings.max_horizon_seconds * 1000:
         field = "delay" if fields.delay is not None else "execute_at"
         raise _invalid(field, f"is more than {settings.max_horizon_seconds:g}s ahead "
                        "(TIMEWHEEL_MAX_HORIZON_SECONDS)", getattr(fields, field))
@@ -55,7 +57,9 @@ async def _existing_view(wheel: Wheel, key: str) -> TaskView:
     return view
 
 
-@router.post("", status_code=201, response_model=TaskView, responses=_CONFLICT_RESPONSES)
+@router.post("", status_code=201, response_model=TaskView, responses={
+    200: {"model": TaskView, "description": "an identical task exists (a repeated request)"},
+    **_CONFLICT_RESPONSES})
 async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> TaskView:
     """Schedule a task. Repeating the same request with the same key is safe (200)."""
     key = body.key or new_key()
