@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import shutil
@@ -65,8 +66,11 @@ class EmbeddedRedis:
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._stop_leftover()
-        # A unix socket path is limited to ~107 bytes: keep it short, outside the data dir.
-        self._socket_dir = tempfile.mkdtemp(prefix="timewheel-")
+        # A unix socket path is limited to ~107 bytes: keep it short, outside the data dir, and
+        # derived from the data dir, so a restart after a crash reuses (not leaks) the folder.
+        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
+        self._socket_dir = os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
+        os.makedirs(self._socket_dir, mode=0o700, exist_ok=True)
         args = [
             redis_server_binary(),
             "--port", "0",
