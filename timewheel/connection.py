@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError, TimeoutError
 # release, cancel and replay answer the same (or "stale") when run twice.
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64  # per process (per node on a cluster); calls are batched per bucket
 
 
 def _retry() -> Retry:
@@ -23,9 +24,14 @@ def _retry() -> Retry:
 def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
     if cluster:
         return RedisCluster.from_url(
-            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+            url, max_connections=MAX_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
             retry=_retry(), decode_responses=False)
-    return Redis.from_url(
-        url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+    # A blocking pool: under a burst, callers queue for a connection instead of failing with
+    # "Too many connections" (the default pool's behaviour at its 100-connection cap).
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT,
+        socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
         retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,
         health_check_interval=30)
+    return Redis.from_pool(pool)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 
 from timewheel import __version__
@@ -29,11 +30,15 @@ from timewheel.retry_policy import classify_status, next_due_ms
 from timewheel.senders import Answer, Sender, SendError
 from timewheel.signing import Signer
 from timewheel.store import Outcome, Store
+from timewheel.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
+Entry = tuple[ClaimedTask, int, int]  # (task, claimed_at_ms, batch deadline_ms)
+
 USER_AGENT = f"timewheel/{__version__}"
-START_LEAD_MS = 3.0  # the claim check runs this much before the due time, off the critical path
+START_SAFETY_MS = 1000  # an attempt must start this long before its lease can run out
+START_LEAD_MS = 5.0  # the claim check runs this much before the due time, off the critical path
 MAX_ERROR_CHARS = 500
 
 
@@ -46,62 +51,87 @@ class Dispatcher:
         self._metrics = metrics
         self._signer = signer
         self._batch_deadline_ms = batch_deadline_ms
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._max_workers = max_concurrency
         self._starts: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._flush_starts)
         self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
-        self._waiting: dict[asyncio.Task[None], ClaimedTask] = {}  # claimed, not started
-        self._sending: set[asyncio.Task[None]] = set()
+        self._releases: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._store.release)
+        # Claimed tasks wait on the timeline until just before they are due, then in the ready
+        # queue for one of at most max_concurrency workers. A burst of 10,000 due tasks thus
+        # costs 10,000 queue entries, not 10,000 coroutines started at the same instant.
+        self._timeline: Timeline[Entry] = Timeline(clock, self._launch)
+        self._ready: deque[Entry] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._holding: dict[asyncio.Task[None], ClaimedTask] = {}  # worker -> unstarted task
+        self._recording: set[asyncio.Task[None]] = set()
+        self._late_releases = 0
 
     @property
     def in_flight(self) -> int:
-        return len(self._waiting) + len(self._sending)
+        """Claimed tasks this process holds: waiting, ready, being sent or being recorded."""
+        return (len(self._timeline) + len(self._ready) + len(self._workers)
+                + len(self._recording))
 
     def submit(self, tasks: Sequence[ClaimedTask], claimed_at_ms: int) -> None:
         """Take over freshly claimed tasks; each fires at its own time."""
         deadline_ms = claimed_at_ms + self._batch_deadline_ms
         for claimed in tasks:
-            runner = asyncio.create_task(self._deliver(claimed, claimed_at_ms, deadline_ms))
-            self._waiting[runner] = claimed
-            runner.add_done_callback(self._forget)
+            self._timeline.add(claimed.due_ms - START_LEAD_MS,
+                               (claimed, claimed_at_ms, deadline_ms))
 
-    def _forget(self, runner: asyncio.Task[None]) -> None:
-        self._waiting.pop(runner, None)
-        self._sending.discard(runner)
+    def _launch(self, entry: Entry) -> None:
+        self._ready.append(entry)
+        if len(self._workers) < self._max_workers:
+            worker = asyncio.create_task(self._work())
+            self._workers.add(worker)
+            worker.add_done_callback(self._workers.discard)
 
-    async def _deliver(self, task: ClaimedTask, claimed_at_ms: int, deadline_ms: int) -> None:
-        runner = asyncio.current_task()
-        assert runner is not None
-        start_by = max(task.due_ms, claimed_at_ms) + self._store.lease_margin_ms // 2
-        await self._clock.sleep_until(task.due_ms - START_LEAD_MS)
-        async with self._slots:
-            if self._clock.now_ms() > start_by:
-                await self._hand_back([task], "missed its start deadline")
-                return
+    async def _work(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        while self._ready:
+            task, claimed_at_ms, deadline_ms = self._ready.popleft()
+            self._holding[me] = task
             try:
-                attempt = await self._starts.submit(task.bucket, (task.key, task.token))
-            except StoreUnavailable as exc:
-                # Cannot tell whether it was cancelled: do not send. The lease runs out and a
-                # process re-claims it once Redis answers again.
-                log.warning("cannot start %s, leaving it to its lease: %s", task.key, exc)
-                return
-            if attempt == 0:
-                self._metrics.skipped.inc()  # cancelled or replaced since the claim
-                return
-            self._waiting.pop(runner, None)
-            self._sending.add(runner)
-            await self._clock.sleep_until(task.due_ms)
-            timeout_ms = min(task.timeout_ms, deadline_ms - self._clock.now_ms())
-            if timeout_ms <= 0:
-                self._metrics.callbacks.labels("abandoned").inc()
-                return  # the batch deadline passed while waiting; the lease re-sends it
-            outcome = await self._attempt(task, attempt, timeout_ms / 1000.0)
-        if outcome is not None:
-            await self._record(task, outcome)
+                await self._deliver(me, task, claimed_at_ms, deadline_ms)
+            finally:
+                self._holding.pop(me, None)
 
-    async def _attempt(self, task: ClaimedTask, attempt: int, timeout: float) -> Outcome | None:
+    async def _deliver(self, me: asyncio.Task[None], task: ClaimedTask, claimed_at_ms: int,
+                       deadline_ms: int) -> None:
+        # The lease runs out at max(due, claimed) + timeout + margin: an attempt that starts
+        # later than this could still be running when another process re-claims the task.
+        start_by = max(task.due_ms, claimed_at_ms) + max(
+            self._store.lease_margin_ms // 2, self._store.lease_margin_ms - START_SAFETY_MS)
+        if self._clock.now_ms() > start_by:
+            await self._release_late(task)
+            return
+        try:
+            attempt = await self._starts.submit(task.bucket, (task.key, task.token))
+        except StoreUnavailable as exc:
+            # Cannot tell whether it was cancelled: do not send. The lease runs out and a
+            # process re-claims it once Redis answers again.
+            log.warning("cannot start %s, leaving it to its lease: %s", task.key, exc)
+            return
+        if attempt == 0:
+            self._metrics.skipped.inc()  # cancelled or replaced since the claim
+            return
+        self._holding.pop(me, None)  # started: shutdown lets it finish instead of handing back
+        await self._clock.sleep_until(task.due_ms)
+        timeout_ms = min(task.timeout_ms, deadline_ms - self._clock.now_ms())
+        if timeout_ms <= 0:
+            self._metrics.outcomes["abandoned"].inc()
+            return  # the batch deadline passed while waiting; the lease re-sends it
+        outcome = await self._attempt(task, attempt, timeout_ms / 1000.0)
+        # Recorded in the background: the worker moves on to the next ready task.
+        recorder = asyncio.create_task(self._record(task, outcome))
+        self._recording.add(recorder)
+        recorder.add_done_callback(self._recording.discard)
+
+    async def _attempt(self, task: ClaimedTask, attempt: int, timeout: float) -> Outcome:
         started_ms = self._clock.wall_ms()
         lateness = (started_ms - task.due_ms) / 1000.0
-        self._metrics.lateness.labels("first" if attempt == 1 else "retry").observe(lateness)
+        (self._metrics.lateness_first if attempt == 1
+         else self._metrics.lateness_retry).observe(lateness)
         headers = self._headers(task, attempt, int(started_ms // 1000))
         answer: Answer | None = None
         error: SendError | None = None
@@ -143,13 +173,15 @@ class Dispatcher:
             code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
         if verdict == "retry" and attempt >= task.max_attempts:
             verdict = "fail"
-        log.info("callback %s attempt=%d %s %.3fs -> %s", task.key, attempt,
-                 code if code is not None else message, took, verdict)
+        # Successes at DEBUG: at thousands of callbacks a second, a line each costs real CPU.
+        log.log(logging.DEBUG if verdict == "ok" else logging.INFO,
+                "callback %s attempt=%d %s %.3fs -> %s", task.key, attempt,
+                code if code is not None else message, took, verdict)
         if verdict == "retry":
-            self._metrics.callbacks.labels("retried").inc()
+            self._metrics.outcomes["retried"].inc()
             return Outcome(task.key, task.token, "retry", code, message,
                            next_due_ms(now, task.backoff_ms, attempt, retry_after), started_ms)
-        self._metrics.callbacks.labels("succeeded" if verdict == "ok" else "failed").inc()
+        self._metrics.outcomes["succeeded" if verdict == "ok" else "failed"].inc()
         return Outcome(task.key, task.token, verdict, code, message, started_ms=started_ms)
 
     async def _record(self, task: ClaimedTask, outcome: Outcome) -> None:
@@ -169,6 +201,20 @@ class Dispatcher:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+
+    async def _release_late(self, task: ClaimedTask) -> None:
+        """Hand back a claim that could not start in time (the process is saturated), so any
+        process can take it at once. Batched: a saturated process has many of these."""
+        try:
+            await self._releases.submit(task.bucket, (task.key, task.token))
+        except StoreUnavailable as exc:
+            log.warning("could not hand back %s; its lease will: %s", task.key, exc)
+        self._metrics.skipped.inc()
+        self._late_releases += 1
+        if self._late_releases & (self._late_releases - 1) == 0:  # 1, 2, 4, 8, ... : no flood
+            log.warning("%d claims handed back so far: they could not start before their "
+                        "lease margin ran out (saturated; add processes or concurrency)",
+                        self._late_releases)
 
     async def _hand_back(self, tasks: Sequence[ClaimedTask], why: str) -> None:
         by_bucket: dict[int, list[tuple[str, str]]] = {}
@@ -192,18 +238,26 @@ class Dispatcher:
     async def stop(self, grace_seconds: float) -> None:
         """Hand back every claim not yet started, at once; give attempts in flight up to
         ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
-        waiting = dict(self._waiting)
-        for runner in waiting:
-            runner.cancel()
-        await asyncio.gather(*waiting, return_exceptions=True)
-        # A runner cancelled inside its start check may have started; release skips those.
-        if waiting:
-            await self._hand_back(list(waiting.values()), "shutting down")
-        if self._sending:
-            _, late = await asyncio.wait(set(self._sending), timeout=grace_seconds)
+        unlaunched = [entry[0] for entry in [*self._timeline.drain(), *self._ready]]
+        self._ready.clear()
+        await self._timeline.close()
+        holders = dict(self._holding)
+        for worker in holders:
+            worker.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+        # A worker cancelled inside its start check may have started; release skips those.
+        if unlaunched or holders:
+            await self._hand_back([*unlaunched, *holders.values()], "shutting down")
+        # Workers still busy are sending; each records its outcome in the background.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_seconds
+        for group in (self._workers, self._recording):
+            if not group:
+                continue
+            _, late = await asyncio.wait(set(group), timeout=max(0.1, deadline - loop.time()))
             for runner in late:
                 runner.cancel()
             if late:
-                log.warning("%d attempts still in flight at shutdown; their leases will "
-                            "re-send them", len(late))
+                log.warning("%d attempts or outcomes unfinished at shutdown; their leases "
+                            "will re-send them", len(late))
                 await asyncio.gather(*late, return_exceptions=True)

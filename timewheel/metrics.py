@@ -35,6 +35,8 @@ class Metrics:
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)
-        self.store_errors = Counter("timewheel_store_errors",
-                                    "Redis calls that failed, by operation", ["operation"],
-                                    registry=r)
+        # Children resolved once: labels() costs a lock and a dict lookup per callback.
+        self.outcomes = {name: self.callbacks.labels(name)
+                         for name in ("succeeded", "retried", "failed", "abandoned")}
+        self.lateness_first = self.lateness.labels("first")
+        self.lateness_retry = self.lateness.labels("retry")

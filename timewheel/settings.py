@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # Beyond API.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)
     lease_margin_seconds: float = Field(default=5.0, gt=0)
-    claim_batch: int = Field(default=500, ge=1, le=10_000)
+    claim_batch: int = Field(default=100, ge=1, le=10_000)
     max_concurrency: int = Field(default=512, ge=1, le=100_000)
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     metrics_public: bool = True
