@@ -93,6 +93,8 @@ class Dispatcher:
             self._holding[me] = task
             try:
                 await self._deliver(me, task, claimed_at_ms, deadline_ms)
+            except Exception:  # one bad task must not stop the worker; its lease re-sends it
+                log.exception("delivering %s failed", task.key)
             finally:
                 self._holding.pop(me, None)
 
