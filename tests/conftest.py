@@ -14,6 +14,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer
 from timewheel.api.app import create_app
 from timewheel.clock import FakeClock
@@ -35,6 +36,13 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
     await client.flushall()
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+def receiver() -> Iterator[ThreadedReceiver]:
+    """A real local HTTP receiver in a thread of its own (e2e and cluster tests)."""
+    with ThreadedReceiver() as r:
+        yield r
 
 
 @pytest.fixture

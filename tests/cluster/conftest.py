@@ -4,7 +4,6 @@ xdist worker), emptied before every test, and `timewheel serve` processes pointe
 from __future__ import annotations
 
 import re
-import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -127,12 +126,6 @@ async def cluster_store(cluster_redis: AsyncRedisCluster) -> Store:
 
 
 @pytest.fixture
-def receiver() -> Iterator[ThreadedReceiver]:
-    with ThreadedReceiver() as r:
-        yield r
-
-
-@pytest.fixture
 def start_cluster_service(tmp_path: Path, cluster: RedisCluster
                           ) -> Iterator[Callable[..., Service]]:
     """``start_cluster_service(**settings)``: one more `timewheel serve` with
@@ -147,9 +140,4 @@ def start_cluster_service(tmp_path: Path, cluster: RedisCluster
 
     yield start
     for service in started:
-        if service.process is not None and service.process.poll() is None:
-            try:
-                service.process.send_signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            service.kill()
+        service.kill()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.e2e
@@ -71,8 +71,10 @@ class Service:
         self.process.send_signal(sig)
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown code runs (a crash)."""
+        """SIGKILL: no shutdown code runs (a crash). Also ends a SIGSTOPped process."""
         if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait()
 
@@ -92,23 +94,12 @@ def redis_server_e2e(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def receiver() -> Iterator[ThreadedReceiver]:
-    with ThreadedReceiver() as r:
-        yield r
-
-
-@pytest.fixture
 def services(tmp_path: Path) -> Iterator[list[Service]]:
     """Tests append the Services they start; every one is killed at the end."""
     started: list[Service] = []
     yield started
     for service in started:
-        if service.process is not None and service.process.poll() is None:
-            try:
-                service.process.send_signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            service.kill()
+        service.kill()
 
 
 @pytest.fixture
