@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        sys.exit(f"timewheel: invalid settings:\n{exc}")
+        # Without the input values: a mistyped signing secret or token must not be echoed.
+        problems = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    for e in exc.errors(include_input=False, include_url=False)]
+        sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
     serve(settings, args.host, args.port)
 
 
