@@ -16,7 +16,6 @@ from schemathesis import HookContext
 from schemathesis.core.failures import Failure
 from schemathesis.core.transport import Response
 from schemathesis.openapi.checks import (
-    AllowHeaderMismatch,
     RejectedPositiveData,
 )
 from schemathesis.python import asgi
@@ -73,11 +72,9 @@ def not_utf8(body: object) -> bool:
 
 def not_a_known_bug(context: HookContext, failure: Failure, case: schemathesis.Case,
                     response: Response) -> bool:
-    """filter_failure hook: drop exactly the failures that the xfail tests below pin, and the
-    one that is no bug; every other failure of every check still fails the run."""
+    """filter_failure hook: drop exactly the one failure that is no bug; every other failure
+    of every check still fails the run."""
     label = case.operation.label
-    if isinstance(failure, AllowHeaderMismatch):
-        return False  # test_405_allow_lists_every_method
     # Not a bug: some rules depend on settings and the clock (horizon, batch deadline, private
     # networks, encoded body size). No schema can say them, so schema-valid data may get 422.
     return not (isinstance(failure, RejectedPositiveData) and label in WRITES
@@ -123,9 +120,6 @@ def test_metrics_content_type_is_documented(openapi: dict[str, Any]) -> None:
     assert content
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: a 405 lists only the methods of the first route matching the path (Starlette), "
-    "e.g. OPTIONS /tasks -> Allow: POST, though GET /tasks exists too (RFC 9110 15.5.6)"))
 @pytest.mark.parametrize(("path", "allowed"), [("/tasks", {"GET", "POST"}),
                                                ("/tasks/k", {"GET", "PUT", "DELETE"})])
 async def test_405_allow_lists_every_method(client: httpx.AsyncClient, path: str,

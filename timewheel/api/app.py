@@ -7,8 +7,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from timewheel import __version__
 from timewheel.api import ops, tasks
@@ -73,6 +77,17 @@ def _private_docs(app: FastAPI) -> None:
 
 
 def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            # Starlette's Allow lists only the first route matching the path; /tasks has two.
+            routes = [*ops.router.routes, *ops.metrics_router.routes, *tasks.router.routes]
+            methods = sorted({method for route in routes if isinstance(route, Route)
+                              and route.methods and route.matches(request.scope)[0] != Match.NONE
+                              for method in route.methods})
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(TaskNotFound)
     async def not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
