@@ -4,48 +4,36 @@ never recorded as a result it did not get)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
 import respx
 
-from tests.test_dispatcher import URL, Harness, router, wait_until
+from tests.test_dispatcher import URL, Harness, router, wait_until, wheel
 from timewheel.clock import FakeClock
 from timewheel.dispatcher import Dispatcher
 from timewheel.store import Store
 
-__all__ = ["router"]  # the respx fixture of test_dispatcher.py, shared
-
-
-@pytest.fixture
-async def harness(store: Store, fake_clock: FakeClock, router: respx.MockRouter
-                  ) -> AsyncIterator[Harness]:
-    h = Harness(store, fake_clock)
-    yield h
-    await h.dispatcher.stop(0.1)
-    await h.sender.aclose()
+__all__ = ["router", "wheel"]  # fixtures of test_dispatcher.py, shared
 
 
 async def test_claim_that_misses_its_start_deadline_is_handed_back(
-        harness: Harness, router: respx.MockRouter) -> None:
+        wheel: Harness, router: respx.MockRouter) -> None:
     """The process stalls past the lease margin before the task could start: it is not sent
     (its lease may run out mid-attempt) but released, claimable again at once."""
     route = router.post(URL).respond(200)
-    await harness.add()
-    [task] = await harness.claim()
-    harness.dispatcher.submit([task], harness.clock.now_ms())
+    await wheel.add()
+    [task] = await wheel.claim()
+    wheel.dispatcher.submit([task], wheel.clock.now_ms())
     # Jump past due + lease margin (5 s in the store fixture) in one step: a stalled process.
-    harness.clock.set(task.due_ms + harness.store.lease_margin_ms + 1)
+    wheel.clock.set(task.due_ms + wheel.store.lease_margin_ms + 1)
 
     async def released() -> bool:
-        return (await harness.raw())["status"] == "scheduled"
+        return (await wheel.raw())["status"] == "scheduled"
     await wait_until(released, "the claim to be handed back")
-    await harness.settle()
+    await wheel.settle()
     assert not route.called
-    raw = await harness.raw()
+    raw = await wheel.raw()
     assert "claim" not in raw and "started" not in raw and raw["attempts"] == "0"
-    assert await harness.lease() == []
-    again = await harness.claim(token="other")
+    assert await wheel.lease() == []
+    again = await wheel.claim(token="other")
     assert [t.key for t in again] == ["job-1"]
 
 
