@@ -4,6 +4,8 @@
 -- ARGV[1]  task key
 -- ARGV[2]  now_ms
 -- ARGV[3]  retention_ms, how long the cancelled record stays readable
+-- ARGV[4]  request id, unique per API call: kept in the record ("op"), so the same call re-sent
+--          by redis-py after a lost reply answers 1 again instead of -2
 --
 -- Reply:  1 cancelled, -1 no such task, -2 already finished
 local P = KEYS[1]
@@ -11,8 +13,9 @@ local key = ARGV[1]
 local now, retention = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tkey = P .. 't:' .. key
 
-local st = redis.call('HMGET', tkey, 'status', 'minute')
+local st = redis.call('HMGET', tkey, 'status', 'minute', 'op')
 if not st[1] then return -1 end
+if st[1] == 'cancelled' and st[3] == ARGV[4] then return 1 end
 if st[1] == 'succeeded' or st[1] == 'failed' or st[1] == 'cancelled' then return -2 end
 
 if st[1] == 'delivering' then
@@ -22,6 +25,6 @@ else
   redis.call('SADD', P .. 'd:' .. st[2], key)
 end
 redis.call('HDEL', tkey, 'claim', 'started')
-redis.call('HSET', tkey, 'status', 'cancelled', 'finished', now)
+redis.call('HSET', tkey, 'status', 'cancelled', 'finished', now, 'op', ARGV[4])
 redis.call('PEXPIRE', tkey, retention)
 return 1

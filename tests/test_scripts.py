@@ -185,8 +185,8 @@ async def test_cancel_scheduled(store: Store, redis: Redis) -> None:
     """Lazy cancel: key into the minute's delete-set, slice entry left, record expires."""
     due = NOW + 10 * MIN
     await seed(redis, {"t:a": rec(due=due), f"m:{M0 + 10}": {"a": due}, "cursor": str(M0)})
-    assert await run(store, "cancel", "a", NOW + 3, RET) == 1
-    assert await dump(redis) == {"t:a": rec("cancelled", due=due, finished=NOW + 3),
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
+    assert await dump(redis) == {"t:a": rec("cancelled", due=due, finished=NOW + 3, op="r1"),
                                  f"m:{M0 + 10}": {"a": due}, f"d:{M0 + 10}": {"a"},
                                  "cursor": str(M0)}
     await assert_ttls(redis, {"t:a": RET})
@@ -196,11 +196,25 @@ async def test_cancel_delivering(store: Store, redis: Redis) -> None:
     """Cancelling a claimed task removes its lease and its claim: the holder cannot start."""
     await seed(redis, {"t:a": delivering(started=NOW), "lease": {"a": NOW + 15_000, "b": NOW + 9},
                        "c:tok": ["a"], "cursor": str(M0)})
-    assert await run(store, "cancel", "a", NOW + 3, RET) == 1
-    assert await dump(redis) == {"t:a": rec("cancelled", finished=NOW + 3),
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
+    assert await dump(redis) == {"t:a": rec("cancelled", finished=NOW + 3, op="r1"),
                                  "lease": {"b": NOW + 9}, "c:tok": ["a"], "cursor": str(M0)}
     await assert_ttls(redis, {"t:a": RET})
     assert await run(store, "start", NOW + 4, "a", "tok") == [0]
+
+
+async def test_cancel_repeated_by_a_client_retry_answers_the_same(store: Store,
+                                                                  redis: Redis) -> None:
+    """redis-py re-sends a call whose reply was lost with the same arguments (request id
+    included): the repeat answers 1 again (the API's 204), not -2 (409), and writes nothing;
+    another request is refused."""
+    await seed(redis, {"t:a": rec(due=NOW + MIN), f"m:{M0 + 1}": {"a": NOW + MIN},
+                       "cursor": str(M0)})
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
+    state = await dump(redis)
+    assert await run(store, "cancel", "a", NOW + 4, RET, "r1") == 1
+    assert await dump(redis) == state
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r2") == -2
 
 
 @pytest.mark.parametrize("status", FINISHED)
@@ -208,8 +222,8 @@ async def test_cancel_finished_or_missing_is_refused(store: Store, redis: Redis,
                                                      status: str) -> None:
     """A finished task cannot be cancelled (-2), an unknown one neither (-1); no writes."""
     await seed(redis, {"t:a": rec(status, finished=NOW - 1), "cursor": str(M0)})
-    assert await run(store, "cancel", "a", NOW, RET) == -2
-    assert await run(store, "cancel", "nope", NOW, RET) == -1
+    assert await run(store, "cancel", "a", NOW, RET, "r1") == -2
+    assert await run(store, "cancel", "nope", NOW, RET, "r1") == -1
     assert await dump(redis) == {"t:a": rec(status, finished=NOW - 1), "cursor": str(M0)}
     await assert_ttls(redis, {})
 
@@ -343,7 +357,7 @@ async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) 
     before = await dump(redis)
     assert await claim(store, NOW + 5, limit=2, token="t1") == (True, ["a", "b"])
     assert await dump(redis) == before
-    assert await run(store, "cancel", "b", NOW + 6, RET) == 1
+    assert await run(store, "cancel", "b", NOW + 6, RET, "r1") == 1
     assert await claim(store, NOW + 7, limit=2, token="t1") == (True, ["a"])
 
 
@@ -463,17 +477,30 @@ async def test_replay_schedules_now(store: Store, redis: Redis, status: str) -> 
                        "dead": {"a": NOW, "b": NOW - 1}, f"d:{M0 + 2}": {"a"},
                        "cursor": str(M0)})
     await redis.pexpire(P + "t:a", RET)
-    assert await run(store, "replay", "a", now) == 1
-    assert await dump(redis) == {"t:a": rec(due=now, exec=NOW, last_code=500),
+    assert await run(store, "replay", "a", now, "r1") == 1
+    assert await dump(redis) == {"t:a": rec(due=now, exec=NOW, last_code=500, op="r1"),
                                  "dead": {"b": NOW - 1}, f"m:{M0 + 2}": {"a": now},
                                  "cursor": str(M0)}
     await assert_ttls(redis, {})
+
+
+async def test_replay_repeated_by_a_client_retry_answers_the_same(store: Store,
+                                                                  redis: Redis) -> None:
+    """The same replay call re-sent after a lost reply answers 1 again and writes nothing;
+    another request for the now scheduled task is refused."""
+    await seed(redis, {"t:a": rec("failed", finished=NOW), "dead": {"a": NOW},
+                       "cursor": str(M0)})
+    assert await run(store, "replay", "a", NOW + 5, "r1") == 1
+    state = await dump(redis)
+    assert await run(store, "replay", "a", NOW + 6, "r1") == 1
+    assert await dump(redis) == state
+    assert await run(store, "replay", "a", NOW + 5, "r2") == -2
 
 
 @pytest.mark.parametrize("status", ["scheduled", "delivering", "retrying", "succeeded"])
 async def test_replay_refuses_other_statuses(store: Store, redis: Redis, status: str) -> None:
     """Only failed or cancelled tasks replay (-2); unknown keys are -1; nothing changes."""
     await seed(redis, {"t:a": rec(status), "cursor": str(M0)})
-    assert await run(store, "replay", "a", NOW) == -2
-    assert await run(store, "replay", "none", NOW) == -1
+    assert await run(store, "replay", "a", NOW, "r1") == -2
+    assert await run(store, "replay", "none", NOW, "r1") == -1
     assert await dump(redis) == {"t:a": rec(status), "cursor": str(M0)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -116,18 +117,20 @@ class Store:
             ))
 
     async def cancel(self, key: str, *, now_ms: int) -> int:
-        """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished)."""
+        """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished). The request id makes a
+        redis-py retry of this very call answer 1 again."""
         async with _redis_errors("cancel"):
             return int(await self.scripts.cancel(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
-                args=[key, now_ms, self.retention_ms],
+                args=[key, now_ms, self.retention_ms, secrets.token_hex(8)],
             ))
 
     async def replay(self, key: str, *, now_ms: int) -> int:
         """1 scheduled again, NOT_FOUND, or NOT_ALLOWED (not failed or cancelled)."""
         async with _redis_errors("replay"):
             return int(await self.scripts.replay(
-                keys=[self.keys.prefix(self.keys.bucket_of(key))], args=[key, now_ms]))
+                keys=[self.keys.prefix(self.keys.bucket_of(key))],
+                args=[key, now_ms, secrets.token_hex(8)]))
 
     async def get(self, key: str) -> TaskView | None:
         async with _redis_errors("get"):
