@@ -219,17 +219,16 @@ class Dispatcher:
                         self._late_releases)
 
     async def _hand_back(self, tasks: Sequence[ClaimedTask], why: str) -> None:
-        by_bucket: dict[int, list[tuple[str, str]]] = {}
-        for task in tasks:
-            by_bucket.setdefault(task.bucket, []).append((task.key, task.token))
-        for bucket, claims in by_bucket.items():
-            try:
-                await self._store.release(bucket, claims)
-            except StoreUnavailable as exc:
-                log.warning("could not hand back %d claims (%s); their leases will: %s",
-                            len(claims), why, exc)
+        """Release claims at shutdown, through the same per-bucket batcher as late releases
+        (at most MAX_BATCH claims per script call, however many are held)."""
+        results = await asyncio.gather(
+            *(self._releases.submit(task.bucket, (task.key, task.token)) for task in tasks),
+            return_exceptions=True)
+        failed = sum(isinstance(result, BaseException) for result in results)
+        if failed:
+            log.warning("could not hand back %d claims (%s); their leases will", failed, why)
         self._metrics.skipped.inc(len(tasks))
-        log.info("handed back %d claims: %s", len(tasks), why)
+        log.info("handed back %d claims: %s", len(tasks) - failed, why)
 
     async def _flush_starts(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
         return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)

@@ -53,18 +53,17 @@ class Ticker:
             while more and not self._stopping.is_set():
                 room = self._max_pending - self._dispatcher.in_flight
                 if room <= 0:
-                    self._metrics.claimed.inc(claimed)
                     return claimed  # bounded work: the rest waits in Redis for the next tick
                 more, count = await self._claim(bucket, now, horizon,
                                                 min(self._claim_batch, room))
                 claimed += count
-        self._metrics.claimed.inc(claimed)
         return claimed
 
     async def _claim(self, bucket: int, now: int, horizon: int, limit: int) -> tuple[bool, int]:
         more, tasks = await self._store.claim(bucket, now_ms=now, horizon_ms=horizon,
                                               limit=limit, token=next(self._tokens))
         self._dispatcher.submit(tasks, now)
+        self._metrics.claimed.inc(len(tasks))
         return more, len(tasks)
 
     async def run(self) -> None:
