@@ -204,25 +204,37 @@ class RedisCluster:
 
     def __init__(self, directory: Path, *, size: int = 3, appendfsync: str = "everysec") -> None:
         self.directory = Path(directory)
-        self.nodes = [
-            RedisServer(self.directory / f"node{i}", cluster=True, appendfsync=appendfsync)
-            for i in range(size)
+        self.size = size
+        self.appendfsync = appendfsync
+        self.nodes = self._new_nodes("")
+
+    def _new_nodes(self, prefix: str) -> list[RedisServer]:
+        return [
+            RedisServer(self.directory / f"{prefix}node{i}", cluster=True,
+                        appendfsync=self.appendfsync)
+            for i in range(self.size)
         ]
 
     @property
     def seed_url(self) -> str:
         return self.nodes[0].url
 
-    def start(self) -> Self:
-        try:
-            for node in self.nodes:
-                node.start()
-            self._create()
-            self.wait_ok()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def start(self, attempts: int = 3) -> Self:
+        """Start and join the nodes. Ports are picked by probing, so a parallel test worker can
+        take one between the probe and the bind: on failure, start over on new ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                for node in self.nodes:
+                    node.start()
+                self._create()
+                self.wait_ok()
+                return self
+            except Exception:
+                self.stop()
+                if attempt == attempts:
+                    raise
+                self.nodes = self._new_nodes(f"retry{attempt}-")
+        raise AssertionError("unreachable")
 
     def _create(self) -> None:
         addrs = [f"{HOST}:{node.port}" for node in self.nodes]
