@@ -23,14 +23,14 @@ import respx
 from tests.conftest import START_MS
 from timewheel import __version__
 from timewheel.clock import FakeClock
-from timewheel.dispatcher import Dispatcher
+from timewheel.delivery.netguard import NetworkPolicy
+from timewheel.delivery.senders import HttpxSender
+from timewheel.delivery.signing import Signer
+from timewheel.engine.dispatcher import Dispatcher
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields, TaskView
-from timewheel.netguard import NetworkPolicy
-from timewheel.record import ClaimedTask, NewTask, prepare
-from timewheel.senders import HttpxSender
-from timewheel.signing import Signer
 from timewheel.store import Store
+from timewheel.store.record import ClaimedTask, NewTask, prepare
 
 URL = "http://127.0.0.1:9/hooks/fire"  # respx answers; nothing ever dials it
 DUE_MS = START_MS + 1000  # tasks are added with delay=1.0

@@ -8,7 +8,7 @@ import respx
 
 from tests.test_dispatcher import URL, Harness, router, wait_until, wheel
 from timewheel.clock import FakeClock
-from timewheel.dispatcher import Dispatcher
+from timewheel.engine.dispatcher import Dispatcher
 from timewheel.store import Store
 
 __all__ = ["router", "wheel"]  # fixtures of test_dispatcher.py, shared

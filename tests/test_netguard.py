@@ -20,7 +20,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from timewheel.netguard import (
+from timewheel.delivery.netguard import (
     BlockedAddress,
     BlockedConnectError,
     GuardedConnector,

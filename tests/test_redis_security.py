@@ -19,8 +19,8 @@ from cryptography.x509.oid import NameOID
 from tests.conftest import running_app
 from tests.support.redis_server import RedisServer
 from timewheel.api.app import create_app
-from timewheel.keys import Keyspace
 from timewheel.settings import Settings
+from timewheel.store.keys import Keyspace
 
 TASK = {"callback_url": "http://127.0.0.1:9/hook", "delay": 60}
 

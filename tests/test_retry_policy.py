@@ -8,7 +8,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from timewheel.retry_policy import (
+from timewheel.delivery.retry_policy import (
     BACKOFF_CAP_MS,
     backoff_ms,
     classify_status,

@@ -19,7 +19,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from tests.test_dispatcher import URL, Harness
 from timewheel.clock import FakeClock
-from timewheel.signing import Signer, decode_secret
+from timewheel.delivery.signing import Signer, decode_secret
 from timewheel.store import Store
 
 # The Standard Webhooks / Svix reference vector.

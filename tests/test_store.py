@@ -1,7 +1,8 @@
 """Store scenarios on a real Redis with a FakeClock: cancel, reschedule, lateness, outages,
 racing claimers, leases, stale tokens, retention, dead letters and retries.
 
-Claims go through ``claim_all``, which loops over every bucket the way timewheel/ticker.py does.
+Claims go through ``claim_all``, which loops over every bucket as timewheel/engine/ticker.py
+does.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from redis.asyncio import Redis
 from tests.support.redis_server import RedisServer
 from timewheel.clock import FakeClock
 from timewheel.models import TaskStatus
-from timewheel.record import ClaimedTask, NewTask
 from timewheel.store import CREATED, REPLACED, Outcome, Store
+from timewheel.store.record import ClaimedTask, NewTask
 
 MIN = 60_000
 LEASE = 10_000 + 5000  # the tasks' timeout + the store fixture's lease margin

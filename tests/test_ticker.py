@@ -12,12 +12,12 @@ import pytest
 
 from tests.conftest import START_MS
 from timewheel.clock import FakeClock
+from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields
-from timewheel.record import ClaimedTask, prepare
 from timewheel.store import Store
-from timewheel.ticker import LOOKAHEAD_MARGIN_MS, Ticker
+from timewheel.store.record import ClaimedTask, prepare
 
 URL = "http://127.0.0.1:9/hook"
 TICK_MS = 1000
@@ -220,7 +220,7 @@ async def test_run_rides_out_an_outage_and_logs_it_once(
         store: Store, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
     """While claims fail, run() keeps looping (backing off) and logs one error for the whole
     outage; once Redis answers it resumes by itself, claims what is due, and says so once."""
-    caplog.set_level(logging.INFO, logger="timewheel.ticker")
+    caplog.set_level(logging.INFO, logger="timewheel.engine.ticker")
     flaky = FlakyStore(store)
     flaky.down = True
     dispatcher = FakeDispatcher()
@@ -245,7 +245,7 @@ async def test_run_rides_out_an_outage_and_logs_it_once(
     assert failed_ticks >= 4
     assert errors() == failed_ticks  # no failure after the store came back
     assert dispatcher.keys == ["after-outage"]
-    records = [r for r in caplog.records if r.name == "timewheel.ticker"]
+    records = [r for r in caplog.records if r.name == "timewheel.engine.ticker"]
     assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING]
     assert records[0].getMessage().startswith(
         "Redis unavailable, ticker backing off until it returns: claim: ConnectionError")
@@ -257,7 +257,7 @@ async def test_run_rides_out_an_outage_and_logs_it_once(
 async def test_run_logs_each_outage_once(store: Store, fake_clock: FakeClock,
                                          caplog: pytest.LogCaptureFixture) -> None:
     """Two separate outages: one error and one recovery line each, nothing per failed tick."""
-    caplog.set_level(logging.INFO, logger="timewheel.ticker")
+    caplog.set_level(logging.INFO, logger="timewheel.engine.ticker")
     flaky = FlakyStore(store)
     dispatcher = FakeDispatcher()
     ticker, metrics = make_ticker(flaky, fake_clock, dispatcher, tick_ms=5)
@@ -281,5 +281,5 @@ async def test_run_logs_each_outage_once(store: Store, fake_clock: FakeClock,
         ticker.stop()
         await asyncio.wait_for(runner, 10)
 
-    records = [r for r in caplog.records if r.name == "timewheel.ticker"]
+    records = [r for r in caplog.records if r.name == "timewheel.engine.ticker"]
     assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING] * 2

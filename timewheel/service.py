@@ -12,17 +12,17 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from timewheel.clock import Clock, RedisClock
-from timewheel.connection import make_redis
-from timewheel.dispatcher import Dispatcher
-from timewheel.embedded import EmbeddedRedis
+from timewheel.delivery.netguard import NetworkPolicy
+from timewheel.delivery.senders import Sender, make_sender
+from timewheel.delivery.signing import Signer
+from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.ticker import Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
-from timewheel.netguard import NetworkPolicy
-from timewheel.senders import Sender, make_sender
 from timewheel.settings import Settings
-from timewheel.signing import Signer
 from timewheel.store import Store
-from timewheel.ticker import Ticker
+from timewheel.store.connection import make_redis
+from timewheel.store.embedded import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 

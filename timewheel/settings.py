@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     @classmethod
     def _whsec(cls, value: list[SecretStr]) -> list[SecretStr]:
         # Decoded here so a bad secret stops the start, not the first callback.
-        from timewheel.signing import decode_secret
+        from timewheel.delivery.signing import decode_secret
 
         for secret in value:
             decode_secret(secret.get_secret_value())

@@ -18,9 +18,9 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
-from timewheel.connection import make_redis
-from timewheel.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store import Store
+from timewheel.store.connection import make_redis
+from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 
 RETENTION_MS = 7 * 86_400_000
 

@@ -25,13 +25,13 @@ from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster, RedisServer
 from timewheel.clock import FakeClock, RedisClock
-from timewheel.connection import make_redis
+from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
-from timewheel.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.metrics import Metrics
-from timewheel.record import ClaimedTask, NewTask
 from timewheel.store import CREATED, REPLACED, Outcome, Store
-from timewheel.ticker import LOOKAHEAD_MARGIN_MS, Ticker
+from timewheel.store.connection import make_redis
+from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.store.record import ClaimedTask, NewTask
 
 from .conftest import (
     RETENTION_MS,

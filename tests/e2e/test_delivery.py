@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.conftest import Service
 from tests.support.receiver import Arrival, Reply, ThreadedReceiver
 from tests.support.redis_server import RedisServer
-from timewheel.keys import Keyspace
+from timewheel.store.keys import Keyspace
 
 pytestmark = pytest.mark.e2e
 

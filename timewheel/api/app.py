@@ -19,13 +19,13 @@ from timewheel.api import ops, tasks
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
 from timewheel.clock import Clock
+from timewheel.delivery.senders import Sender
 from timewheel.errors import StoreUnavailable, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
 from timewheel.models import MAX_BODY_BYTES
-from timewheel.record import BodyTooLarge
-from timewheel.senders import Sender
 from timewheel.service import Wheel
 from timewheel.settings import Settings
+from timewheel.store.record import BodyTooLarge
 
 # The whole request may carry the 1 MiB body plus the other fields (URL, headers, ...).
 MAX_REQUEST_BYTES = MAX_BODY_BYTES + 128 * 1024

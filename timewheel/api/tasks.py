@@ -9,12 +9,12 @@ from fastapi.exceptions import RequestValidationError
 
 from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
+from timewheel.delivery.netguard import BlockedAddress
 from timewheel.errors import TaskConflict, TaskNotFound
 from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskView
-from timewheel.netguard import BlockedAddress
-from timewheel.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
 from timewheel.service import Wheel
 from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND
+from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 

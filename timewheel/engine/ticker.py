@@ -14,7 +14,7 @@ import os
 import secrets
 
 from timewheel.clock import Clock
-from timewheel.dispatcher import Dispatcher
+from timewheel.engine.dispatcher import Dispatcher
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store

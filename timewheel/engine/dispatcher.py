@@ -3,7 +3,7 @@
 Per task: wait until just before it is due; check with Redis that the claim still holds
 (``start``: a task cancelled or replaced after the claim is not sent); wait until it is due
 (never before); send; record the outcome (``complete``). The Redis calls of all tasks in flight
-are batched per bucket (timewheel/batching.py). Concurrency is bounded by a semaphore and the
+are batched per bucket (timewheel/engine/batching.py). Concurrency is bounded by a semaphore and the
 sender's connection pool.
 
 Deadlines: a task must start within half its lease margin of its due time, or it is handed back
@@ -20,17 +20,17 @@ from collections import deque
 from collections.abc import Sequence
 
 from timewheel import __version__
-from timewheel.batching import BucketBatcher
 from timewheel.clock import Clock
+from timewheel.delivery.retry_policy import classify_status, next_due_ms
+from timewheel.delivery.senders import Answer, Sender, SendError
+from timewheel.delivery.signing import Signer
+from timewheel.engine.batching import BucketBatcher
+from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import format_ms
-from timewheel.record import ClaimedTask
-from timewheel.retry_policy import classify_status, next_due_ms
-from timewheel.senders import Answer, Sender, SendError
-from timewheel.signing import Signer
 from timewheel.store import Outcome, Store
-from timewheel.timeline import Timeline
+from timewheel.store.record import ClaimedTask
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable
-from timewheel.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.models import TaskView
-from timewheel.record import VIEW_FIELDS, ClaimedTask, NewTask, view_from_fields
-from timewheel.scripts import Scripts
+from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.store.record import VIEW_FIELDS, ClaimedTask, NewTask, view_from_fields
+from timewheel.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay"
 
 def lua_dir() -> Path:
     """``timewheel/lua`` in an installed wheel; the repository's ``lua/`` in an editable install."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "lua", here.parent / "lua"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "lua", package.parent / "lua"):
         if (candidate / "claim.lua").is_file():
             return candidate
     raise FileNotFoundError("cannot find the timewheel Lua scripts (lua/claim.lua)")

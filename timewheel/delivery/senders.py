@@ -5,7 +5,7 @@ The dispatcher's hot path uses aiohttp directly: measured on this project's 2-co
 per request and httpx on an aiohttp transport ~0.3 ms, while aiohttp alone ~0.09 ms; only the
 last leaves room for a 10,000-callback burst. ``HttpxSender`` keeps httpx available
 (``TIMEWHEEL_HTTP_CLIENT=httpx``) and is what the dispatcher's unit tests drive with respx.
-Both connect only to addresses the SSRF guard approved (timewheel/netguard.py), follow no
+Both connect only to addresses the SSRF guard approved (timewheel/delivery/netguard.py), follow no
 redirects and ignore proxy variables.
 """
 
@@ -17,7 +17,7 @@ from typing import Literal, Protocol
 import aiohttp
 import httpx
 
-from timewheel.netguard import (
+from timewheel.delivery.netguard import (
     BlockedAddress,
     NetworkPolicy,
     blocked_cause,
