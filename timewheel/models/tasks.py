@@ -1,4 +1,4 @@
-"""Request and response models of the HTTP API (API.md, "Tasks")."""
+"""Models of ``/tasks`` (API.md, "Tasks")."""
 
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ class TaskFields(BaseModel):
     timeout: Positive | None = None
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 5
     retry_backoff: Backoff = 1.0
+    flow_key: Annotated[StrictStr, Field(pattern=KEY_PATTERN)] | None = None
 
     @field_validator("callback_url")
     @classmethod

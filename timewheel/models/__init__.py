@@ -1,0 +1,26 @@
+"""Request and response models of the HTTP API, shared by the service and the client.
+One module per resource; everything is re-exported here."""
+
+from timewheel.models.flows import FlowLimits, FlowView
+from timewheel.models.tasks import (
+    FINISHED,
+    KEY_PATTERN,
+    MAX_BACKOFF_SECONDS,
+    MAX_BODY_BYTES,
+    MAX_HEADERS,
+    MAX_URL_LENGTH,
+    Method,
+    TaskCreate,
+    TaskFields,
+    TaskList,
+    TaskStatus,
+    TaskView,
+    epoch_ms_ceil,
+    format_ms,
+    parse_execute_at,
+)
+
+__all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BODY_BYTES", "MAX_HEADERS",
+           "MAX_URL_LENGTH", "FlowLimits", "FlowView", "Method", "TaskCreate", "TaskFields",
+           "TaskList", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
+           "parse_execute_at"]
