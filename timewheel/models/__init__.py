@@ -1,6 +1,7 @@
 """Request and response models of the HTTP API, shared by the service and the client.
 One module per resource; everything is re-exported here."""
 
+from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowView
 from timewheel.models.tasks import (
     FINISHED,
@@ -20,7 +21,8 @@ from timewheel.models.tasks import (
     parse_execute_at,
 )
 
-__all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BODY_BYTES", "MAX_HEADERS",
-           "MAX_URL_LENGTH", "FlowLimits", "FlowView", "Method", "TaskCreate", "TaskFields",
+__all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", "MAX_BODY_BYTES",
+           "MAX_HEADERS", "MAX_URL_LENGTH", "BatchCreate", "BatchItemResult", "BatchResult",
+           "FlowLimits", "FlowView", "Method", "TaskCreate", "TaskFields",
            "TaskList", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
            "parse_execute_at"]
