@@ -3,6 +3,14 @@ One module per resource; everything is re-exported here."""
 
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowView
+from timewheel.models.schedules import (
+    SCHEDULE_ID_PATTERN,
+    ScheduleCreate,
+    ScheduleList,
+    ScheduleSpec,
+    ScheduleTask,
+    ScheduleView,
+)
 from timewheel.models.tasks import (
     FINISHED,
     KEY_PATTERN,
@@ -26,3 +34,5 @@ __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", 
            "FlowLimits", "FlowView", "Method", "TaskCreate", "TaskFields",
            "TaskList", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
            "parse_execute_at"]
+__all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
+            "ScheduleTask", "ScheduleView"]
