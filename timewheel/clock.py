@@ -8,14 +8,27 @@ the local monotonic clock and Redis's clock is refreshed once per tick.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from timewheel.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# Any fixed key will do, as long as every process uses the same one: it only picks the node.
+CLOCK_ROUTE_KEY = "timewheel:clock"
+# Quartz is specified to +-20..100 ppm and NTP keeps a host within a few ppm; 100 ppm between
+# two hosts costs at most 0.1 ms of lateness per 1 s tick. Faster drift stays bounded by the
+# round trip of each refresh (see RedisClock).
+DEFAULT_MAX_DRIFT_PPM = 100.0
+DEFAULT_STALE_MS = 30_000.0  # a Redis Cluster failover takes cluster-node-timeout (15 s) + a vote
 
 
 class Clock(Protocol):
@@ -49,36 +62,127 @@ class SystemClock:
         return None
 
 
-class RedisClock:
-    """Redis ``TIME`` plus the local monotonic clock.
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One ``TIME`` read: the local monotonic clock (ms) when it was sent and when its reply
+    came, and Redis's time (epoch ms) in the reply."""
 
-    The offset is taken with the reply's arrival time, so the estimate lags Redis by at most
-    one round trip: the wheel's "now" can only be late, never early (invariant 2).
+    sent_ms: float
+    received_ms: float
+    redis_ms: float
+
+    @property
+    def lower(self) -> float:
+        """The smallest possible offset (Redis minus monotonic) when Redis read its clock."""
+        return self.redis_ms - self.received_ms
+
+    @property
+    def upper(self) -> float:
+        """The largest possible offset then; ``upper - lower`` is the round trip."""
+        return self.redis_ms - self.sent_ms
+
+    def lower_at(self, monotonic_ms: float, drift: float) -> float:
+        """A lower bound of the offset at ``monotonic_ms``, if the clocks drift apart by at most
+        ``drift`` (a fraction: 1e-4 is 100 ppm). Redis read its clock at or after ``sent_ms``."""
+        return self.lower - drift * max(0.0, monotonic_ms - self.sent_ms)
+
+
+class RedisClock:
+    """Redis ``TIME`` read through the local monotonic clock: a lower bound that never runs
+    ahead of Redis (invariant 2: never fire early).
+
+    **One sample.** A ``TIME`` call sent when the local monotonic clock read ``sent`` and answered
+    when it read ``received`` carries Redis's time ``T``, read at some instant in between. The
+    true offset (Redis minus monotonic) at that instant therefore lies in
+    ``[T - received, T - sent]``: the reply's round trip is the sample's own error bound.
+
+    **Drift.** Two clocks do not tick at the same rate: quartz is off by tens of ppm, and a
+    host's time daemon slews. A lower bound taken ``age`` ms ago is still a lower bound now only
+    after subtracting ``max_drift_ppm * age``. The estimate is the best *aged* lower bound
+    (``Sample.lower_at``), recomputed at every read of the clock, so it also decays between
+    refreshes and "now" can only fall behind Redis, by at most the drift allowance: 0.1 ms per
+    1 s tick at the default 100 ppm. This is how old samples age out: a tight sample taken over
+    a quiet connection keeps winning over fresh ones with slow round trips, until its age costs
+    more than their extra round trip, then a fresher one takes over (Cristian's method with
+    NTP's growing dispersion).
+
+    **Faster drift or a stepped clock.** If the kept sample's aged lower bound is above the
+    new sample's upper bound, the two contradict each other: the clocks drifted faster than the
+    allowance, or Redis's clock was stepped back (or failed over to another host). The kept
+    sample is dropped. So right after every refresh the estimate is at most the newest sample's
+    upper bound: never ahead of the true offset by more than that sample's round trip, whatever
+    the drift.
+
+    **Cluster.** Every node has its own clock. Every process reads ``TIME`` from the same node,
+    the primary serving the slot of ``route_key`` (nothing is stored under that key), so node
+    clocks never skew one process against another. While that node is unreachable (a failover),
+    ``refresh`` keeps the aged estimate for up to ``stale_ms``; after that it raises
+    ``StoreUnavailable``. (A primary down for good leaves its slots uncovered, and a cluster with
+    the default ``cluster-require-full-coverage yes`` refuses every command then anyway.)
+
+    ``monotonic`` (seconds, like ``time.monotonic``) is injectable so tests can drift it.
     """
 
-    def __init__(self, redis: Redis | RedisCluster) -> None:
+    def __init__(self, redis: Redis | RedisCluster, *, route_key: str = CLOCK_ROUTE_KEY,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 max_drift_ppm: float = DEFAULT_MAX_DRIFT_PPM,
+                 stale_ms: float = DEFAULT_STALE_MS) -> None:
         self._redis = redis
-        self._offset_ms: float | None = None
+        self._route_key = route_key
+        self._monotonic = monotonic
+        self._drift = max_drift_ppm / 1e6
+        self._stale_ms = stale_ms
+        self._best: Sample | None = None
+        self.last_sample: Sample | None = None  # the newest sample, for tests and diagnostics
+        self._failing = False
 
     async def refresh(self) -> None:
         try:
-            seconds, micros = await self._redis.time()
-        except RedisError as exc:
-            raise StoreUnavailable(f"TIME: {exc}") from exc
-        received = time.monotonic() * 1000.0
-        offset = seconds * 1000.0 + micros / 1000.0 - received
-        # Every sample is a lower bound of the true offset (TIME was read before the reply
-        # arrived), so the larger of two close samples is the better one. A jump (Redis's clock
-        # was stepped, or failover to another host) replaces the estimate.
-        if self._offset_ms is not None and abs(offset - self._offset_ms) < 5:
-            offset = max(offset, self._offset_ms)
-        self._offset_ms = offset
+            sample = await self._read()
+        except (RedisError, RedisClusterException) as exc:
+            best = self._best
+            if best is None or self._monotonic_ms() - best.sent_ms > self._stale_ms:
+                raise StoreUnavailable(f"TIME: {type(exc).__name__}: {exc}") from exc
+            if not self._failing:
+                log.warning("TIME: %s: %s; keeping the clock's estimate for up to %.0f s",
+                            type(exc).__name__, exc, self._stale_ms / 1000)
+            self._failing = True
+            return
+        self._failing = False
+        self.last_sample = sample
+        best = self._best
+        if best is None:
+            self._best = sample
+            return
+        kept = best.lower_at(sample.sent_ms, self._drift)
+        # Keep the old sample only while it is the better lower bound and still consistent
+        # with the new one; otherwise the new sample replaces it.
+        if not sample.lower < kept <= sample.upper:
+            self._best = sample
+
+    async def _read(self) -> Sample:
+        redis = self._redis
+        if isinstance(redis, RedisCluster):
+            await redis.initialize()  # a no-op unless a failure asked for a new slot map
+            node = redis.get_node_from_key(self._route_key)
+            sent = self._monotonic_ms()
+            seconds, micros = await redis.time(target_nodes=node)
+        else:
+            sent = self._monotonic_ms()
+            seconds, micros = await redis.time()
+        received = self._monotonic_ms()
+        return Sample(sent, received, int(seconds) * 1000.0 + int(micros) / 1000.0)
+
+    def _monotonic_ms(self) -> float:
+        return self._monotonic() * 1000.0
 
     def wall_ms(self) -> float:
-        if self._offset_ms is None:
+        best = self._best
+        if best is None:
             # Never fall back to the host's clock: that is how a skewed host fires early.
             raise StoreUnavailable("the wheel's clock has not been read from Redis yet")
-        return time.monotonic() * 1000.0 + self._offset_ms
+        now = self._monotonic_ms()
+        return now + best.lower_at(now, self._drift)
 
     def now_ms(self) -> int:
         return int(self.wall_ms())
