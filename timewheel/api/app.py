@@ -15,9 +15,10 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from timewheel import __version__
-from timewheel.api import ops, tasks
+from timewheel.api import batch, ops, tasks
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
+from timewheel.api.request_id import RequestId
 from timewheel.clock import Clock
 from timewheel.delivery.senders import Sender
 from timewheel.errors import StoreUnavailable, TaskConflict, TaskNotFound
@@ -26,6 +27,7 @@ from timewheel.models import MAX_BODY_BYTES
 from timewheel.service import Wheel
 from timewheel.settings import Settings
 from timewheel.store.record import BodyTooLarge
+from timewheel.tracing import Tracing
 
 # The whole request may carry the 1 MiB body plus the other fields (URL, headers, ...).
 MAX_REQUEST_BYTES = MAX_BODY_BYTES + 128 * 1024
@@ -56,9 +58,12 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         redoc_url=None,
     )
     app.add_middleware(BodySizeLimit, max_bytes=MAX_REQUEST_BYTES)
+    Tracing.from_env().instrument(app)  # request spans, only when OTEL_* asks for them
+    app.add_middleware(RequestId)  # outermost: 413s and traced requests get an id too
     app.include_router(ops.router)
     app.include_router(ops.metrics_router,
                        dependencies=[] if settings.metrics_public else [Depends(require_token)])
+    app.include_router(batch.router)  # before tasks: /tasks/batch is not /tasks/{key}
     app.include_router(tasks.router)
     if not public_docs:
         _private_docs(app)
@@ -81,7 +86,8 @@ def _error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 405:
             # Starlette's Allow lists only the first route matching the path; /tasks has two.
-            routes = [*ops.router.routes, *ops.metrics_router.routes, *tasks.router.routes]
+            routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
+                      *tasks.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

@@ -1,0 +1,249 @@
+"""POST /tasks/batch against a real Redis, fake clock, no ticker: per-item outcomes in request
+order, whole-request refusals that store nothing, the size limit, NOSCRIPT, Redis down."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import running_app
+from tests.support.redis_server import RedisServer
+from tests.test_api import URL, expected_view, snapshot
+from tests.test_api_redis_down import make_settings, poll, task_keys
+from timewheel.api.app import MAX_REQUEST_BYTES, create_app
+from timewheel.models import MAX_BODY_BYTES
+from timewheel.settings import Settings
+from timewheel.store import Store
+from timewheel.store.batch import get_many, rounds, schedule_many
+from timewheel.store.keys import Keyspace
+from timewheel.store.record import prepare
+
+LATER = "2027-01-15T08:01:00.000Z"  # START_MS + 60 s
+
+
+def item(key: str | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"callback_url": URL, **fields}
+    if key is not None:
+        body["key"] = key
+    return body
+
+
+async def test_mixed_batch_answers_each_item_in_request_order(
+        client: httpx.AsyncClient, redis: Redis) -> None:
+    """Created, identical repeat (200), conflict (409), invalid (422), generated key: each
+    answered at its position; only the valid ones are stored."""
+    r = await client.post("/tasks", json=item("old", delay=60))
+    assert r.status_code == 201
+    r = await client.post("/tasks/batch", json={"tasks": [
+        item("a"),
+        item("old", delay=60),                      # identical to the stored one
+        item("old", delay=30),                      # same key, other content
+        item("bad", callback_url="ftp://x"),        # invalid
+        item(None, method="put"),                   # key generated
+        "not an object",                            # invalid, no key
+    ]})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [(x["key"], x["status"]) for x in results] == [
+        ("a", 201), ("old", 200), ("old", 409), ("bad", 422), (results[4]["key"], 201),
+        (None, 422)]
+    assert results[0] == {"key": "a", "status": 201, "task": expected_view("a"), "detail": None}
+    assert results[1] == {"key": "old", "status": 200, "detail": None,
+                          "task": expected_view("old", execute_at=LATER)}
+    assert results[2] == {"key": "old", "status": 409,
+                          "detail": "task 'old' exists with other content",
+                          "task": expected_view("old", execute_at=LATER)}
+    assert results[3]["task"] is None
+    assert [(e["loc"], e["type"]) for e in results[3]["detail"]] == [
+        (["body", "tasks", 3, "callback_url"], "value_error")]
+    generated = results[4]["key"]
+    assert results[4]["task"] == expected_view(generated, method="PUT")
+    assert [(e["loc"], e["type"]) for e in results[5]["detail"]] == [
+        (["body", "tasks", 5], "model_type")]
+    for key, view in (("a", expected_view("a")), (generated, expected_view(generated,
+                                                                            method="PUT"))):
+        got = await client.get(f"/tasks/{key}")
+        assert (got.status_code, got.json()) == (200, view)
+    assert sorted(await redis.keys("*t:*")) == sorted(
+        f"{{tw:{b}}}:t:{k}".encode() for k, b in (
+            (k, _bucket(k)) for k in ("a", "old", generated)))
+    assert (await client.get("/tasks/bad")).status_code == 404
+
+
+def _bucket(key: str) -> int:
+    return Keyspace("tw").bucket_of(key)
+
+
+async def test_a_key_given_twice_acts_as_two_posts_in_order(client: httpx.AsyncClient) -> None:
+    """First created; a later identical copy 200; a later different copy 409 (the stored task
+    is the first one)."""
+    r = await client.post("/tasks/batch", json={"tasks": [
+        item("dup", delay=5), item("x"), item("dup", delay=5), item("dup", delay=9),
+        item("dup", delay=5)]})
+    assert [(x["key"], x["status"]) for x in r.json()["results"]] == [
+        ("dup", 201), ("x", 201), ("dup", 200), ("dup", 409), ("dup", 200)]
+    view = (await client.get("/tasks/dup")).json()
+    assert view["execute_at"] == "2027-01-15T08:00:05.000Z"
+
+
+async def test_settings_limits_and_oversize_body_are_item_422s(
+        make_client: Callable[..., Any], settings: Settings, redis: Redis) -> None:
+    """Horizon, timeout over the deadline, a blocked address, a body over 1 MiB: each that
+    item's 422 in FastAPI's shape, located under body.tasks.<i>; the valid item is stored."""
+    guarded = settings.model_copy(update={"allow_private_networks": False,
+                                          "max_horizon_seconds": 3600.0})
+    async with make_client(guarded) as client:
+        r = await client.post("/tasks/batch", json={"tasks": [
+            item("far", callback_url="https://example.com/h", delay=3601),
+            item("slow", callback_url="https://example.com/h", timeout=31),
+            item("local", callback_url="http://127.0.0.1/h"),
+            item("big", callback_url="https://example.com/h", body="x" * MAX_BODY_BYTES),
+            item("ok", callback_url="https://example.com/h"),
+        ]})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    assert [(x["key"], x["status"]) for x in results] == [
+        ("far", 422), ("slow", 422), ("local", 422), ("big", 422), ("ok", 201)]
+    locs = [[(e["loc"], e["type"]) for e in x["detail"]] for x in results[:4]]
+    assert locs == [[(["body", "tasks", 0, "delay"], "value_error")],
+                    [(["body", "tasks", 1, "timeout"], "value_error")],
+                    [(["body", "tasks", 2, "callback_url"], "value_error")],
+                    [(["body", "tasks", 3, "body"], "too_large")]]
+    assert "TIMEWHEEL_MAX_HORIZON_SECONDS" in results[0]["detail"][0]["msg"]
+    assert str(MAX_BODY_BYTES) in results[3]["detail"][0]["msg"]
+    assert await redis.keys("*t:*") == [f"{{tw:{_bucket('ok')}}}:t:ok".encode()]
+
+
+@pytest.mark.parametrize("body", [
+    {"tasks": []},
+    {"tasks": [item(f"k{i}") for i in range(1001)]},
+    {"tasks": item("k")},
+    {"tasks": "k"},
+    {"tasks": None},
+    {},
+    {"tasks": [item("k")], "extra": 1},
+    [item("k")],
+], ids=["empty", "1001", "object", "string", "null", "missing", "extra-field", "bare-list"])
+async def test_bad_envelope_is_422_and_stores_nothing(client: httpx.AsyncClient, redis: Redis,
+                                                      body: Any) -> None:
+    before = await snapshot(redis)
+    r = await client.post("/tasks/batch", json=body)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"][0] == "body"
+    assert await snapshot(redis) == before
+    assert await redis.keys("*t:*") == []
+
+
+async def test_1000_items_are_accepted(client: httpx.AsyncClient, redis: Redis) -> None:
+    r = await client.post("/tasks/batch", json={"tasks": [item(f"k{i}") for i in range(1000)]})
+    assert r.status_code == 200
+    assert [x["status"] for x in r.json()["results"]] == [201] * 1000
+    assert [x["key"] for x in r.json()["results"]] == [f"k{i}" for i in range(1000)]
+    assert len(await redis.keys("*t:*")) == 1000
+
+
+async def test_request_over_size_limit_is_413_and_stores_nothing(
+        client: httpx.AsyncClient, redis: Redis) -> None:
+    """Items each small, the whole request over the limit: 413, nothing stored."""
+    per_item = MAX_REQUEST_BYTES // 1000 + 1
+    body = {"tasks": [item(f"k{i}", body="x" * per_item) for i in range(1000)]}
+    before = await snapshot(redis)
+    r = await client.post("/tasks/batch", json=body)
+    assert r.status_code == 413
+    assert r.json()["detail"][0]["type"] == "too_large"
+    assert await snapshot(redis) == before
+    assert await redis.keys("*t:*") == []
+
+
+async def test_malformed_json_is_422_and_token_comes_first(
+        make_client: Callable[..., Any], settings: Settings, redis: Redis) -> None:
+    """Without the token: 401 before the body is read; with it, NaN is refused as json_invalid."""
+    secured = Settings(redis_url=settings.redis_url, allow_private_networks=True,
+                       data_dir=settings.data_dir, api_tokens="s3cret")
+    json_type = {"Content-Type": "application/json"}
+    async with make_client(secured) as client:
+        r = await client.post("/tasks/batch", content=b'{"tasks": [NaN]}', headers=json_type)
+        assert r.status_code == 401
+        r = await client.post("/tasks/batch", content=b'{"tasks": [NaN]}',
+                              headers={"Authorization": "Bearer s3cret", **json_type})
+        assert (r.status_code, r.json()["detail"][0]["type"]) == (422, "json_invalid")
+        r = await client.post("/tasks/batch", json={"tasks": [item("k")]},
+                              headers={"Authorization": "Bearer s3cret"})
+        assert r.json()["results"][0]["status"] == 201
+    assert len(await redis.keys("*t:*")) == 1
+
+
+async def test_task_keyed_batch_is_still_reachable(client: httpx.AsyncClient) -> None:
+    """The batch route does not hide a task whose key is "batch" from PUT, GET and DELETE."""
+    assert (await client.put("/tasks/batch", json={"callback_url": URL})).status_code == 201
+    assert (await client.get("/tasks/batch")).json() == expected_view("batch")
+    assert (await client.delete("/tasks/batch")).status_code == 204
+
+
+async def test_openapi_documents_items_as_task_create(client: httpx.AsyncClient) -> None:
+    schema = (await client.get("/openapi.json")).json()
+    body = schema["paths"]["/tasks/batch"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/BatchCreate"}
+    tasks = schema["components"]["schemas"]["BatchCreate"]["properties"]["tasks"]
+    assert tasks["items"] == {"$ref": "#/components/schemas/TaskCreate"}
+    assert (tasks["minItems"], tasks["maxItems"]) == (1, 1000)
+    ok = schema["paths"]["/tasks/batch"]["post"]["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/BatchResult"}
+
+
+# -- the store half ----------------------------------------------------------------------------
+
+def test_rounds_keep_each_keys_occurrences_in_order() -> None:
+    assert rounds(["a", "b", "a", "c", "a", "b"]) == [[0, 1, 3], [2, 5], [4]]
+    assert rounds([]) == []
+
+
+async def test_schedule_many_after_script_flush(store: Store, redis: Redis) -> None:
+    """NOSCRIPT (the script cache emptied, as after a restart) inside the pipeline: each call
+    runs again through the registered script; every task stored once, codes as usual."""
+    from timewheel.models import TaskFields
+
+    def task(key: str, delay: float = 0) -> Any:
+        return prepare(TaskFields(callback_url=URL, delay=delay), key, 1000, default_timeout=10)
+
+    assert await schedule_many(store, [task("a")], 1000) == [0]
+    await redis.script_flush()
+    codes = await schedule_many(store, [task("a"), task("b"), task("a", 5), task("b")], 1000)
+    assert codes == [2, 0, -1, 2]
+    assert await redis.script_exists(store.scripts.schedule.sha) == [True]
+    views = await get_many(store, ["a", "b", "missing"])
+    assert [v.key if v else None for v in views] == ["a", "b", None]
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_redis_down_is_503_and_the_app_recovers(own_redis: RedisServer,
+                                                     tmp_path: Path) -> None:
+    """Redis stopped: 503 with Retry-After, never a partial 200, nothing stored; back on the
+    same port (script cache empty): the same batch is created."""
+    async with running_app(create_app(make_settings(own_redis, tmp_path))) as client:
+        batch = {"tasks": [item("k1", delay=3600), item("k2", delay=3600)]}
+        await asyncio.to_thread(own_redis.stop)
+        for _ in range(2):
+            r = await client.post("/tasks/batch", json=batch)
+            assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+            assert r.json() == {"detail": "Redis is unavailable; try again later"}
+        await asyncio.to_thread(own_redis.start)
+        assert await task_keys(own_redis) == []
+        assert set(await poll(client, "GET", "/healthz", 200)) <= {503, 200}
+        r = await client.post("/tasks/batch", json=batch)
+        assert [x["status"] for x in r.json()["results"]] == [201, 201]
+        views = [(await client.get(f"/tasks/{k}")).json()["status"] for k in ("k1", "k2")]
+        assert views == ["scheduled", "scheduled"]

@@ -1,0 +1,95 @@
+"""Many tasks at once (``POST /tasks/batch``): the ``schedule`` script pipelined, not one round
+trip per task, and the views of many tasks read in one pipeline.
+
+- One pipeline of EVALSHA ``schedule`` per round, over every bucket: one round trip on a single
+  Redis; on a Redis Cluster, redis-py's cluster pipeline splits the commands by node and sends
+  each node its share concurrently. Each call stays a single-slot script (its bucket's tag), so
+  every task is as atomic as with ``Store.schedule``.
+- Order: the n-th occurrence of a key in the batch goes in round n. Within one pipeline no key
+  repeats, so neither a NOSCRIPT re-run (below) nor a cluster redirect can reorder two calls on
+  the same task; a later duplicate therefore sees the earlier one (200 when identical, 409 when
+  not), exactly as two POSTs in a row would.
+- NOSCRIPT: the commands are queued as raw ``EVALSHA`` (redis-py 8 blocks ``evalsha`` on a
+  cluster pipeline, redis/redis-py#2914, and loads scripts for plain pipelines with an extra
+  SCRIPT EXISTS round trip). A call answered NOSCRIPT (the script cache was flushed: a restart, a
+  failover, a new node) did not run; it is run again on its own through the registered script,
+  which loads the script and retries. Within a round the re-runs touch distinct tasks.
+- Each call carries its own request id (the batch's random id and the item's index), so a
+  pipeline that redis-py re-sends after a lost reply answers each item as the first run did.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from timewheel.models import TaskView
+from timewheel.store.record import VIEW_FIELDS, NewTask, view_from_fields
+from timewheel.store.task_store import Store, redis_errors
+
+
+def rounds(keys: Sequence[str]) -> list[list[int]]:
+    """Indexes of ``keys`` split so that no key repeats within a round and each key's
+    occurrences come in request order: round n holds the n-th occurrence of every key."""
+    seen: dict[str, int] = {}
+    result: list[list[int]] = []
+    for index, key in enumerate(keys):
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(result):
+            result.append([])
+        result[n].append(index)
+    return result
+
+
+async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int) -> list[int]:
+    """Create ``tasks`` (never replace): CREATED, EXISTS or CONFLICT for each, in order, as
+    ``Store.schedule(task, replace=False)`` answers for one."""
+    codes: list[int] = [0] * len(tasks)
+    batch_id = secrets.token_hex(8)
+    async with redis_errors("schedule_many"):
+        for indexes in rounds([task.key for task in tasks]):
+            calls = [_script_args(store, tasks[i], now_ms, f"{batch_id}.{i}") for i in indexes]
+            for index, code in zip(indexes, await _schedule_round(store, calls), strict=True):
+                codes[index] = code
+    return codes
+
+
+def _script_args(store: Store, task: NewTask, now_ms: int, request_id: str
+                 ) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of lua/schedule.lua, as ``Store.schedule`` passes them (mode "create")."""
+    keys = [store.keys.prefix(store.keys.bucket_of(task.key))]
+    return keys, store.schedule_args(task, replace=False, now_ms=now_ms, request_id=request_id)
+
+
+async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[Any]]]
+                          ) -> list[int]:
+    """One pipeline of script calls on distinct tasks; NOSCRIPT answers re-run one by one."""
+    script = store.scripts.schedule
+    pipe: Any = store.redis.pipeline(transaction=False)
+    for keys, args in calls:
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    codes = []
+    for (keys, args), reply in zip(calls, replies, strict=True):
+        if isinstance(reply, NoScriptError):
+            reply = await script(keys=keys, args=args)
+        elif isinstance(reply, ResponseError):
+            raise reply
+        codes.append(int(reply))
+    return codes
+
+
+async def get_many(store: Store, keys: Sequence[str]) -> list[TaskView | None]:
+    """The views of ``keys`` (None for an unknown key), read in one pipeline."""
+    if not keys:
+        return []
+    pipe: Any = store.redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hmget(store.keys.task(key), list(VIEW_FIELDS))
+    async with redis_errors("get_many"):
+        rows: list[Any] = await pipe.execute()
+    return [view_from_fields(key, row) for key, row in zip(keys, rows, strict=True)]
