@@ -1,0 +1,229 @@
+"""The one place that knows the HTTP API: each endpoint as a ``Call`` (method, path, query,
+JSON body, and how to read a successful answer), plus the connection defaults.
+
+``Client`` and ``AsyncClient`` only send calls and hand the answer back here (``result``), so
+the sync and async clients cannot drift apart: a fix to a path, a query parameter or an error
+mapping is made once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from timewheel import __version__
+from timewheel.client.errors import UnexpectedAnswerError, UnreachableError, error_for
+from timewheel.models import (
+    BatchResult,
+    FlowLimits,
+    FlowView,
+    ScheduleCreate,
+    ScheduleList,
+    ScheduleView,
+    TaskCreate,
+    TaskFields,
+    TaskList,
+    TaskView,
+)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT = 10.0  # seconds, for connect, read, write and pool alike
+URL_ENV = "TIMEWHEEL_URL"
+TOKEN_ENV = "TIMEWHEEL_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request to the service and the parser of its successful answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: dict[str, str | int] = field(default_factory=dict)
+    json: Any = None  # None: no body (no endpoint takes a bare JSON null)
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        """The request, built by the httpx client that will send it (base URL, headers)."""
+        return http.build_request(self.method, self.path, params=self.params or None,
+                                  json=self.json)
+
+
+class Page(Protocol):
+    """A page of a cursor-paginated listing: ``next_cursor`` None on the last one."""
+
+    @property
+    def next_cursor(self) -> str | None: ...
+
+
+def result(call: Call[T], response: httpx.Response) -> T:
+    """The parsed answer, or the ``APIError`` subclass its status calls for."""
+    if not response.is_success:
+        raise error_for(response)
+    try:
+        return call.parse(response)
+    except (ValidationError, ValueError) as exc:  # ValueError: not JSON at all
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = f"{call.method} {response.request.url}: not a timewheel answer ({reason})"
+        raise UnexpectedAnswerError(response.status_code, detail) from exc
+
+
+def unreachable(request: httpx.Request, exc: httpx.TransportError) -> UnreachableError:
+    """The error for a call that got no answer; names the request, never its headers."""
+    reason = str(exc) or type(exc).__name__
+    return UnreachableError(f"{request.method} {request.url}: {reason}")
+
+
+def http_options(base_url: str | None, token: str | None,
+                 timeout: float | httpx.Timeout) -> dict[str, Any]:
+    """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient``.
+
+    ``base_url`` None: ``TIMEWHEEL_URL``, else ``http://127.0.0.1:8080``. ``token`` None:
+    ``TIMEWHEEL_TOKEN``; an empty string sends no token even when the variable is set."""
+    url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
+    secret = os.environ.get(TOKEN_ENV) if token is None else token
+    headers = {"User-Agent": f"timewheel-client/{__version__}", "Accept": "application/json"}
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    # Redirects are not followed: a redirected POST would be re-sent as a GET, and a 3xx from
+    # the service means a misconfigured URL, which the caller should see.
+    return {"base_url": url, "headers": headers, "timeout": timeout,
+            "follow_redirects": False}
+
+
+def segment(value: str) -> str:
+    """``value`` as one path segment. Keys may be ``.`` or ``..``, which URL normalisation
+    would otherwise resolve away (``/tasks/..`` is ``/``): their dots are percent-encoded."""
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe=":")
+
+
+def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda response: cls.model_validate_json(response.content)
+
+
+def _nothing(response: httpx.Response) -> None:
+    return None
+
+
+def _health(response: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def body(value: BaseModel | Mapping[str, Any], *,
+         exclude: set[str] | None = None) -> dict[str, Any]:
+    """A request body. A model (validated when it was built) sends only the fields the caller
+    set, so the service applies its own defaults; a mapping is sent as given and the service
+    validates it (422 -> InvalidRequestError): the service stays the one judge of input, and a
+    batch item that is wrong fails alone, as API.md promises."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_unset=True, exclude=exclude)
+    return {name: item for name, item in value.items() if name not in (exclude or ())}
+
+
+def _query(**values: str | int | None) -> dict[str, str | int]:
+    return {name: value for name, value in values.items() if value is not None}
+
+
+# -- /tasks -------------------------------------------------------------------------------
+
+def create_task(task: TaskCreate | Mapping[str, Any]) -> Call[TaskView]:
+    """``POST /tasks``: 201 created, or 200 with the existing task for a repeated request."""
+    return Call("POST", "/tasks", _model(TaskView), json=body(task))
+
+
+def put_task(key: str, task: TaskFields | Mapping[str, Any]) -> Call[TaskView]:
+    """``PUT /tasks/{key}``: create, or replace a task that has not finished."""
+    if isinstance(task, TaskCreate):  # a POST body: its key, if any, must be this one
+        if task.key not in (None, key):
+            raise ValueError(f"the task's key {task.key!r} is not the key {key!r} to put")
+        return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView),
+                    json=body(task, exclude={"key"}))
+    return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView), json=body(task))
+
+
+def create_tasks(tasks: Iterable[TaskCreate | Mapping[str, Any]]) -> Call[BatchResult]:
+    """``POST /tasks/batch``: each item is stored or refused on its own; results in order."""
+    return Call("POST", "/tasks/batch", _model(BatchResult),
+                json={"tasks": [body(task) for task in tasks]})
+
+
+def get_task(key: str) -> Call[TaskView]:
+    return Call("GET", f"/tasks/{segment(key)}", _model(TaskView))
+
+
+def cancel_task(key: str) -> Call[None]:
+    return Call("DELETE", f"/tasks/{segment(key)}", _nothing)
+
+
+def replay_task(key: str) -> Call[TaskView]:
+    return Call("POST", f"/tasks/{segment(key)}/replay", _model(TaskView))
+
+
+def list_tasks(status: str | None, key_prefix: str | None, limit: int | None,
+               cursor: str | None) -> Call[TaskList]:
+    return Call("GET", "/tasks", _model(TaskList),
+                params=_query(status=status, key_prefix=key_prefix, limit=limit, cursor=cursor))
+
+
+# -- /flows -------------------------------------------------------------------------------
+
+def set_flow(key: str, limits: FlowLimits | Mapping[str, Any]) -> Call[FlowView]:
+    """``PUT /flows/{key}``: replaces both limits; one not given is no limit."""
+    payload = limits.model_dump(mode="json") if isinstance(limits, FlowLimits) else dict(limits)
+    return Call("PUT", f"/flows/{segment(key)}", _model(FlowView), json=payload)
+
+
+def get_flow(key: str) -> Call[FlowView]:
+    return Call("GET", f"/flows/{segment(key)}", _model(FlowView))
+
+
+def delete_flow(key: str) -> Call[None]:
+    return Call("DELETE", f"/flows/{segment(key)}", _nothing)
+
+
+# -- /schedules ---------------------------------------------------------------------------
+
+def set_schedule(schedule_id: str,
+                 schedule: ScheduleCreate | Mapping[str, Any]) -> Call[ScheduleView]:
+    """``PUT /schedules/{id}``: create (201) or replace (200)."""
+    return Call("PUT", f"/schedules/{segment(schedule_id)}", _model(ScheduleView),
+                json=body(schedule))
+
+
+def get_schedule(schedule_id: str) -> Call[ScheduleView]:
+    return Call("GET", f"/schedules/{segment(schedule_id)}", _model(ScheduleView))
+
+
+def list_schedules(limit: int | None, cursor: str | None) -> Call[ScheduleList]:
+    return Call("GET", "/schedules", _model(ScheduleList),
+                params=_query(limit=limit, cursor=cursor))
+
+
+def delete_schedule(schedule_id: str) -> Call[None]:
+    return Call("DELETE", f"/schedules/{segment(schedule_id)}", _nothing)
+
+
+def pause_schedule(schedule_id: str) -> Call[ScheduleView]:
+    return Call("POST", f"/schedules/{segment(schedule_id)}/pause", _model(ScheduleView))
+
+
+def resume_schedule(schedule_id: str) -> Call[ScheduleView]:
+    return Call("POST", f"/schedules/{segment(schedule_id)}/resume", _model(ScheduleView))
+
+
+# -- operations ---------------------------------------------------------------------------
+
+def health() -> Call[dict[str, Any]]:
+    """``GET /healthz``: ``{"status": "ok"}``; a 503 (Redis down) raises UnavailableError."""
+    return Call("GET", "/healthz", _health)

@@ -1,0 +1,308 @@
+"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (API.md,
+"Operations"). ``timewheel/cli.py`` owns the parser and ``serve``; it hands every other command
+to ``run`` here.
+
+Each command is one ``Client`` call. The answer is printed as JSON on stdout; an error is
+printed on stderr with its status and detail, and the exit status says what kind it was:
+
+    0  success
+    1  the service answered with an error (4xx, 5xx)
+    2  usage: bad arguments (argparse's own status)
+    3  the service could not be reached (connection refused, timeout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from timewheel.client.errors import ClientError, UnreachableError
+from timewheel.client.sync import Client
+from timewheel.models import Method, TaskStatus, parse_execute_at
+
+EXIT_OK = 0
+EXIT_API = 1
+EXIT_USAGE = 2  # argparse's own status for usage errors
+EXIT_UNREACHABLE = 3
+
+Handler = Callable[[Client, argparse.Namespace], Any]
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``tasks``, ``schedules`` and ``flows`` to the ``timewheel`` parser. Input is
+    checked by the service (API.md's rules, 422 -> exit 1), except what argparse can tell on
+    its own (a header without a colon, --delay with --at, a number that is not one)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--base-url", metavar="BASE_URL", help="the service's URL (default: "
+                        "TIMEWHEEL_URL, else http://127.0.0.1:8080); the token is read from "
+                        "TIMEWHEEL_TOKEN")
+    _tasks(commands, common)
+    _schedules(commands, common)
+    _flows(commands, common)
+
+
+def run(args: argparse.Namespace, *, transport: httpx.BaseTransport | None = None) -> int:
+    """Run a parsed client command; returns the exit status."""
+    handler: Handler = args.handler
+    try:
+        with Client(args.base_url, transport=transport) as client:
+            output = handler(client, args)
+    except UnreachableError as exc:
+        return _fail(f"cannot reach the service: {exc}", EXIT_UNREACHABLE)
+    except ClientError as exc:
+        return _fail(str(exc), EXIT_API)
+    if isinstance(output, BaseModel):
+        output = output.model_dump(mode="json")
+    sys.stdout.write(json.dumps(output, indent=2, ensure_ascii=False) + "\n")
+    return EXIT_OK
+
+
+def _fail(message: str, status: int) -> int:
+    sys.stderr.write(f"timewheel: {message}\n")
+    return status
+
+
+# -- argument types -----------------------------------------------------------------------
+
+def _number(text: str) -> int | float:
+    """An int when the text is one (``5`` is sent as ``5``, not ``5.0``), else a float."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _execute_at(text: str) -> str | int | float:
+    """``--at``: Unix seconds, or an RFC 3339 date-time with offset (checked here)."""
+    try:
+        value: str | int | float = _number(text)
+    except argparse.ArgumentTypeError:
+        value = text
+    try:
+        parse_execute_at(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); quote a string as "
+                                         "'\"text\"'") from None
+
+
+class _HeaderAction(argparse.Action):
+    """``--header 'Name: value'``, repeatable, gathered into a dict. A missing colon, an empty
+    name or a name given twice (in any case) is a usage error."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        text = str(values)
+        name, colon, value = text.partition(":")
+        name = name.strip()
+        if not colon or not name or any(ch.isspace() for ch in name):
+            parser.error(f"argument {option_string}: expected 'Name: value', got {text!r}")
+        headers: dict[str, str] = dict(getattr(namespace, self.dest, None) or {})
+        if name.lower() in (existing.lower() for existing in headers):
+            parser.error(f"argument {option_string}: header {name!r} given twice")
+        headers[name] = value.strip()
+        setattr(namespace, self.dest, headers)
+
+
+def _task_options(parser: argparse.ArgumentParser) -> None:
+    """The task fields shared by ``tasks add`` and ``schedules set``."""
+    parser.add_argument("--method", type=str.upper, choices=[m.value for m in Method],
+                        help="HTTP method of the callback (default POST)")
+    parser.add_argument("--body", type=_json, metavar="JSON",
+                        help="the callback's body, as JSON ('{\"a\": 1}', '\"text\"')")
+    parser.add_argument("--header", dest="headers", action=_HeaderAction, metavar="'NAME: VALUE'",
+                        help="a header of the callback; repeat for more")
+    parser.add_argument("--flow-key", metavar="F", help="the flow whose limits apply "
+                        "(default: the URL's host:port)")
+    parser.add_argument("--timeout", type=_number, metavar="S",
+                        help="per-attempt callback timeout in seconds")
+    parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts (default 5)")
+    parser.add_argument("--retry-backoff", type=_number, metavar="S",
+                        help="seconds before the first retry (default 1), doubling")
+
+
+def _task_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The task options the user gave; the service applies its defaults to the rest."""
+    fields: dict[str, Any] = {"callback_url": args.url_arg}
+    for option in ("method", "body", "headers", "flow_key", "timeout", "max_attempts",
+                   "retry_backoff"):
+        value = getattr(args, option)
+        if value is not None:
+            fields[option] = value
+    return fields
+
+
+def _command(group: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+             common: argparse.ArgumentParser, handler: Handler,
+             summary: str) -> argparse.ArgumentParser:
+    parser = group.add_parser(name, parents=[common], help=summary, description=summary)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+# -- tasks --------------------------------------------------------------------------------
+
+def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+           common: argparse.ArgumentParser) -> None:
+    tasks = commands.add_parser("tasks", help="schedule, inspect, cancel and list tasks")
+    group = tasks.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    add = _command(group, "add", common, _add_task, "schedule a callback (POST /tasks)")
+    add.add_argument("url_arg", metavar="URL", help="the callback URL")
+    add.add_argument("--key", metavar="K", help="the task's key (generated when absent); "
+                     "repeating an add with the same key and content is safe")
+    when = add.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=_number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=_execute_at, metavar="TIME",
+                      help="RFC 3339 date-time with offset, or Unix seconds")
+    _task_options(add)
+
+    for name, handler, summary in (
+            ("get", _get_task, "show a task"),
+            ("cancel", _cancel_task, "cancel a task that has not finished"),
+            ("replay", _replay_task, "schedule a failed or cancelled task again, now")):
+        _command(group, name, common, handler, summary).add_argument("key", metavar="KEY")
+
+    listing = _command(group, "list", common, _list_tasks,
+                       "one page of tasks with a status (failed: the dead letters)")
+    listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus])
+    listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
+    listing.add_argument("--limit", type=int, metavar="N", help="page size, 1-1000 (default 100)")
+    listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+
+
+def _add_task(client: Client, args: argparse.Namespace) -> Any:
+    fields = _task_fields(args)
+    for option, field in (("key", "key"), ("delay", "delay"), ("at", "execute_at")):
+        if getattr(args, option) is not None:
+            fields[field] = getattr(args, option)
+    return client.create_task(fields)
+
+
+def _get_task(client: Client, args: argparse.Namespace) -> Any:
+    return client.get_task(args.key)
+
+
+def _cancel_task(client: Client, args: argparse.Namespace) -> Any:
+    client.cancel_task(args.key)
+    return {"key": args.key, "cancelled": True}
+
+
+def _replay_task(client: Client, args: argparse.Namespace) -> Any:
+    return client.replay_task(args.key)
+
+
+def _list_tasks(client: Client, args: argparse.Namespace) -> Any:
+    return client.list_tasks(args.status, key_prefix=args.prefix, limit=args.limit,
+                             cursor=args.cursor)
+
+
+# -- schedules ----------------------------------------------------------------------------
+
+def _schedules(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+               common: argparse.ArgumentParser) -> None:
+    schedules = commands.add_parser("schedules", help="recurring schedules")
+    group = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    set_ = _command(group, "set", common, _set_schedule,
+                    "create or replace a schedule: each occurrence becomes a task")
+    set_.add_argument("schedule_id", metavar="ID")
+    when = set_.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help="5 fields (minute hour day-of-month "
+                      "month day-of-week), or 6 with a leading seconds field")
+    when.add_argument("--every", type=int, metavar="S", help="period in seconds, counted from "
+                      "the Unix epoch")
+    set_.add_argument("url_arg", metavar="URL", help="the callback URL")
+    set_.add_argument("--timezone", metavar="TZ", help="IANA zone the cron expression is read "
+                      "in (default UTC)")
+    set_.add_argument("--paused", action="store_true", help="create it paused")
+    _task_options(set_)
+
+    for name, handler, summary in (
+            ("get", _get_schedule, "show a schedule"),
+            ("delete", _delete_schedule, "delete a schedule: no occurrence starts after this"),
+            ("pause", _pause_schedule, "pause: no occurrence starts until resume"),
+            ("resume", _resume_schedule, "resume a paused schedule")):
+        _command(group, name, common, handler, summary).add_argument("schedule_id",
+                                                                     metavar="ID")
+    listing = _command(group, "list", common, _list_schedules, "one page of schedules")
+    listing.add_argument("--limit", type=int, metavar="N", help="page size")
+    listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+
+
+def _set_schedule(client: Client, args: argparse.Namespace) -> Any:
+    schedule: dict[str, Any] = {"task": _task_fields(args)}
+    for option in ("cron", "every", "timezone"):
+        if getattr(args, option) is not None:
+            schedule[option] = getattr(args, option)
+    if args.paused:
+        schedule["paused"] = True
+    return client.set_schedule(args.schedule_id, schedule)
+
+
+def _get_schedule(client: Client, args: argparse.Namespace) -> Any:
+    return client.get_schedule(args.schedule_id)
+
+
+def _delete_schedule(client: Client, args: argparse.Namespace) -> Any:
+    client.delete_schedule(args.schedule_id)
+    return {"id": args.schedule_id, "deleted": True}
+
+
+def _pause_schedule(client: Client, args: argparse.Namespace) -> Any:
+    return client.pause_schedule(args.schedule_id)
+
+
+def _resume_schedule(client: Client, args: argparse.Namespace) -> Any:
+    return client.resume_schedule(args.schedule_id)
+
+
+def _list_schedules(client: Client, args: argparse.Namespace) -> Any:
+    return client.list_schedules(limit=args.limit, cursor=args.cursor)
+
+
+# -- flows --------------------------------------------------------------------------------
+
+def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+           common: argparse.ArgumentParser) -> None:
+    flows = commands.add_parser("flows", help="limits shared by the tasks of a flow")
+    group = flows.add_subparsers(dest="action", required=True, metavar="ACTION")
+    set_ = _command(group, "set", common, _set_flow,
+                    "set a flow's limits; a limit not given becomes no limit")
+    set_.add_argument("key", metavar="KEY")
+    set_.add_argument("--parallelism", type=int, metavar="N", help="attempts in flight at most")
+    set_.add_argument("--rate", type=_number, metavar="R", help="attempts started per second")
+    _command(group, "get", common, _get_flow,
+             "show a flow's limits and load").add_argument("key", metavar="KEY")
+    _command(group, "delete", common, _delete_flow,
+             "back to the default limits").add_argument("key", metavar="KEY")
+
+
+def _set_flow(client: Client, args: argparse.Namespace) -> Any:
+    return client.set_flow(args.key, {"parallelism": args.parallelism, "rate": args.rate})
+
+
+def _get_flow(client: Client, args: argparse.Namespace) -> Any:
+    return client.get_flow(args.key)
+
+
+def _delete_flow(client: Client, args: argparse.Namespace) -> Any:
+    client.delete_flow(args.key)
+    return {"key": args.key, "deleted": True}

@@ -1,0 +1,163 @@
+"""``Client``: the blocking client. Every method is one ``calls`` builder sent over httpx."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from timewheel.client import calls
+from timewheel.client.calls import DEFAULT_TIMEOUT, Call, Page
+from timewheel.models import (
+    BatchResult,
+    FlowLimits,
+    FlowView,
+    ScheduleCreate,
+    ScheduleList,
+    ScheduleView,
+    TaskCreate,
+    TaskFields,
+    TaskList,
+    TaskView,
+)
+
+T = TypeVar("T")
+P = TypeVar("P", bound=Page)
+
+
+class Client:
+    """A blocking client of one timewheel service.
+
+    ``base_url`` defaults to ``TIMEWHEEL_URL`` (else ``http://127.0.0.1:8080``), ``token`` to
+    ``TIMEWHEEL_TOKEN``; ``timeout`` is in seconds (or an ``httpx.Timeout``); ``transport``
+    replaces the network (``httpx.MockTransport``, a test's ASGI bridge). Use it as a context
+    manager, or call ``close()``. Errors: ``timewheel.client.errors``."""
+
+    def __init__(self, base_url: str | None = None, *, token: str | None = None,
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(**calls.http_options(base_url, token, timeout),
+                                  transport=transport)
+
+    @property
+    def base_url(self) -> httpx.URL:
+        return self._http.base_url
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _run(self, call: Call[T]) -> T:
+        request = call.request(self._http)
+        try:
+            response = self._http.send(request)
+        except httpx.TransportError as exc:
+            raise calls.unreachable(request, exc) from exc
+        return calls.result(call, response)
+
+    def _pages(self, page: Callable[[str | None], Call[P]]) -> Iterator[P]:
+        cursor: str | None = None
+        while True:
+            current = self._run(page(cursor))
+            yield current
+            if current.next_cursor is None:
+                return
+            cursor = current.next_cursor
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    def create_task(self, task: TaskCreate | Mapping[str, Any]) -> TaskView:
+        """Schedule a task (``POST /tasks``). A repeat with the same key and content returns
+        the existing task; the same key with other content raises ``ConflictError``."""
+        return self._run(calls.create_task(task))
+
+    def create_tasks(self, tasks: Iterable[TaskCreate | Mapping[str, Any]]) -> BatchResult:
+        """Schedule up to 1000 tasks in one request (``POST /tasks/batch``). Each item is
+        stored or refused on its own: look at each result's ``status``; only a request that
+        is wrong as a whole (no items, too many, too large) raises."""
+        return self._run(calls.create_tasks(tasks))
+
+    def put_task(self, key: str, task: TaskFields | Mapping[str, Any]) -> TaskView:
+        """Create the task ``key``, or replace (reschedule) it if it has not finished."""
+        return self._run(calls.put_task(key, task))
+
+    def get_task(self, key: str) -> TaskView:
+        return self._run(calls.get_task(key))
+
+    def cancel_task(self, key: str) -> None:
+        """Cancel: once this returns, no attempt starts. ``ConflictError`` (with ``view``) if
+        the task has already finished, ``NotFoundError`` if there is no such task."""
+        self._run(calls.cancel_task(key))
+
+    def replay_task(self, key: str) -> TaskView:
+        """Schedule a failed or cancelled task again, now, with its attempts reset."""
+        return self._run(calls.replay_task(key))
+
+    def list_tasks(self, status: str | None = None, *, key_prefix: str | None = None,
+                   limit: int | None = None, cursor: str | None = None) -> TaskList:
+        """One page of ``GET /tasks``; pass its ``next_cursor`` back for the next page."""
+        return self._run(calls.list_tasks(status, key_prefix, limit, cursor))
+
+    def iter_tasks(self, status: str | None = None, *, key_prefix: str | None = None,
+                   page_size: int | None = None) -> Iterator[TaskView]:
+        """Every task of the listing, page after page, following ``next_cursor``."""
+        for page in self._pages(lambda c: calls.list_tasks(status, key_prefix, page_size, c)):
+            yield from page.tasks
+
+    # -- flows ----------------------------------------------------------------------------
+
+    def set_flow(self, key: str, limits: FlowLimits | Mapping[str, Any]) -> FlowView:
+        """Set both limits of a flow (an unset one becomes no limit)."""
+        return self._run(calls.set_flow(key, limits))
+
+    def get_flow(self, key: str) -> FlowView:
+        return self._run(calls.get_flow(key))
+
+    def delete_flow(self, key: str) -> None:
+        """Back to the default limits."""
+        self._run(calls.delete_flow(key))
+
+    # -- schedules ------------------------------------------------------------------------
+
+    def set_schedule(self, schedule_id: str,
+                     schedule: ScheduleCreate | Mapping[str, Any]) -> ScheduleView:
+        """Create or replace a recurring schedule (``PUT /schedules/{id}``)."""
+        return self._run(calls.set_schedule(schedule_id, schedule))
+
+    def get_schedule(self, schedule_id: str) -> ScheduleView:
+        return self._run(calls.get_schedule(schedule_id))
+
+    def list_schedules(self, *, limit: int | None = None,
+                       cursor: str | None = None) -> ScheduleList:
+        """One page of ``GET /schedules``; pass its ``next_cursor`` back for the next page."""
+        return self._run(calls.list_schedules(limit, cursor))
+
+    def iter_schedules(self, *, page_size: int | None = None) -> Iterator[ScheduleView]:
+        """Every schedule, page after page, following ``next_cursor``."""
+        for page in self._pages(lambda c: calls.list_schedules(page_size, c)):
+            yield from page.schedules
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Once this returns, no occurrence of the schedule starts."""
+        self._run(calls.delete_schedule(schedule_id))
+
+    def pause_schedule(self, schedule_id: str) -> ScheduleView:
+        """Once this returns, no occurrence starts until ``resume_schedule``."""
+        return self._run(calls.pause_schedule(schedule_id))
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleView:
+        return self._run(calls.resume_schedule(schedule_id))
+
+    # -- operations -----------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok"}``; ``UnavailableError`` when the service's Redis is down."""
+        return self._run(calls.health())
