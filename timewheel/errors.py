@@ -4,6 +4,7 @@
      +-- TaskNotFound          no such task (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
      +-- StoreUnavailable      Redis cannot be reached or answered with an error (503)
+     +-- WheelMismatch         the settings disagree with the wheel stored in Redis (no start)
 """
 
 from __future__ import annotations
@@ -32,3 +33,8 @@ class TaskConflict(TimeWheelError):
 
 class StoreUnavailable(TimeWheelError):
     """Redis is down, unreachable or refused the command; the caller may retry later."""
+
+
+class WheelMismatch(TimeWheelError):
+    """A setting that is fixed per wheel once written to Redis (the bucket count) disagrees
+    with what Redis holds. The service must not start: tasks would land in the wrong buckets."""

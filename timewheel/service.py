@@ -17,7 +17,7 @@ from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import Ticker
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
 from timewheel.settings import Settings
 from timewheel.store import Store
@@ -56,7 +56,8 @@ class Wheel:
                                allowed_networks=tuple(settings.allowed_networks))
         store = Store(redis, settings.key_prefix,
                       retention_ms=int(settings.retention_seconds * 1000),
-                      lease_margin_ms=int(settings.lease_margin_seconds * 1000))
+                      lease_margin_ms=int(settings.lease_margin_seconds * 1000),
+                      buckets=settings.buckets)
         clock = clock or RedisClock(redis)
         sender = sender or make_sender(settings.http_client, policy,
                                        max_connections=settings.max_concurrency)
@@ -77,6 +78,11 @@ class Wheel:
         except StoreUnavailable as exc:
             # Stay up: the API answers 503 and the ticker retries until Redis is back.
             log.error("Redis unavailable at start-up: %s", exc)
+        except WheelMismatch as exc:
+            # Refuse to start (uvicorn exits non-zero); stop the embedded Redis first.
+            log.critical("%s", exc)
+            await wheel.close()
+            raise
         return wheel
 
     def start_ticker(self) -> None:

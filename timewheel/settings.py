@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     retention_seconds: float = Field(default=7 * 86400, gt=0)
     lease_margin_seconds: float = Field(default=5.0, gt=0)
     claim_batch: int = Field(default=100, ge=1, le=10_000)
+    # Fixed per wheel once written to Redis; unset adopts the wheel's (16 for a new wheel).
+    buckets: int | None = Field(default=None, ge=1, le=16_384)
     max_concurrency: int = Field(default=512, ge=1, le=100_000)
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     metrics_public: bool = True

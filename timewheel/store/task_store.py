@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.models import TaskView
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.record import VIEW_FIELDS, ClaimedTask, NewTask, view_from_fields
@@ -55,9 +55,10 @@ async def _redis_errors(what: str) -> AsyncIterator[None]:
 
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
-                 retention_ms: int, lease_margin_ms: int) -> None:
+                 retention_ms: int, lease_margin_ms: int, buckets: int | None = None) -> None:
         self.redis = redis
-        self.keys = Keyspace(key_prefix)
+        self.keys = Keyspace(key_prefix, buckets or DEFAULT_BUCKETS)
+        self.wanted_buckets = buckets  # TIMEWHEEL_BUCKETS; None adopts the wheel's
         self.retention_ms = retention_ms
         self.lease_margin_ms = lease_margin_ms
         self.scripts = Scripts(redis)
@@ -65,10 +66,19 @@ class Store:
 
 
     async def init(self) -> None:
-        """Read (or fix, the first time) the wheel's bucket count; warn about eviction."""
+        """Read (or fix, the first time) the wheel's bucket count; warn about eviction.
+        Raises WheelMismatch if the configured count is not the one the wheel has."""
         async with _redis_errors("init"):
-            await self.redis.set(self.keys.buckets_key, DEFAULT_BUCKETS, nx=True)
+            await self.redis.set(self.keys.buckets_key, self.wanted_buckets or DEFAULT_BUCKETS,
+                                 nx=True)
             buckets = int(await self.redis.get(self.keys.buckets_key) or DEFAULT_BUCKETS)
+            if self.wanted_buckets is not None and buckets != self.wanted_buckets:
+                raise WheelMismatch(
+                    f"TIMEWHEEL_BUCKETS={self.wanted_buckets}, but the wheel "
+                    f"{self.keys.key_prefix!r} in Redis has {buckets} buckets "
+                    f"({self.keys.buckets_key}); the count cannot change once tasks were "
+                    f"written. Unset TIMEWHEEL_BUCKETS (or set it to {buckets}), or start a new "
+                    "wheel under another TIMEWHEEL_KEY_PREFIX")
             if buckets != self.keys.buckets:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
         self.ready = True
