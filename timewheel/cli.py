@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from timewheel import __version__
+from timewheel.client import cli as client_cli
 from timewheel.settings import Settings
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
@@ -29,11 +30,15 @@ def _parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
                            metavar="VALUE",
                            help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
+    # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
+    client_cli.add_commands(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        sys.exit(client_cli.run(args))
     overrides: dict[str, Any] = {
         key.removeprefix("setting_"): value for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None}

@@ -1,0 +1,295 @@
+"""The client commands of ``timewheel`` against respx: argument parsing, the request each
+command sends, JSON on stdout, errors on stderr with their exit status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from tests.client.conftest import BASE
+from tests.client.test_client import FLOW, SCHEDULE, view
+from timewheel.cli import main
+from timewheel.client.cli import EXIT_API, EXIT_UNREACHABLE, EXIT_USAGE
+
+URL = "https://example.com/hook"
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIMEWHEEL_URL", BASE)
+    monkeypatch.setenv("TIMEWHEEL_TOKEN", "cli-token")
+
+
+def run(*argv: str) -> int:
+    """``timewheel argv...`` in this process; its exit status."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    code = exited.value.code
+    return code if isinstance(code, int) else 1
+
+
+def sent(route: respx.Route) -> tuple[str, str, dict[str, str], Any]:
+    """Method, path, query and JSON body of the one request the route got."""
+    assert route.call_count == 1
+    request = route.calls.last.request
+    body = json.loads(request.content) if request.content else None
+    assert request.headers["authorization"] == "Bearer cli-token"
+    return request.method, request.url.path, dict(request.url.params), body
+
+
+def test_tasks_add_sends_every_option_and_prints_the_view(
+        router: respx.MockRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    route = router.post("/tasks").mock(return_value=httpx.Response(201, json=view("inv-1")))
+    assert run("tasks", "add", URL, "--key", "inv-1", "--delay", "90", "--method", "put",
+               "--body", '{"invoice": 42, "lines": [1, 2]}', "--header", "X-Tenant: acme",
+               "--header", "X-Trace:  a: b ", "--flow-key", "billing", "--timeout", "2.5",
+               "--max-attempts", "3", "--retry-backoff", "0.5") == 0
+    assert sent(route) == ("POST", "/tasks", {}, {
+        "callback_url": URL, "key": "inv-1", "delay": 90, "method": "PUT",
+        "body": {"invoice": 42, "lines": [1, 2]},
+        "headers": {"X-Tenant": "acme", "X-Trace": "a: b"}, "flow_key": "billing",
+        "timeout": 2.5, "max_attempts": 3, "retry_backoff": 0.5})
+    out, err = capsys.readouterr()
+    assert json.loads(out) == view("inv-1")
+    assert err == ""
+
+
+def test_tasks_add_minimal_sends_only_the_url(router: respx.MockRouter,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Options not given are not sent: the service's defaults apply."""
+    route = router.post("/tasks").mock(return_value=httpx.Response(201, json=view()))
+    assert run("tasks", "add", URL) == 0
+    assert sent(route)[3] == {"callback_url": URL}
+
+
+@pytest.mark.parametrize(("at", "expected"), [
+    ("2027-01-15T09:00:00+01:00", "2027-01-15T09:00:00+01:00"), ("1800000000", 1800000000),
+    ("1800000000.25", 1800000000.25)])
+def test_tasks_add_at(router: respx.MockRouter, at: str, expected: str | float) -> None:
+    route = router.post("/tasks").mock(return_value=httpx.Response(201, json=view()))
+    assert run("tasks", "add", URL, "--at", at) == 0
+    assert sent(route)[3] == {"callback_url": URL, "execute_at": expected}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--delay", "5", "--at", "1800000000"], "argument --at: not allowed with argument --delay"),
+    (["--header", "X-Tenant acme"], "expected 'Name: value', got 'X-Tenant acme'"),
+    (["--header", ": acme"], "expected 'Name: value'"),
+    (["--header", "Bad Name: x"], "expected 'Name: value'"),
+    (["--header", "X-A: 1", "--header", "x-a: 2"], "header 'x-a' given twice"),
+    (["--body", "{not json"], "argument --body: not valid JSON"),
+    (["--body", "text"], "quote a string as"),
+    (["--at", "tomorrow"], "argument --at: must be an RFC 3339 date-time"),
+    (["--at", "2027-01-15T09:00:00"], "must be an RFC 3339 date-time with offset"),
+    (["--delay", "soon"], "argument --delay: not a number: 'soon'"),
+    (["--method", "TRACE"], "argument --method: invalid choice: 'TRACE'"),
+    (["--max-attempts", "2.5"], "argument --max-attempts: invalid int value"),
+])
+def test_tasks_add_usage_errors_send_nothing(router: respx.MockRouter,
+                                             capsys: pytest.CaptureFixture[str],
+                                             argv: list[str], message: str) -> None:
+    route = router.route().mock(return_value=httpx.Response(201, json=view()))
+    assert run("tasks", "add", URL, *argv) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert message in err and "usage: timewheel tasks add" in err
+    assert route.call_count == 0
+
+
+def test_tasks_add_without_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("tasks", "add") == EXIT_USAGE
+    assert "the following arguments are required: URL" in capsys.readouterr().err
+
+
+def test_service_422_is_an_api_error_with_each_field(router: respx.MockRouter,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    router.post("/tasks").mock(return_value=httpx.Response(422, json={"detail": [
+        {"type": "value_error", "loc": ["body", "callback_url"], "msg": "must be absolute"}]}))
+    assert run("tasks", "add", "nope") == EXIT_API
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("timewheel: 422 Unprocessable Entity: body.callback_url: must be absolute\n")
+
+
+@pytest.mark.parametrize(("argv", "method", "path", "answer", "printed"), [
+    (["tasks", "get", "k1"], "GET", "/tasks/k1", httpx.Response(200, json=view()), view()),
+    (["tasks", "cancel", "k1"], "DELETE", "/tasks/k1", httpx.Response(204),
+     {"key": "k1", "cancelled": True}),
+    (["tasks", "replay", "k1"], "POST", "/tasks/k1/replay", httpx.Response(200, json=view()),
+     view()),
+    (["flows", "get", "api.example.com:443"], "GET", "/flows/api.example.com:443",
+     httpx.Response(200, json=FLOW), FLOW),
+    (["flows", "delete", "f1"], "DELETE", "/flows/f1", httpx.Response(204),
+     {"key": "f1", "deleted": True}),
+    (["schedules", "get", "s1"], "GET", "/schedules/s1", httpx.Response(200, json=SCHEDULE),
+     SCHEDULE),
+    (["schedules", "delete", "s1"], "DELETE", "/schedules/s1", httpx.Response(204),
+     {"id": "s1", "deleted": True}),
+    (["schedules", "pause", "s1"], "POST", "/schedules/s1/pause",
+     httpx.Response(200, json=SCHEDULE), SCHEDULE),
+    (["schedules", "resume", "s1"], "POST", "/schedules/s1/resume",
+     httpx.Response(200, json=SCHEDULE), SCHEDULE),
+])
+def test_one_key_commands(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
+                          argv: list[str], method: str, path: str, answer: httpx.Response,
+                          printed: dict[str, Any]) -> None:
+    route = router.route().mock(return_value=answer)
+    assert run(*argv) == 0
+    assert sent(route) == (method, path, {}, None)
+    assert json.loads(capsys.readouterr().out) == printed
+
+
+def test_tasks_list(router: respx.MockRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    page = {"tasks": [view("inv-2"), view("inv-1")], "next_cursor": "c9"}
+    route = router.get("/tasks").mock(return_value=httpx.Response(200, json=page))
+    assert run("tasks", "list", "--status", "failed", "--prefix", "inv-", "--limit", "2",
+               "--cursor", "c8") == 0
+    assert sent(route)[:3] == ("GET", "/tasks", {"status": "failed", "key_prefix": "inv-",
+                                                 "limit": "2", "cursor": "c8"})
+    assert json.loads(capsys.readouterr().out) == page
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "the following arguments are required: --status"),
+    (["--status", "done"], "argument --status: invalid choice: 'done'"),
+])
+def test_tasks_list_usage_errors(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
+                                 argv: list[str], message: str) -> None:
+    route = router.route().mock(return_value=httpx.Response(200))
+    assert run("tasks", "list", *argv) == EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert route.call_count == 0
+
+
+def test_schedules_set_with_cron(router: respx.MockRouter,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    route = router.put("/schedules/nightly").mock(return_value=httpx.Response(
+        201, json=SCHEDULE))
+    assert run("schedules", "set", "nightly", "--cron", "0 3 * * *", URL, "--timezone",
+               "Europe/Berlin", "--method", "get", "--header", "X-Job: nightly", "--paused",
+               "--max-attempts", "2") == 0
+    assert sent(route) == ("PUT", "/schedules/nightly", {}, {
+        "cron": "0 3 * * *", "timezone": "Europe/Berlin", "paused": True,
+        "task": {"callback_url": URL, "method": "GET", "headers": {"X-Job": "nightly"},
+                 "max_attempts": 2}})
+    assert json.loads(capsys.readouterr().out) == SCHEDULE
+
+
+def test_schedules_set_with_every(router: respx.MockRouter) -> None:
+    route = router.put("/schedules/tick").mock(return_value=httpx.Response(200, json=SCHEDULE))
+    assert run("schedules", "set", "tick", "--every", "30", URL, "--body", '"ping"') == 0
+    assert sent(route)[3] == {"every": 30, "task": {"callback_url": URL, "body": "ping"}}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["s", URL], "one of the arguments --cron --every is required"),
+    (["s", "--cron", "* * * * *", "--every", "5", URL], "not allowed with argument"),
+    (["s", "--every", "1.5", URL], "argument --every: invalid int value"),
+    (["s", "--every", "5"], "the following arguments are required: URL"),
+])
+def test_schedules_set_usage_errors(router: respx.MockRouter,
+                                    capsys: pytest.CaptureFixture[str], argv: list[str],
+                                    message: str) -> None:
+    route = router.route().mock(return_value=httpx.Response(200, json=SCHEDULE))
+    assert run("schedules", "set", *argv) == EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert route.call_count == 0
+
+
+def test_schedules_list(router: respx.MockRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    page = {"schedules": [SCHEDULE], "next_cursor": None}
+    route = router.get("/schedules").mock(return_value=httpx.Response(200, json=page))
+    assert run("schedules", "list", "--limit", "10") == 0
+    assert sent(route)[:3] == ("GET", "/schedules", {"limit": "10"})
+    assert json.loads(capsys.readouterr().out) == page
+
+
+@pytest.mark.parametrize(("argv", "body"), [
+    (["--parallelism", "5", "--rate", "0.5"], {"parallelism": 5, "rate": 0.5}),
+    (["--rate", "10"], {"parallelism": None, "rate": 10}),
+    ([], {"parallelism": None, "rate": None}),
+])
+def test_flows_set(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
+                   argv: list[str], body: dict[str, Any]) -> None:
+    route = router.put("/flows/api.example.com:443").mock(return_value=httpx.Response(
+        200, json=FLOW))
+    assert run("flows", "set", "api.example.com:443", *argv) == 0
+    assert sent(route) == ("PUT", "/flows/api.example.com:443", {}, body)
+    assert json.loads(capsys.readouterr().out) == FLOW
+
+
+@pytest.mark.parametrize(("argv", "status", "answer", "stderr"), [
+    (["tasks", "get", "nope"], 404, {"detail": "no task with key 'nope'"},
+     "timewheel: 404 Not Found: no task with key 'nope'\n"),
+    (["tasks", "cancel", "done"], 409, view("done", status="succeeded") | {
+        "detail": "task 'done' has already finished"},
+     "timewheel: 409 Conflict: task 'done' has already finished\n"),
+    (["flows", "get", "f"], 401, {"detail": "missing or invalid bearer token"},
+     "timewheel: 401 Unauthorized: missing or invalid bearer token\n"),
+    (["schedules", "list"], 503, {"detail": "Redis is unavailable; try again later"},
+     "timewheel: 503 Service Unavailable: Redis is unavailable; try again later\n"),
+])
+def test_api_errors_go_to_stderr_with_exit_1(router: respx.MockRouter,
+                                            capsys: pytest.CaptureFixture[str], argv: list[str],
+                                            status: int, answer: dict[str, Any],
+                                            stderr: str) -> None:
+    router.route().mock(return_value=httpx.Response(status, json=answer))
+    assert run(*argv) == EXIT_API
+    assert capsys.readouterr() == ("", stderr)
+
+
+def test_unreachable_service_exits_3(router: respx.MockRouter,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    router.route().mock(side_effect=httpx.ConnectError("Connection refused"))
+    assert run("tasks", "get", "k1") == EXIT_UNREACHABLE
+    assert capsys.readouterr() == ("", "timewheel: cannot reach the service: "
+                                       f"GET {BASE}/tasks/k1: Connection refused\n")
+
+
+def test_base_url_flag_wins_over_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    with respx.mock(base_url="http://other.test:1", assert_all_mocked=True) as mock:
+        route = mock.get("/tasks/k1").mock(return_value=httpx.Response(200, json=view()))
+        assert run("tasks", "get", "k1", "--base-url", "http://other.test:1") == 0
+    assert route.call_count == 1
+
+
+def test_the_token_is_never_printed(router: respx.MockRouter,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    router.route().mock(side_effect=httpx.ConnectError("refused"))
+    run("tasks", "get", "k1")
+    router.route().mock(return_value=httpx.Response(401, json={"detail": "bad token"}))
+    run("tasks", "get", "k1")
+    assert "cli-token" not in "".join(capsys.readouterr())
+
+
+def test_unicode_stays_readable(router: respx.MockRouter,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    router.route().mock(return_value=httpx.Response(200, json=view(last_error="délai dépassé")))
+    assert run("tasks", "get", "k1") == 0
+    assert "délai dépassé" in capsys.readouterr().out
+
+
+def test_python_m_timewheel_routes_client_commands() -> None:
+    """``python -m timewheel`` is the same program: a client command, no service listening."""
+    done = subprocess.run(
+        [sys.executable, "-m", "timewheel", "tasks", "get", "k1", "--base-url",
+         "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "TIMEWHEEL_TOKEN": "t"})
+    assert done.returncode == EXIT_UNREACHABLE
+    assert done.stdout == ""
+    assert done.stderr.startswith("timewheel: cannot reach the service: "
+                                  "GET http://127.0.0.1:9/tasks/k1: ")
+
+
+def test_serve_help_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
+    """The client commands sit next to serve; serve keeps its flags."""
+    assert run("serve", "--help") == 0
+    out = capsys.readouterr().out
+    assert "--host HOST" in out and "--port PORT" in out and "--redis-url VALUE" in out
+    assert "--base-url" not in out
