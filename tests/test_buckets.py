@@ -4,13 +4,18 @@ wheel, and a wheel in Redis with another count refuses to start."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
+from tests.conftest import START_MS, running_app
 from tests.e2e.conftest import Service
+from tests.support.redis_server import RedisServer
+from timewheel.api.app import create_app
+from timewheel.clock import FakeClock
 from timewheel.errors import WheelMismatch
 from timewheel.settings import Settings
 from timewheel.store import Store
@@ -71,6 +76,33 @@ async def test_wheels_under_other_prefixes_keep_their_own_count(redis: Redis) ->
     await store.init()
     assert store.keys.buckets == 128
     assert await redis.get("a:buckets") == b"64"
+
+
+async def test_api_started_while_redis_was_down_learns_the_count_before_writing(
+        tmp_path: Path) -> None:
+    """A process that started while Redis was down cannot know the wheel's count yet: its
+    first request after Redis is back reads it, so the task lands in the bucket every other
+    process computes (64 here), not in one of the default 16."""
+    key = next(k for k in (f"task-{i}" for i in range(100))
+               if zlib.crc32(k.encode()) % 64 != zlib.crc32(k.encode()) % 16)
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        with server.client() as conn:
+            conn.set("tw:buckets", 64)
+        server.stop()
+        settings = Settings(redis_url=server.url, allow_private_networks=True,
+                            data_dir=tmp_path)
+        app = create_app(settings, clock=FakeClock(START_MS), run_ticker=False)
+        async with running_app(app) as client:
+            task = {"key": key, "callback_url": "http://127.0.0.1:9/hook", "delay": 60}
+            assert (await client.post("/tasks", json=task)).status_code == 503
+            server.start()
+            assert (await client.post("/tasks", json=task)).status_code == 201
+        with server.client() as conn:
+            bucket = zlib.crc32(key.encode()) % 64
+            assert conn.exists(f"{{tw:{bucket}}}:t:{key}")
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "16385", "many"])

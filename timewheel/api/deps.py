@@ -10,11 +10,19 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.service import Wheel
 
 
 async def get_wheel(request: Request) -> Wheel:
     wheel: Wheel = request.state.wheel
+    if not wheel.store.ready:
+        # Redis was down at start-up: learn the wheel's bucket count before any read or write,
+        # or a task would be stored under a bucket the other processes never look in.
+        try:
+            await wheel.store.init()
+        except WheelMismatch as exc:
+            raise StoreUnavailable(str(exc)) from exc
     return wheel
 
 
@@ -39,4 +47,3 @@ async def require_token(request: Request) -> None:
     if scheme.lower() != "bearer" or not presented or not matched:
         raise HTTPException(status_code=401, detail="missing or invalid bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
-
