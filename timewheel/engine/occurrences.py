@@ -15,9 +15,10 @@ so the occurrences of an expression are exactly the images of its matches, in th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim
@@ -130,3 +131,15 @@ def _instant(wall: datetime, zone: ZoneInfo) -> int | None:
     if instant.astimezone(zone).replace(tzinfo=None) != wall:
         return None
     return int(instant.timestamp())
+
+
+def next_after(spec: Mapping[str, Any], after_ms: int) -> int | None:
+    """The next occurrence of a stored schedule spec ({cron, every, timezone, ...})."""
+    return Recurrence(cron=spec["cron"], every=spec["every"],
+                      timezone=spec["timezone"]).next_after(after_ms)
+
+
+def latest_at_or_before(spec: Mapping[str, Any], at_ms: int) -> int | None:
+    """The latest occurrence of a stored schedule spec at or before ``at_ms``."""
+    return Recurrence(cron=spec["cron"], every=spec["every"],
+                      timezone=spec["timezone"]).latest_at_or_before(at_ms)

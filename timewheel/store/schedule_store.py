@@ -1,0 +1,324 @@
+"""ScheduleStore: recurring schedules in Redis, spread over the wheel's buckets like tasks.
+
+A schedule lives in the bucket of its id (``crc32(id) % buckets``), so every script touches one
+hash slot. Under that bucket's prefix P (the ``lua/sched_*.lua`` scripts derive these from P):
+
+    P s:<id>    hash   the schedule: spec (JSON), paused, ver, next, hi, created (+ state, op)
+    P sdue      zset   id -> next occurrence ms (live, unpaused schedules only)
+    P sids      zset   ids, score 0: the listing, in id order
+    P socc      zset   "<id> <occ ms>" -> when to look at it again (its outstanding occurrences)
+    P soccl     zset   the same members, score 0: a schedule's outstanding ones by prefix
+
+An occurrence's task is an ordinary task with key ``<id>.<occ ms>``, in its own bucket, created
+through ``Store.schedule`` like any POST /tasks. docs/design.md ("Recurring schedules") gives
+the exactly-once argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from timewheel.errors import StoreUnavailable
+from timewheel.models import ScheduleCreate, TaskFields, format_ms
+from timewheel.store.record import NewTask, prepare
+from timewheel.store.scripts import source
+from timewheel.store.task_store import Store
+
+SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
+           "sched_delete", "sched_tombstone", "sched_due", "sched_checks")
+CREATED, REPLACED = 0, 1
+NOT_FOUND, STALE = -1, -3
+# The fingerprint of a tombstone: real ones are 64 hex digits, so a create never matches it.
+TOMBSTONE_FP = "tombstone"
+# Where a tombstone of a schedule that is long gone would call, if someone replayed it.
+_NOWHERE = "http://tombstone.invalid/"
+_RECORD_FIELDS = ("spec", "paused", "ver", "next", "hi", "created", "state")
+_CAS_TRIES = 10
+# When a schedule fires next, strictly after a given ms: (spec, after_ms) -> ms or None. The
+# engine computes it (timewheel.engine.occurrences); the store only stores the answer.
+NextAfter = Callable[[dict[str, Any], int], "int | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A stored schedule, as the API shows it and the materializer reads it."""
+
+    id: str
+    spec: dict[str, Any]  # {cron, every, timezone, task}: the task as its template
+    paused: bool
+    version: str
+    next_ms: int | None
+    hi_ms: int | None  # the latest occurrence reserved (materialized)
+    created_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A schedule whose next occurrence is due, as read (the compare-and-set's expectations)."""
+
+    id: str
+    version: str
+    next_raw: str
+
+    @property
+    def next_ms(self) -> int:
+        return int(self.next_raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: str
+    version: str
+    expected_next: str
+    new_next: int | None
+    occurrences: tuple[int, ...]
+
+
+def spec_json(spec: ScheduleCreate) -> str:
+    """The stored form of a schedule: the task only with the fields the client set, so an
+    occurrence's task is validated (and fingerprinted) exactly as the POST it stands for."""
+    return json.dumps({"cron": spec.cron, "every": spec.every, "timezone": spec.timezone,
+                       "task": spec.task.model_dump(mode="json", exclude_unset=True)},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def occurrence_key(schedule_id: str, occ_ms: int) -> str:
+    return f"{schedule_id}.{occ_ms}"
+
+
+def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any], now_ms: int, *,
+                    default_timeout: float) -> NewTask:
+    """The task of one occurrence: the template as a POST /tasks body with execute_at = the
+    occurrence. Every process builds the same record (and fingerprint) for it."""
+    fields = TaskFields.model_validate({**template, "execute_at": format_ms(occ_ms)})
+    return prepare(fields, occurrence_key(schedule_id, occ_ms), now_ms,
+                   default_timeout=default_timeout)
+
+
+def _member(schedule_id: str, occ_ms: int) -> str:
+    return f"{schedule_id} {occ_ms}"
+
+
+def _int(value: bytes | None) -> int | None:
+    return int(value) if value else None
+
+
+@asynccontextmanager
+async def redis_errors(what: str) -> AsyncIterator[None]:
+    """Redis failures as StoreUnavailable (the API's 503), keeping the cause."""
+    try:
+        yield
+    except RedisError as exc:
+        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+class ScheduleStore:
+    """Every read and write of schedules; the scripts' reply codes become values here."""
+
+    def __init__(self, store: Store, *, default_timeout: float,
+                 keep_deleted_ms: int = 3_600_000, concurrency: int = 32) -> None:
+        self.store = store
+        self.redis = store.redis
+        self.default_timeout = default_timeout
+        self.keep_deleted_ms = keep_deleted_ms
+        self._limit = asyncio.Semaphore(concurrency)
+        self.scripts: dict[str, AsyncScript] = {
+            name: store.redis.register_script(source(name)) for name in SCRIPTS}
+
+    def bucket_of(self, schedule_id: str) -> int:
+        return self.store.keys.bucket_of(schedule_id)
+
+    def prefix(self, bucket: int) -> str:
+        return self.store.keys.prefix(bucket)
+
+    @property
+    def buckets(self) -> int:
+        return self.store.keys.buckets
+
+    async def _run(self, name: str, bucket: int, args: Sequence[str | int | bytes]) -> Any:
+        async with redis_errors(name):
+            return await self.scripts[name](keys=[self.prefix(bucket)], args=list(args))
+
+    async def _bounded(self, calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        async def one(call: Callable[[], Awaitable[Any]]) -> Any:
+            async with self._limit:
+                return await call()
+        return list(await asyncio.gather(*(one(c) for c in calls)))
+
+    # -- the API's operations -----------------------------------------------------------------
+
+    async def get(self, schedule_id: str) -> ScheduleRecord | None:
+        key = f"{self.prefix(self.bucket_of(schedule_id))}s:{schedule_id}"
+        async with redis_errors("schedule get"):
+            values: list[Any] = await self.redis.hmget(key, list(_RECORD_FIELDS))
+        row = dict(zip(_RECORD_FIELDS, values, strict=True))
+        if row["ver"] is None or row["state"] == b"deleted":
+            return None
+        return ScheduleRecord(
+            id=schedule_id, spec=json.loads(row["spec"]), paused=row["paused"] == b"1",
+            version=row["ver"].decode(), next_ms=_int(row["next"]), hi_ms=_int(row["hi"]),
+            created_ms=int(row["created"]))
+
+    async def _hi(self, schedule_id: str) -> tuple[str, int | None]:
+        """(version, hi) as the put and resume scripts will compare them ("" for no record)."""
+        key = f"{self.prefix(self.bucket_of(schedule_id))}s:{schedule_id}"
+        async with redis_errors("schedule read"):
+            row: list[Any] = await self.redis.hmget(key, ["ver", "state", "hi"])
+        ver, state, hi = row
+        live = ver is not None and state != b"deleted"
+        return (ver.decode() if live else ""), _int(hi)
+
+    async def put(self, schedule_id: str, spec: ScheduleCreate, *, now_ms: int,
+                  next_after: NextAfter) -> tuple[int, list[int]]:
+        """Create or replace. Returns (CREATED or REPLACED, outstanding occurrences that the
+        caller must cancel: see ``cancel_occurrences``). The next occurrence comes after now and
+        after every occurrence reserved before (``hi``), so no occurrence key is used twice."""
+        text = spec_json(spec)
+        request_id = secrets.token_hex(8)
+        for _ in range(_CAS_TRIES):
+            version, hi = await self._hi(schedule_id)
+            nxt = None if spec.paused else next_after(json.loads(text), max(now_ms, hi or 0))
+            reply = await self._run("sched_put", self.bucket_of(schedule_id), [
+                schedule_id, version, text, "1" if spec.paused else "0",
+                "" if nxt is None else nxt, now_ms, request_id])
+            if int(reply[0]) != STALE:
+                return int(reply[0]), [int(x) for x in reply[1:]]
+        raise RuntimeError(f"schedule {schedule_id!r} kept changing while being written")
+
+    async def pause(self, schedule_id: str) -> list[int] | None:
+        """Outstanding occurrences to cancel, or None if there is no such schedule."""
+        reply = await self._run("sched_pause", self.bucket_of(schedule_id), [schedule_id])
+        return None if int(reply[0]) == NOT_FOUND else [int(x) for x in reply[1:]]
+
+    async def resume(self, schedule_id: str, *, now_ms: int, next_after: NextAfter) -> bool:
+        """Materialize again from the next occurrence after now (no backlog). False: no such
+        schedule. Resuming a running schedule changes nothing."""
+        for _ in range(_CAS_TRIES):
+            record = await self.get(schedule_id)
+            if record is None:
+                return False
+            nxt = next_after(record.spec, max(now_ms, record.hi_ms or 0))
+            code = int(await self._run("sched_resume", self.bucket_of(schedule_id), [
+                schedule_id, record.version, "" if nxt is None else nxt]))
+            if code != STALE:
+                return code != NOT_FOUND
+        raise RuntimeError(f"schedule {schedule_id!r} kept changing while being resumed")
+
+    async def delete(self, schedule_id: str) -> tuple[list[int], dict[str, Any] | None] | None:
+        """(outstanding occurrences to cancel, the task template), or None if there is no such
+        schedule."""
+        bucket = self.bucket_of(schedule_id)
+        key = f"{self.prefix(bucket)}s:{schedule_id}"
+        async with redis_errors("schedule read"):
+            raw = await self.redis.hget(key, "spec")
+        reply = await self._run("sched_delete", bucket,
+                                [schedule_id, secrets.token_hex(8), self.keep_deleted_ms])
+        if int(reply[0]) == NOT_FOUND:
+            return None
+        return [int(x) for x in reply[1:]], (json.loads(raw)["task"] if raw else None)
+
+    async def page(self, limit: int, cursor: str | None
+                   ) -> tuple[list[ScheduleRecord], str | None]:
+        """Schedules in id order after ``cursor`` (the last id of the previous page)."""
+        low = f"({cursor}" if cursor else "-"
+
+        async def ids_of(bucket: int) -> list[str]:
+            async with redis_errors("schedule list"):
+                ids: list[Any] = await self.redis.zrangebylex(
+                    f"{self.prefix(bucket)}sids", low, "+", start=0, num=limit + 1)
+            return [i.decode() for i in ids]
+
+        pages = await asyncio.gather(*(ids_of(b) for b in range(self.buckets)))
+        ids = list(heapq.merge(*pages))[:limit + 1]
+        records = await self._bounded([partial(self.get, i) for i in ids[:limit]])
+        more = len(ids) > limit
+        return [r for r in records if r is not None], (ids[limit - 1] if more else None)
+
+    # -- occurrences --------------------------------------------------------------------------
+
+    async def cancel_occurrences(self, schedule_id: str, occurrences: Sequence[int],
+                                 template: dict[str, Any] | None, *, now_ms: int) -> None:
+        """Make sure none of these occurrences starts: cancel its task, or, when the task does
+        not exist yet (reserved, not created), write a cancelled record in its place so that
+        the late create answers CONFLICT. Then forget them."""
+        async def one(occ: int) -> None:
+            task = occurrence_task(schedule_id, occ, template or {"callback_url": _NOWHERE},
+                                   now_ms, default_timeout=self.default_timeout)
+            if not await self.tombstone(task, now_ms=now_ms):
+                await self.store.cancel(task.key, now_ms=now_ms)  # any answer will do
+
+        await self._bounded([partial(one, o) for o in occurrences])
+        await self.drop(self.bucket_of(schedule_id),
+                        [_member(schedule_id, occ) for occ in occurrences])
+
+    async def tombstone(self, task: NewTask, *, now_ms: int) -> bool:
+        """True: written (the task did not exist); False: the task exists."""
+        keys = self.store.keys
+        return bool(await self._run("sched_tombstone", keys.bucket_of(task.key), [
+            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()]))
+
+    async def drop(self, bucket: int, members: Sequence[str]) -> None:
+        if members:
+            await self._run("sched_drop", bucket, members)
+
+    async def due(self, bucket: int, *, until_ms: int, limit: int) -> tuple[bool, list[Due]]:
+        """(full, schedules due by ``until_ms``): call again while full (after reserving)."""
+        reply = await self._run("sched_due", bucket, [until_ms, limit])
+        rows = reply[1:]
+        found = [Due(rows[i].decode(), rows[i + 1].decode(), rows[i + 2].decode())
+                 for i in range(0, len(rows), 3)]
+        return int(reply[0]) >= limit, found
+
+    async def specs(self, bucket: int, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """id -> (version, spec JSON) of live schedules."""
+        prefix = self.prefix(bucket)
+        async with redis_errors("schedule specs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for i in ids:
+                    pipe.hmget(f"{prefix}s:{i}", ["ver", "spec"])
+                rows: list[Any] = await pipe.execute()
+        return {i: (v.decode(), s.decode()) for i, (v, s) in zip(ids, rows, strict=True)
+                if v is not None and s is not None}
+
+    async def reserve(self, bucket: int, reservations: Sequence[Reservation], *, now_ms: int,
+                      lease_ms: int) -> list[bool]:
+        """Compare-and-set each reservation (see lua/sched_reserve.lua); True = reserved."""
+        if not reservations:
+            return []
+        args: list[str | int] = [now_ms, lease_ms]
+        for r in reservations:
+            args += [r.id, r.version, r.expected_next, "" if r.new_next is None else r.new_next,
+                     len(r.occurrences), *r.occurrences]
+        reply = await self._run("sched_reserve", bucket, args)
+        return [bool(int(x)) for x in reply]
+
+    async def settle(self, bucket: int, entries: Sequence[tuple[str, int, int]]) -> None:
+        """Look at (id, occ) again at the given ms, if it is still outstanding (XX: an entry
+        dropped by a pause or delete meanwhile stays dropped)."""
+        if not entries:
+            return
+        mapping = {_member(i, occ): at for i, occ, at in entries}
+        async with redis_errors("schedule settle"):
+            await self.redis.zadd(f"{self.prefix(bucket)}socc", mapping, xx=True)
+
+    async def checks(self, bucket: int, *, now_ms: int, limit: int
+                     ) -> tuple[bool, list[tuple[str, int, str]]]:
+        """(full, [(id, occ, schedule state "active"|"paused"|"gone")]) due for a look."""
+        reply = await self._run("sched_checks", bucket, [now_ms, limit])
+        rows = reply[1:]
+        found = []
+        for i in range(0, len(rows), 2):
+            schedule_id, _, occ = rows[i].decode().rpartition(" ")
+            found.append((schedule_id, int(occ), rows[i + 1].decode()))
+        return int(reply[0]) >= limit, found
