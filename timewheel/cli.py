@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from typing import Any
@@ -62,7 +61,9 @@ def serve(settings: Settings, host: str, port: int) -> None:
     # API.md promises exit 0 after a SIGTERM shutdown: make the re-raised signal a no-op.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     level = settings.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from timewheel.logs import configure_logging
+
+    configure_logging(level, settings.log_format)
     app = create_app(settings)
     _tune_gc()
     uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools",

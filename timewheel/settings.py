@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     docs_public: bool = True
     embedded_appendfsync: Literal["always", "everysec"] = "always"
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # json: one object per line (timewheel.logs)
 
     @field_validator("api_tokens", "signing_secret", "allowed_networks", mode="before")
     @classmethod
