@@ -1,0 +1,116 @@
+"""The client CLI end to end: `python -m timewheel tasks ...` processes against a real
+`timewheel serve` (tokens on) and a real receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Service
+from tests.support.receiver import ThreadedReceiver
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "e2e-cli-token"
+
+
+def cli(service: Service, *argv: str, token: str | None = TOKEN
+        ) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m timewheel argv...`` the way a user would: URL and token from the
+    environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
+    env["TIMEWHEEL_URL"] = service.base_url
+    if token is not None:
+        env["TIMEWHEEL_TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "timewheel", *argv], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON a successful command printed."""
+    assert (done.returncode, done.stderr) == (0, ""), done
+    return json.loads(done.stdout)
+
+
+def wait_status(service: Service, key: str, status: str, timeout: float = 20) -> None:
+    """Poll GET /tasks/{key} (plain httpx: faster than a process per poll)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=service.base_url, timeout=5,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        while time.monotonic() < deadline:
+            if client.get(f"/tasks/{key}").json()["status"] == status:
+                return
+            time.sleep(0.05)
+    raise TimeoutError(f"{key} not {status} after {timeout}s:\n{service.log()}")
+
+
+def test_cli_round_trip(start_service: Callable[..., Service],
+                        receiver: ThreadedReceiver) -> None:
+    """add with body and header → delivered as given; get; a failure lands in list --status
+    failed and replays; cancel; an unknown key and a missing token exit 1 with the error on
+    stderr."""
+    service = start_service(api_tokens=TOKEN)
+    receiver.respond("/bad", [400])
+
+    added = ok(cli(service, "tasks", "add", receiver.url("/cli"), "--key", "cli-1",
+                   "--method", "put", "--body", '{"invoice": 42, "note": "café"}',
+                   "--header", "X-Tenant: acme"))
+    assert (added["key"], added["status"], added["method"]) == ("cli-1", "scheduled", "PUT")
+    receiver.wait_for_sync(1, timeout=20, path="/cli")
+    arrival = receiver.arrivals_for("/cli")[0]
+    assert arrival.method == "PUT"
+    assert json.loads(arrival.body) == {"invoice": 42, "note": "café"}
+    assert arrival.headers["x-tenant"] == "acme"
+    assert arrival.headers["content-type"] == "application/json"
+    assert arrival.headers["webhook-id"] == "cli-1"
+    wait_status(service, "cli-1", "succeeded")
+    got = ok(cli(service, "tasks", "get", "cli-1"))
+    assert (got["status"], got["attempts"], got["last_status_code"]) == ("succeeded", 1, 200)
+
+    ok(cli(service, "tasks", "add", receiver.url("/bad"), "--key", "bad-1"))
+    wait_status(service, "bad-1", "failed")
+    dead = ok(cli(service, "tasks", "list", "--status", "failed", "--limit", "10"))
+    assert [t["key"] for t in dead["tasks"]] == ["bad-1"]
+    assert dead["tasks"][0]["last_status_code"] == 400
+    replayed = ok(cli(service, "tasks", "replay", "bad-1"))
+    assert (replayed["key"], replayed["attempts"]) == ("bad-1", 0)
+
+    later = ok(cli(service, "tasks", "add", receiver.url("/later"), "--key", "later-1",
+                   "--delay", "3600"))
+    assert later["status"] == "scheduled"
+    assert ok(cli(service, "tasks", "cancel", "later-1")) == {"key": "later-1",
+                                                               "cancelled": True}
+    assert ok(cli(service, "tasks", "get", "later-1"))["status"] == "cancelled"
+    again = cli(service, "tasks", "cancel", "later-1")
+    assert (again.returncode, again.stdout) == (1, "")
+    assert again.stderr == "timewheel: 409 Conflict: task 'later-1' has already finished\n"
+
+    unknown = cli(service, "tasks", "cancel", "nope")
+    assert (unknown.returncode, unknown.stdout) == (1, "")
+    assert unknown.stderr == "timewheel: 404 Not Found: no task with key 'nope'\n"
+
+    anonymous = cli(service, "tasks", "get", "cli-1", token=None)
+    assert (anonymous.returncode, anonymous.stdout) == (1, "")
+    assert anonymous.stderr == ("timewheel: 401 Unauthorized: missing or invalid bearer "
+                                "token\n")
+    assert receiver.arrivals_for("/later") == []
+
+
+@pytest.mark.xfail(strict=True, reason="GET /tasks?status=scheduled (issue #9's listing) has "
+                   "not landed: the service answers 422 for any status but failed")
+def test_cli_lists_scheduled_tasks_by_prefix(start_service: Callable[..., Service],
+                                             receiver: ThreadedReceiver) -> None:
+    """`tasks list --status scheduled --prefix P`: the matching tasks, soonest first."""
+    service = start_service(api_tokens=TOKEN)
+    for key, delay in (("rem-b", "300"), ("rem-a", "600"), ("other", "100"), ("rem-c", "200")):
+        ok(cli(service, "tasks", "add", receiver.url("/rem"), "--key", key, "--delay", delay))
+    page = ok(cli(service, "tasks", "list", "--status", "scheduled", "--prefix", "rem-"))
+    assert [t["key"] for t in page["tasks"]] == ["rem-c", "rem-b", "rem-a"]
