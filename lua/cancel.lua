@@ -13,7 +13,7 @@ local key = ARGV[1]
 local now, retention = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tkey = P .. 't:' .. key
 
-local st = redis.call('HMGET', tkey, 'status', 'minute', 'op')
+local st = redis.call('HMGET', tkey, 'status', 'minute', 'op', 'flow')
 if not st[1] then return -1 end
 if st[1] == 'cancelled' and st[3] == ARGV[4] then return 1 end
 if st[1] == 'succeeded' or st[1] == 'failed' or st[1] == 'cancelled' then return -2 end
@@ -21,6 +21,9 @@ if st[1] == 'succeeded' or st[1] == 'failed' or st[1] == 'cancelled' then return
 if st[1] == 'delivering' then
   -- Dropping the claim token makes the holder's start check fail: no attempt starts after this.
   redis.call('ZREM', P .. 'lease', key)
+elseif st[1] == 'waiting' then
+  -- Parked until its flow has room (lua/park.lua): no claim to drop, no slice entry.
+  redis.call('ZREM', P .. 'w:' .. st[4], key)
 else
   redis.call('SADD', P .. 'd:' .. st[2], key)
 end

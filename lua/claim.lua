@@ -1,3 +1,4 @@
+-- lib: claiming
 -- claim: take up to `limit` tasks due at or before horizon_ms, under a lease.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -10,8 +11,7 @@
 -- ARGV[6]  max_minutes, most minute slices scanned per call (bounds the script after an outage)
 -- ARGV[7]  retention_ms: dead letters older than this are dropped from the index
 --
--- Reply: {more, n, then n times: key, due, exec, attempts, max, backoff, timeout, url, method,
---         headers, body}
+-- Reply: {more, n, then n times: key, due, and the CLAIM_FIELDS of lua/lib/claiming.lua}
 --   more = 1 when the caller should call again (limit reached, a read window came back full,
 --   or minutes left to scan).
 --
@@ -23,36 +23,14 @@ local P = KEYS[1]
 local now, horizon, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local token, margin = ARGV[4], tonumber(ARGV[5])
 local budget, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
-local FIELDS = {'exec', 'attempts', 'max', 'backoff', 'timeout', 'url', 'method', 'headers', 'body'}
 local record = P .. 'c:' .. token
 local out = {0, 0}
-local n = 0
-
-local function emit(key, tkey, due, f)
-  out[#out + 1] = key
-  out[#out + 1] = due
-  for i = 1, #FIELDS do out[#out + 1] = f[i] end
-  n = n + 1
-end
 
 -- A retry of a call whose reply was lost: hand back what it claimed and still holds.
 if redis.call('EXISTS', record) == 1 then
-  for _, key in ipairs(redis.call('LRANGE', record, 0, -1)) do
-    local tkey = P .. 't:' .. key
-    local st = redis.call('HMGET', tkey, 'claim', 'due')
-    if st[1] == token then emit(key, tkey, tonumber(st[2]), redis.call('HMGET', tkey, unpack(FIELDS))) end
-  end
-  out[1], out[2] = 1, n
+  replay_claim(P, record, token, out)
+  out[1] = 1
   return out
-end
-
-local function take(key, tkey, due)
-  local f = redis.call('HMGET', tkey, unpack(FIELDS))
-  redis.call('ZADD', P .. 'lease', math.max(due, now) + tonumber(f[5]) + margin, key)
-  redis.call('HSET', tkey, 'status', 'delivering', 'claim', token)
-  redis.call('HDEL', tkey, 'started')
-  redis.call('RPUSH', record, key)
-  emit(key, tkey, due, f)
 end
 
 -- A window that came back full may hide more due entries behind dropped ones: call again.
@@ -65,7 +43,7 @@ for _, key in ipairs(expired) do
   local tkey = P .. 't:' .. key
   local st = redis.call('HMGET', tkey, 'status', 'due')
   if st[1] == 'delivering' then
-    take(key, tkey, tonumber(st[2]))
+    take(P, key, tonumber(st[2]), now, margin, token, record, out)
   else
     redis.call('ZREM', P .. 'lease', key)
   end
@@ -78,11 +56,11 @@ if cursor then
   local last = math.floor(horizon / 60000)
   local m = cursor
   local scanned = 0
-  while m <= last and n < limit do
+  while m <= last and out[2] < limit do
     if scanned >= budget then more = 1; break end
     scanned = scanned + 1
     local zkey, dkey = P .. 'm:' .. m, P .. 'd:' .. m
-    local window = limit - n
+    local window = limit - out[2]
     local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, window)
     if #entries == 2 * window then more = 1 end
     for i = 1, #entries, 2 do
@@ -92,7 +70,7 @@ if cursor then
       if redis.call('SISMEMBER', dkey, key) == 0 then
         local st = redis.call('HMGET', tkey, 'status', 'minute')
         if (st[1] == 'scheduled' or st[1] == 'retrying') and tonumber(st[2]) == m then
-          take(key, tkey, tonumber(entries[i + 1]))
+          take(P, key, tonumber(entries[i + 1]), now, margin, token, record, out)
         end
       end
     end
@@ -103,11 +81,11 @@ if cursor then
     end
     m = m + 1
   end
-  if n >= limit then more = 1 end
+  if out[2] >= limit then more = 1 end
   redis.call('SET', P .. 'cursor', cursor)
 end
 
-if n > 0 then redis.call('PEXPIRE', record, 300000) end
+if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end
 redis.call('ZREMRANGEBYSCORE', P .. 'dead', '-inf', now - retention)
-out[1], out[2] = more, n
+out[1] = more
 return out

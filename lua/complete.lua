@@ -1,3 +1,4 @@
+-- lib: slices
 -- complete: record the outcomes of attempts and release their claims.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -27,12 +28,7 @@ for i = 3, #ARGV, 7 do
     if code ~= '' then redis.call('HSET', tkey, 'last_code', code) end
     if err ~= '' then redis.call('HSET', tkey, 'last_err', err) end
     if outcome == 'retry' then
-      local cursor = tonumber(redis.call('GET', P .. 'cursor'))
-      if not cursor then
-        cursor = math.floor(now / 60000)
-        redis.call('SET', P .. 'cursor', cursor)
-      end
-      local minute = math.max(math.floor(due / 60000), cursor)
+      local minute = slice_minute(P, due, now)
       redis.call('HSET', tkey, 'status', 'retrying', 'due', due, 'minute', minute)
       redis.call('ZADD', P .. 'm:' .. minute, due, key)
       redis.call('SREM', P .. 'd:' .. minute, key)

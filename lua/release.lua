@@ -1,3 +1,4 @@
+-- lib: slices
 -- release: hand claims back that were never started (shutdown, or a start deadline missed),
 -- so any process can claim them at once instead of after their lease.
 --
@@ -16,12 +17,7 @@ for i = 1, #ARGV, 2 do
     out[#out + 1] = 0
   else
     local due = tonumber(st[4])
-    local cursor = tonumber(redis.call('GET', P .. 'cursor'))
-    if not cursor then
-      cursor = math.floor(due / 60000)
-      redis.call('SET', P .. 'cursor', cursor)
-    end
-    local minute = math.max(math.floor(due / 60000), cursor)
+    local minute = slice_minute(P, due, due)
     local status = 'retrying'
     if tonumber(st[5]) == 0 then status = 'scheduled' end
     redis.call('ZREM', P .. 'lease', key)

@@ -1,3 +1,4 @@
+-- lib: slices
 -- replay: schedule a failed or cancelled task again, now, with its attempts reset.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -18,12 +19,7 @@ if not status then return -1 end
 if st[2] == ARGV[3] then return 1 end
 if status ~= 'failed' and status ~= 'cancelled' then return -2 end
 
-local cursor = tonumber(redis.call('GET', P .. 'cursor'))
-if not cursor then
-  cursor = math.floor(now / 60000)
-  redis.call('SET', P .. 'cursor', cursor)
-end
-local minute = math.max(math.floor(now / 60000), cursor)
+local minute = slice_minute(P, now, now)
 redis.call('PERSIST', tkey)
 redis.call('ZREM', P .. 'dead', key)
 redis.call('HDEL', tkey, 'finished')

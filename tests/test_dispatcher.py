@@ -27,9 +27,11 @@ from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import HttpxSender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields, TaskView
 from timewheel.store import Store
+from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import ClaimedTask, NewTask, prepare
 
 URL = "http://127.0.0.1:9/hooks/fire"  # respx answers; nothing ever dials it
@@ -47,6 +49,10 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str) -> Non
         await asyncio.sleep(0.005)
 
 
+def flow_store(store: Store, parallelism: int = 100) -> FlowStore:
+    return FlowStore(store.redis, store.keys, store.scripts, default_parallelism=parallelism)
+
+
 class Harness:
     """One dispatcher over the test's store, with helpers to seed, claim and observe tasks."""
 
@@ -55,8 +61,9 @@ class Harness:
         self.clock = clock
         self.metrics = Metrics()
         self.sender = HttpxSender(NetworkPolicy(allow_private=True), max_connections=10)
-        self.dispatcher = Dispatcher(store, clock, self.sender, self.metrics, signer=signer,
-                                     max_concurrency=10, batch_deadline_ms=30_000)
+        self.dispatcher = Dispatcher(store, flow_store(store), clock, self.sender, self.metrics,
+                                     signer=signer, max_concurrency=10,
+                                     batch_deadline_ms=30_000, tokens=claim_tokens())
         self._calls = itertools.count()
 
     async def add(self, key: str = "job-1", *, replace: bool = False, **fields: Any) -> NewTask:

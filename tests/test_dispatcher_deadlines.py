@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import respx
 
-from tests.test_dispatcher import URL, Harness, router, wait_until, wheel
+from tests.test_dispatcher import URL, Harness, flow_store, router, wait_until, wheel
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.ticker import claim_tokens
 from timewheel.store import Store
 
 __all__ = ["router", "wheel"]  # fixtures of test_dispatcher.py, shared
@@ -43,8 +44,9 @@ async def test_attempt_past_its_batch_deadline_is_abandoned_to_its_lease(
     batch is over, so it is not sent; its lease stays, so another process re-sends it."""
     route = router.post(URL).respond(200)
     h = Harness(store, fake_clock)
-    h.dispatcher = Dispatcher(store, fake_clock, h.sender, h.metrics, signer=None,
-                              max_concurrency=10, batch_deadline_ms=100)
+    h.dispatcher = Dispatcher(store, flow_store(store), fake_clock, h.sender, h.metrics,
+                              signer=None, max_concurrency=10, batch_deadline_ms=100,
+                              tokens=claim_tokens())
     try:
         await h.add()
         [task] = await h.claim()

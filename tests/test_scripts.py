@@ -28,7 +28,7 @@ def rec(status: str = "scheduled", due: int = NOW, **extra: Any) -> dict[str, st
     row: dict[str, Any] = {"status": status, "due": due, "minute": due // MIN, "attempts": 0,
                            "created": NOW, "fp": "fp", "url": "http://127.0.0.1:9/cb",
                            "method": "POST", "headers": "[]", "body": "", "exec": due,
-                           "max": 5, "backoff": 1000, "timeout": 10000}
+                           "max": 5, "backoff": 1000, "timeout": 10000, "flow": "127.0.0.1:9"}
     row.update(extra)
     return {k: str(v) for k, v in row.items()}
 
@@ -38,7 +38,7 @@ async def seed(redis: Redis, state: dict[str, Any]) -> None:
         name = P + short
         if short.startswith("t:"):
             await redis.hset(name, mapping=value)
-        elif short.startswith(("m:", "lease", "dead")):
+        elif short.startswith(("m:", "lease", "dead", "w:", "wf")):
             await redis.zadd(name, value)
         elif short.startswith("d:"):
             await redis.sadd(name, *value)
@@ -89,10 +89,10 @@ async def run(store: Store, name: str, *args: Any) -> Any:
 
 
 async def schedule(store: Store, key: str, due: int, mode: str = "create", now: int = NOW,
-                   fp: str = "fp") -> int:
+                   fp: str = "fp", req: str = "r1") -> int:
     fields = ["url", "http://127.0.0.1:9/cb", "method", "POST", "headers", "[]", "body", "",
-              "exec", due, "max", 5, "backoff", 1000, "timeout", 10000]
-    return int(await run(store, "schedule", key, mode, now, due, fp, *fields))
+              "exec", due, "max", 5, "backoff", 1000, "timeout", 10000, "flow", "127.0.0.1:9"]
+    return int(await run(store, "schedule", key, mode, now, due, fp, req, *fields))
 
 
 async def claim(store: Store, now: int, horizon: int | None = None, limit: int = 100,
@@ -116,7 +116,7 @@ async def test_schedule_creates_task_slice_and_cursor(store: Store, redis: Redis
     """A new task: its record, its minute's slice entry, and the cursor at now's minute."""
     due = NOW + 90_000
     assert await schedule(store, "a", due) == 0
-    assert await dump(redis) == {"t:a": rec(due=due), f"m:{M0 + 1}": {"a": due},
+    assert await dump(redis) == {"t:a": rec(due=due, op="r1=0"), f"m:{M0 + 1}": {"a": due},
                                  "cursor": str(M0)}
     await assert_ttls(redis, {})
 
@@ -137,7 +137,7 @@ async def test_schedule_replace_scheduled(store: Store, redis: Redis) -> None:
                        f"d:{M0 + 3}": {"a", "z"}})
     assert await schedule(store, "a", new, mode="replace", now=NOW + 1000) == 1
     assert await dump(redis) == {
-        "t:a": rec(due=new, created=NOW + 1000), f"m:{M0 + 1}": {"a": old},
+        "t:a": rec(due=new, created=NOW + 1000, op="r1=1"), f"m:{M0 + 1}": {"a": old},
         f"d:{M0 + 1}": {"a"}, f"m:{M0 + 3}": {"a": new}, f"d:{M0 + 3}": {"z"},
         "cursor": str(M0)}
 
@@ -147,7 +147,8 @@ async def test_schedule_replace_delivering_drops_lease(store: Store, redis: Redi
     await seed(redis, {"t:a": delivering(started=NOW, attempts=1), "lease": {"a": NOW + 15_000},
                        "c:tok": ["a"], "cursor": str(M0)})
     assert await schedule(store, "a", NOW + 2 * MIN, mode="replace") == 1
-    assert await dump(redis) == {"t:a": rec(due=NOW + 2 * MIN), f"m:{M0 + 2}": {"a": NOW + 2 * MIN},
+    assert await dump(redis) == {"t:a": rec(due=NOW + 2 * MIN, op="r1=1"),
+                                 f"m:{M0 + 2}": {"a": NOW + 2 * MIN},
                                  "c:tok": ["a"], "cursor": str(M0)}
 
 
@@ -158,7 +159,8 @@ async def test_schedule_replace_finished_creates(store: Store, redis: Redis, sta
                        "cursor": str(M0)})
     await redis.pexpire(P + "t:a", RET)
     assert await schedule(store, "a", NOW + 10, mode="replace") == 0
-    expected = {"t:a": rec(due=NOW + 10), f"m:{M0}": {"a": NOW + 10}, "cursor": str(M0)}
+    expected = {"t:a": rec(due=NOW + 10, op="r1=0"), f"m:{M0}": {"a": NOW + 10},
+                "cursor": str(M0)}
     if status != "failed":
         expected["dead"] = {"a": NOW - 5}
     assert await dump(redis) == expected
@@ -175,7 +177,7 @@ async def test_schedule_past_due_is_clamped_to_cursor(store: Store, redis: Redis
         await seed(redis, {"cursor": str(cursor)})
     minute = M0 + 5 if cursor is None else cursor
     assert await schedule(store, "a", due, now=now) == 0
-    assert await dump(redis) == {"t:a": rec(due=due, minute=minute, created=now),
+    assert await dump(redis) == {"t:a": rec(due=due, minute=minute, created=now, op="r1=0"),
                                  f"m:{minute}": {"a": due}, "cursor": str(minute)}
 
 

@@ -30,7 +30,7 @@ _tokens = itertools.count()
 def task(key: str, due_ms: int) -> NewTask:
     return NewTask(key=key, url="http://127.0.0.1:9/cb", method="POST", headers=[], body=None,
                    due_ms=due_ms, timeout_ms=10_000, max_attempts=5, backoff_ms=1000,
-                   fingerprint=f"fp-{due_ms}")
+                   fingerprint=f"fp-{due_ms}", flow="127.0.0.1:9")
 
 
 async def claim_all(store: Store, now: int, horizon: int | None = None, *, limit: int = 50,

@@ -41,6 +41,9 @@ class FakeDispatcher:
     def keys(self) -> list[str]:
         return [task.key for tasks, _ in self.calls for task in tasks]
 
+    async def poll_flows(self) -> None:
+        self.polls = getattr(self, "polls", 0) + 1
+
 
 class FlakyStore:
     """Fault-injecting wrapper: while ``down``, claim raises StoreUnavailable as a dead Redis

@@ -32,6 +32,14 @@ class Metrics:
                                "or handed back", registry=r)
         self.inflight = Gauge("timewheel_callbacks_in_flight", "Attempts being sent now",
                               registry=r)
+        self.flow_waiting = Gauge(
+            "timewheel_flow_waiting_local",
+            "Due tasks this process holds while they wait for a permit of their flow", registry=r)
+        self.flow_parked = Counter(
+            "timewheel_flow_parked", "Tasks set aside in Redis to wait for their flow",
+            registry=r)
+        self.flow_unparked = Counter(
+            "timewheel_flow_unparked", "Parked tasks taken back by this process", registry=r)
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)

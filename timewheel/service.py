@@ -16,13 +16,14 @@ from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
-from timewheel.engine.ticker import Ticker
+from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import make_redis
 from timewheel.store.embedded import EmbeddedRedis
+from timewheel.store.flow_store import FlowStore
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Wheel:
     store: Store
     clock: Clock
     dispatcher: Dispatcher
+    flows: FlowStore
     ticker: Ticker
     sender: Sender
     embedded: EmbeddedRedis | None = None
@@ -63,15 +65,19 @@ class Wheel:
                                        max_connections=settings.max_concurrency)
         signer = (Signer([s.get_secret_value() for s in settings.signing_secret])
                   if settings.signing_secret else None)
-        dispatcher = Dispatcher(store, clock, sender, metrics, signer=signer,
+        flows = FlowStore(redis, store.keys, store.scripts,
+                          default_parallelism=settings.flow_parallelism)
+        tokens = claim_tokens()
+        dispatcher = Dispatcher(store, flows, clock, sender, metrics, signer=signer,
                                 max_concurrency=settings.max_concurrency,
-                                batch_deadline_ms=int(settings.batch_deadline_seconds * 1000))
+                                batch_deadline_ms=int(settings.batch_deadline_seconds * 1000),
+                                tokens=tokens, flow_local_cap=settings.flow_local_waiting)
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,
-                        max_pending=settings.max_concurrency * 20)
-        wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, ticker, sender,
-                    embedded)
+                        max_pending=settings.max_concurrency * 20, tokens=tokens)
+        wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
+                    sender, embedded)
         try:
             await store.init()
             await clock.refresh()

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(default=1.0, gt=0, le=60)
     batch_deadline_seconds: float = Field(default=30.0, gt=0, le=3600)
     max_horizon_seconds: float = Field(default=31_536_000, gt=0)
+    flow_parallelism: int = Field(default=100, ge=1, le=10_000)
 
     # Beyond API.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)
@@ -42,6 +43,7 @@ class Settings(BaseSettings):
     # Fixed per wheel once written to Redis; unset adopts the wheel's (16 for a new wheel).
     buckets: int | None = Field(default=None, ge=1, le=16_384)
     max_concurrency: int = Field(default=512, ge=1, le=100_000)
+    flow_local_waiting: int = Field(default=1000, ge=0, le=100_000)
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     metrics_public: bool = True
     docs_public: bool = True

@@ -6,6 +6,9 @@ Per task: wait until just before it is due; check with Redis that the claim stil
 are batched per bucket (timewheel/engine/batching.py). Concurrency is bounded by a semaphore and the
 sender's connection pool.
 
+Flow control: a due task starts only with a permit of its flow (timewheel/engine/flow_gate.py);
+it gives the permit back as soon as its answer is in. Waiting for a permit is not an attempt.
+
 Deadlines: a task must start within half its lease margin of its due time, or it is handed back
 unstarted (``release``) for any process to claim at once; an attempt in flight when its tick's
 batch deadline passes is abandoned and its lease left to run out, so another process re-sends
@@ -17,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 from timewheel import __version__
 from timewheel.clock import Clock
@@ -25,26 +29,32 @@ from timewheel.delivery.retry_policy import classify_status, next_due_ms
 from timewheel.delivery.senders import Answer, Sender, SendError
 from timewheel.delivery.signing import Signer
 from timewheel.engine.batching import BucketBatcher
+from timewheel.engine.flow_gate import FlowGate, Waiter
 from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import format_ms
 from timewheel.store import Outcome, Store
+from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import ClaimedTask
 
 log = logging.getLogger(__name__)
 
 Entry = tuple[ClaimedTask, int, int]  # (task, claimed_at_ms, batch deadline_ms)
+Permitted = tuple[Entry, str]  # an entry and the permit of its flow it holds
 
 USER_AGENT = f"timewheel/{__version__}"
 START_SAFETY_MS = 1000  # an attempt must start this long before its lease can run out
 START_LEAD_MS = 5.0  # the claim check runs this much before the due time, off the critical path
 MAX_ERROR_CHARS = 500
+PARK_LEAD_MS = 100  # a task waiting for a permit is parked this long before its start deadline
 
 
 class Dispatcher:
-    def __init__(self, store: Store, clock: Clock, sender: Sender, metrics: Metrics, *,
-                 signer: Signer | None, max_concurrency: int, batch_deadline_ms: int) -> None:
+    def __init__(self, store: Store, flows: FlowStore, clock: Clock, sender: Sender,
+                 metrics: Metrics, *, signer: Signer | None, max_concurrency: int,
+                 batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 1000
+                 ) -> None:
         self._store = store
         self._clock = clock
         self._sender = sender
@@ -55,11 +65,18 @@ class Dispatcher:
         self._starts: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._flush_starts)
         self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
         self._releases: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._store.release)
+        self._parks: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._store.park)
+        self._gate = FlowGate(
+            flows, store, clock, metrics, start=self._permitted, park=self._park,
+            adopt=self._adopt, tokens=tokens, lease_margin_ms=store.lease_margin_ms,
+            max_lease_ms=batch_deadline_ms + store.lease_margin_ms,
+            local_cap=flow_local_cap, max_waiting=max_concurrency * 10)
+        self._parking: set[asyncio.Task[None]] = set()
         # Claimed tasks wait on the timeline until just before they are due, then in the ready
         # queue for one of at most max_concurrency workers. A burst of 10,000 due tasks thus
         # costs 10,000 queue entries, not 10,000 coroutines started at the same instant.
         self._timeline: Timeline[Entry] = Timeline(clock, self._launch)
-        self._ready: deque[Entry] = deque()
+        self._ready: deque[Permitted] = deque()
         self._workers: set[asyncio.Task[None]] = set()
         self._holding: dict[asyncio.Task[None], ClaimedTask] = {}  # worker -> unstarted task
         self._recording: set[asyncio.Task[None]] = set()
@@ -68,8 +85,12 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         """Claimed tasks this process holds: waiting, ready, being sent or being recorded."""
-        return (len(self._timeline) + len(self._ready) + len(self._workers)
-                + len(self._recording))
+        return (len(self._timeline) + self._gate.waiting + len(self._ready)
+                + len(self._workers) + len(self._recording))
+
+    async def poll_flows(self) -> None:
+        """Once a tick: take back parked tasks whose flow has room (any process parked them)."""
+        await self._gate.poll()
 
     def submit(self, tasks: Sequence[ClaimedTask], claimed_at_ms: int) -> None:
         """Take over freshly claimed tasks; each fires at its own time."""
@@ -79,17 +100,54 @@ class Dispatcher:
                                (claimed, claimed_at_ms, deadline_ms))
 
     def _launch(self, entry: Entry) -> None:
-        self._ready.append(entry)
+        """Due (nearly): ask the task's flow for a permit. It may wait for one until just
+        before its start deadline, then it is parked in Redis."""
+        task, claimed_at_ms, _ = entry
+        self._gate.admit(task, entry, self._start_by(task, claimed_at_ms) - PARK_LEAD_MS)
+
+    def _permitted(self, payload: object, permit: str) -> None:
+        """The flow granted a permit: on to a worker."""
+        self._ready.append((cast(Entry, payload), permit))
         if len(self._workers) < self._max_workers:
             worker = asyncio.create_task(self._work())
             self._workers.add(worker)
             worker.add_done_callback(self._workers.discard)
 
+    def _adopt(self, task: ClaimedTask, permit: str) -> None:
+        """A parked task taken back by this process, its permit already held."""
+        now = self._clock.now_ms()
+        self._metrics.claimed.inc()
+        self._permitted((task, now, now + self._batch_deadline_ms), permit)
+
+    def _park(self, waiters: list[Waiter]) -> None:
+        parking = asyncio.create_task(self._park_now(waiters))
+        self._parking.add(parking)
+        parking.add_done_callback(self._parking.discard)
+
+    async def _park_now(self, waiters: list[Waiter]) -> None:
+        results = await asyncio.gather(
+            *(self._parks.submit(w.task.bucket, (w.task.key, w.task.token)) for w in waiters),
+            return_exceptions=True)
+        for waiter, result in zip(waiters, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("could not park %s; its lease will hand it back: %s",
+                            waiter.task.key, result)
+            elif result:
+                self._gate.parked(waiter.task.flow, waiter.task.bucket)
+                self._metrics.flow_parked.inc()
+
+    def _start_by(self, task: ClaimedTask, claimed_at_ms: int) -> int:
+        """The latest start that is safe: the lease runs out at max(due, claimed) + timeout +
+        margin, and an attempt that starts later than this could still be running when
+        another process re-claims the task."""
+        return max(task.due_ms, claimed_at_ms) + max(
+            self._store.lease_margin_ms // 2, self._store.lease_margin_ms - START_SAFETY_MS)
+
     async def _work(self) -> None:
         me = asyncio.current_task()
         assert me is not None
         while self._ready:
-            task, claimed_at_ms, deadline_ms = self._ready.popleft()
+            (task, claimed_at_ms, deadline_ms), permit = self._ready.popleft()
             self._holding[me] = task
             try:
                 await self._deliver(me, task, claimed_at_ms, deadline_ms)
@@ -97,14 +155,11 @@ class Dispatcher:
                 log.exception("delivering %s failed", task.key)
             finally:
                 self._holding.pop(me, None)
+                self._gate.give_back(task.flow, permit)
 
     async def _deliver(self, me: asyncio.Task[None], task: ClaimedTask, claimed_at_ms: int,
                        deadline_ms: int) -> None:
-        # The lease runs out at max(due, claimed) + timeout + margin: an attempt that starts
-        # later than this could still be running when another process re-claims the task.
-        start_by = max(task.due_ms, claimed_at_ms) + max(
-            self._store.lease_margin_ms // 2, self._store.lease_margin_ms - START_SAFETY_MS)
-        if self._clock.now_ms() > start_by:
+        if self._clock.now_ms() > self._start_by(task, claimed_at_ms):
             await self._release_late(task)
             return
         try:
@@ -239,9 +294,11 @@ class Dispatcher:
     async def stop(self, grace_seconds: float) -> None:
         """Hand back every claim not yet started, at once; give attempts in flight up to
         ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
-        unlaunched = [entry[0] for entry in [*self._timeline.drain(), *self._ready]]
+        unlaunched = [entry[0] for entry in self._timeline.drain()]
+        unlaunched += [entry[0] for entry, _ in self._ready]
         self._ready.clear()
         await self._timeline.close()
+        unlaunched += [waiter.task for waiter in await self._gate.close()]
         holders = dict(self._holding)
         for worker in holders:
             worker.cancel()

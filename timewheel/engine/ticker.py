@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import secrets
+from collections.abc import Iterator
 
 from timewheel.clock import Clock
 from timewheel.engine.dispatcher import Dispatcher
@@ -25,9 +26,15 @@ LOOKAHEAD_MARGIN_MS = 250  # claims reach this far past the next tick, in case i
 MAX_BACKOFF_SECONDS = 5.0
 
 
+def claim_tokens() -> Iterator[str]:
+    """Claim tokens: unique per call, across processes and restarts."""
+    return (f"{os.getpid()}.{secrets.token_hex(4)}.{n}" for n in itertools.count())
+
+
 class Ticker:
     def __init__(self, store: Store, clock: Clock, dispatcher: Dispatcher, metrics: Metrics, *,
-                 tick_ms: int, claim_batch: int, max_pending: int) -> None:
+                 tick_ms: int, claim_batch: int, max_pending: int,
+                 tokens: Iterator[str] | None = None) -> None:
         self._store = store
         self._clock = clock
         self._dispatcher = dispatcher
@@ -35,8 +42,7 @@ class Ticker:
         self._tick_ms = tick_ms
         self._claim_batch = claim_batch
         self._max_pending = max_pending
-        # Claim tokens: unique per call, across processes and restarts.
-        self._tokens = (f"{os.getpid()}.{secrets.token_hex(4)}.{n}" for n in itertools.count())
+        self._tokens = tokens or claim_tokens()
         self._stopping = asyncio.Event()
 
     async def tick(self) -> int:
@@ -44,9 +50,9 @@ class Ticker:
 
         Buckets are claimed one after another in batches of ``claim_batch``, not all at once:
         each reply is handed over before the next call, so the event loop keeps firing due
-        tasks between batches instead of stalling on a thousand claims at a time."""
-        now = self._clock.now_ms()
-        horizon = now + self._tick_ms + LOOKAHEAD_MARGIN_MS
+        tasks between batches instead of stalling on a thousand claims at a time. Each call
+        reads the clock afresh: a slow pass must not claim later buckets with a stale "now"
+        (their tasks would miss their start and be handed back)."""
         claimed = 0
         for bucket in range(self._store.keys.buckets):
             more = True
@@ -54,12 +60,13 @@ class Ticker:
                 room = self._max_pending - self._dispatcher.in_flight
                 if room <= 0:
                     return claimed  # bounded work: the rest waits in Redis for the next tick
-                more, count = await self._claim(bucket, now, horizon,
-                                                min(self._claim_batch, room))
+                more, count = await self._claim(bucket, min(self._claim_batch, room))
                 claimed += count
         return claimed
 
-    async def _claim(self, bucket: int, now: int, horizon: int, limit: int) -> tuple[bool, int]:
+    async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
+        now = self._clock.now_ms()
+        horizon = now + self._tick_ms + LOOKAHEAD_MARGIN_MS
         more, tasks = await self._store.claim(bucket, now_ms=now, horizon_ms=horizon,
                                               limit=limit, token=next(self._tokens))
         self._dispatcher.submit(tasks, now)
@@ -77,6 +84,7 @@ class Ticker:
                     await self._store.init()
                 await self._clock.refresh()
                 await self.tick()
+                await self._dispatcher.poll_flows()
             except StoreUnavailable as exc:
                 self._metrics.tick_errors.inc()
                 if failures == 0:

@@ -12,6 +12,16 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P lease        zset   claimed task key -> lease expiry ms
     P dead         zset   failed task key -> finished ms (the dead letters)
     P c:<token>    list   keys one claim call took (lets a retried call return the same)
+    P w:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
+    P wf           zset   flows with parked tasks -> due_ms of their earliest
+
+A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F below):
+
+    F cfg          hash   limits set by PUT /flows (p parallelism, r rate)
+    F held         zset   permits in use: permit id -> lease expiry ms
+    F starts       zset   starts within the rate window: permit id -> ms (only with a rate)
+
+and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics).
 
 On a Redis Cluster each bucket is one hash slot, so a minute's load spreads over the cluster
 while every script still touches a single slot.
@@ -58,3 +68,17 @@ class Keyspace:
 
     def dead(self, bucket: int) -> str:
         return f"{self.prefix(bucket)}dead"
+
+    def waiting(self, bucket: int, flow: str) -> str:
+        return f"{self.prefix(bucket)}w:{flow}"
+
+    def waiting_flows(self, bucket: int) -> str:
+        return f"{self.prefix(bucket)}wf"
+
+    def flow(self, flow: str) -> str:
+        """The prefix of a flow's own keys: one hash slot per flow."""
+        return f"{{{self.key_prefix}:f:{flow}}}:"
+
+    @property
+    def configured_flows(self) -> str:
+        return f"{self.key_prefix}:flows"

@@ -11,6 +11,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from timewheel.models import (
     MAX_BODY_BYTES,
@@ -22,6 +23,7 @@ from timewheel.models import (
 )
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
+PARKED = "waiting"  # the stored status of a task parked until its flow has room (lua/park.lua)
 
 # The hash fields a view reads, in this order (Store.get and Store.list_failed).
 VIEW_FIELDS = ("status", "exec", "due", "url", "method", "attempts", "max", "last_at",
@@ -44,12 +46,14 @@ class NewTask:
     max_attempts: int
     backoff_ms: int
     fingerprint: str
+    flow: str
 
     def fields(self) -> list[str | bytes | int]:
-        """Field/value pairs of the record for ``lua/schedule.lua`` (ARGV[6..])."""
+        """Field/value pairs of the record for ``lua/schedule.lua`` (ARGV[7..])."""
         return ["url", self.url, "method", self.method, "headers", json.dumps(self.headers),
                 "body", self.body if self.body is not None else b"", "exec", self.due_ms,
-                "max", self.max_attempts, "backoff", self.backoff_ms, "timeout", self.timeout_ms]
+                "max", self.max_attempts, "backoff", self.backoff_ms, "timeout", self.timeout_ms,
+                "flow", self.flow]
 
     def view(self, now_ms: int) -> TaskView:
         return TaskView(
@@ -77,10 +81,20 @@ class ClaimedTask:
     method: str
     headers: list[tuple[str, str]]
     body: bytes
+    flow: str
 
 
 def new_key() -> str:
     return secrets.token_urlsafe(16)
+
+
+def default_flow(url: str) -> str:
+    """The flow of a task that names none: its destination, ``host:port`` in lower case with
+    the port always written, an IPv6 literal's colons as dashes (API.md ``flow_key``)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().replace(":", "-")
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return f"{host}:{port}"
 
 
 def encode_body(fields: TaskFields) -> tuple[bytes | None, str | None]:
@@ -116,6 +130,7 @@ def prepare(fields: TaskFields, key: str, now_ms: int, *, default_timeout: float
         due_ms=due, timeout_ms=max(1, round(timeout * 1000)), max_attempts=fields.max_attempts,
         backoff_ms=max(1, round(fields.retry_backoff * 1000)),
         fingerprint=fingerprint(fields),
+        flow=fields.flow_key or default_flow(fields.callback_url),
     )
 
 
@@ -158,12 +173,16 @@ def view_from_fields(key: str, values: list[bytes | None]) -> TaskView | None:
     row = dict(zip(VIEW_FIELDS, values, strict=True))
     if row["status"] is None:
         return None
-    status = TaskStatus(row["status"].decode())
+    stored = row["status"].decode()
+    attempts = _int(row["attempts"]) or 0
+    if stored == PARKED:  # waiting for its flow: to the client, still due
+        stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
+    status = TaskStatus(stored)
     waiting = status in (TaskStatus.SCHEDULED, TaskStatus.RETRYING)
     return TaskView(
         key=key, status=status, execute_at=_fmt(int(row["exec"] or 0)),
         callback_url=_str(row["url"]) or "", method=_str(row["method"]) or "",
-        attempts=_int(row["attempts"]) or 0, max_attempts=_int(row["max"]) or 0,
+        attempts=attempts, max_attempts=_int(row["max"]) or 0,
         next_attempt_at=format_ms(_int(row["due"])) if waiting else None,
         last_attempt_at=format_ms(_int(row["last_at"])),
         last_status_code=_int(row["last_code"]), last_error=_str(row["last_err"]),

@@ -1,5 +1,9 @@
 """Finds ``lua/*.lua`` and registers each script once per Redis client.
 
+A script that starts with ``-- lib: a, b`` gets ``lua/lib/a.lua`` and ``lua/lib/b.lua``
+prepended: code that several scripts share is written once, and EVALSHA hashes the text as
+sent, libraries included.
+
 redis-py's ``register_script`` calls EVALSHA and falls back to loading the script on NOSCRIPT,
 so a Redis restart or failover that empties the script cache is handled transparently.
 """
@@ -13,7 +17,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay")
+NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay", "park",
+         "unpark", "permits")
 
 
 def lua_dir() -> Path:
@@ -27,7 +32,13 @@ def lua_dir() -> Path:
 
 @cache
 def source(name: str) -> str:
-    return (lua_dir() / f"{name}.lua").read_text()
+    """The script as sent to Redis: its ``-- lib:`` libraries, then its own text."""
+    text = (lua_dir() / f"{name}.lua").read_text()
+    first = text.partition("\n")[0]
+    if not first.startswith("-- lib:"):
+        return text
+    libs = [lib.strip() for lib in first.removeprefix("-- lib:").split(",") if lib.strip()]
+    return "".join((lua_dir() / "lib" / f"{lib}.lua").read_text() for lib in libs) + text
 
 
 class Scripts:
@@ -42,3 +53,6 @@ class Scripts:
         self.complete: AsyncScript = registered["complete"]
         self.release: AsyncScript = registered["release"]
         self.replay: AsyncScript = registered["replay"]
+        self.park: AsyncScript = registered["park"]
+        self.unpark: AsyncScript = registered["unpark"]
+        self.permits: AsyncScript = registered["permits"]

@@ -1,0 +1,71 @@
+-- permits: give back one flow's finished permits, then take new ones, in one atomic step.
+--
+-- A flow's limits hold over every process of the wheel: a counting semaphore whose holders
+-- expire (a process that dies gives its permits back when their leases run out) and, when the
+-- flow has a rate, a log of the starts of the last window.
+--
+-- KEYS[1]  flow prefix "{<prefix>:f:<flow key>}:" (the flow's own hash slot)
+-- ARGV[1]  now_ms
+-- ARGV[2]  default parallelism, for a flow with none set (TIMEWHEEL_FLOW_PARALLELISM)
+-- ARGV[3]  lease_ms: a new permit is held at most this long unless given back
+-- ARGV[4]  r, how many permit ids follow to give back: ARGV[5 .. 4+r]
+-- ARGV[5+r ..] permit ids wanted, in order (unique per attempt; a permit id that is already
+--          held counts as granted, so a call re-sent after a lost reply answers the same)
+--
+-- Reply: {granted, wait_ms, in_flight, room}
+--   granted   how many of the wanted ids (the first ones) now hold a permit
+--   wait_ms   when not all were granted: -1 wait for a permit to be given back (parallelism),
+--             else milliseconds until the rate window has room again
+--   in_flight permits held after this call
+--   room      how many more permits a call could take right now (0 when at a limit)
+--
+-- Keys: cfg (hash p, r: the limits set by PUT /flows; absent = defaults), held (zset permit ->
+-- lease expiry ms), starts (zset permit -> start ms, only while a rate is set). held and starts
+-- expire with the last lease, so an idle flow leaves only its cfg.
+local P = KEYS[1]
+local now, default_p, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local r = tonumber(ARGV[4])
+local held, starts = P .. 'held', P .. 'starts'
+
+local cfg = redis.call('HMGET', P .. 'cfg', 'p', 'r')
+local parallelism = tonumber(cfg[1]) or default_p
+local rate = tonumber(cfg[2])
+
+for i = 5, 4 + r do redis.call('ZREM', held, ARGV[i]) end
+redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+
+-- Rate: at most `limit` starts in any window of `window` ms. A rate of at least 1 allows its
+-- whole part per second; below 1, one start per 1/rate seconds.
+local limit, window
+if rate then
+  if rate >= 1 then limit, window = math.floor(rate), 1000
+  else limit, window = 1, math.ceil(1000 / rate) end
+  redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
+else
+  redis.call('DEL', starts)
+end
+
+local granted, wait = 0, 0
+for i = 5 + r, #ARGV do
+  local id = ARGV[i]
+  if not redis.call('ZSCORE', held, id) then
+    if redis.call('ZCARD', held) >= parallelism then wait = -1; break end
+    if rate and redis.call('ZCARD', starts) >= limit then
+      local oldest = redis.call('ZRANGE', starts, 0, 0, 'WITHSCORES')
+      wait = math.max(1, tonumber(oldest[2]) + window - now)
+      break
+    end
+    redis.call('ZADD', held, now + lease, id)
+    if rate then redis.call('ZADD', starts, now, id) end
+  end
+  granted = granted + 1
+end
+
+local in_flight = redis.call('ZCARD', held)
+local room = parallelism - in_flight
+if rate then room = math.min(room, limit - redis.call('ZCARD', starts)) end
+if wait ~= 0 then room = 0 end
+-- The key outlives its longest lease (leases differ between calls: PEXPIRE only extends).
+if in_flight > 0 and redis.call('PTTL', held) < lease then redis.call('PEXPIRE', held, lease) end
+if rate and redis.call('EXISTS', starts) == 1 then redis.call('PEXPIRE', starts, window) end
+return {granted, wait, in_flight, math.max(0, room)}

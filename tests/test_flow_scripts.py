@@ -1,0 +1,215 @@
+"""The flow-control scripts on their own (permits, park, unpark), and what flows change in the
+task scripts (replace and cancel of a parked task, a re-sent replace). Seed raw state, run
+once, assert the whole resulting state, as tests/test_scripts.py does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.test_scripts import (
+    M0,
+    MIN,
+    NOW,
+    RET,
+    claim,
+    delivering,
+    dump,
+    rec,
+    run,
+    schedule,
+    seed,
+)
+from timewheel.store import Store
+
+FLOW = "127.0.0.1:9"
+F = "{tw:f:" + FLOW + "}:"
+
+
+async def permits(store: Store, now: int, release: list[str], want: list[str],
+                  lease: int = 15_000, default_p: int = 100) -> list[int]:
+    reply = await store.scripts.permits(keys=[F], args=[now, default_p, lease, len(release),
+                                                        *release, *want])
+    return [int(x) for x in reply]
+
+
+async def flow_state(redis: Redis) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("held", "starts"):
+        rows = await redis.zrange(F + name, 0, -1, withscores=True)
+        if rows:
+            out[name] = {m.decode(): int(s) for m, s in rows}
+    cfg = await redis.hgetall(F + "cfg")
+    if cfg:
+        out["cfg"] = {k.decode(): v.decode() for k, v in cfg.items()}
+    return out
+
+
+# -- permits -----------------------------------------------------------------------------------
+
+async def test_permits_grant_up_to_parallelism_in_order(store: Store, redis: Redis) -> None:
+    """The first ids get permits until the parallelism is reached; the rest must wait."""
+    await redis.hset(F + "cfg", "p", 2)
+    assert await permits(store, NOW, [], ["a", "b", "c"]) == [2, -1, 2, 0]
+    assert await flow_state(redis) == {"held": {"a": NOW + 15_000, "b": NOW + 15_000},
+                                       "cfg": {"p": "2"}}
+
+
+async def test_permits_default_parallelism(store: Store, redis: Redis) -> None:
+    """A flow with no limits set gets the default parallelism (the caller's setting)."""
+    assert await permits(store, NOW, [], ["a", "b", "c"], default_p=1) == [1, -1, 1, 0]
+
+
+async def test_permits_release_then_take_atomically(store: Store, redis: Redis) -> None:
+    """Given back in the same call, a permit is free for the ids asked for."""
+    await redis.hset(F + "cfg", "p", 1)
+    await redis.zadd(F + "held", {"a": NOW + 9000})
+    assert await permits(store, NOW + 5, ["a"], ["b"]) == [1, 0, 1, 0]
+    assert (await flow_state(redis))["held"] == {"b": NOW + 5 + 15_000}
+
+
+async def test_permits_expired_holder_gives_its_permit_back(store: Store, redis: Redis) -> None:
+    """A permit whose lease ran out (its process died) is free again."""
+    await redis.hset(F + "cfg", "p", 1)
+    await redis.zadd(F + "held", {"dead": NOW - 1})
+    assert await permits(store, NOW, [], ["b"]) == [1, 0, 1, 0]
+    assert (await flow_state(redis))["held"] == {"b": NOW + 15_000}
+
+
+async def test_permits_resent_call_answers_the_same(store: Store, redis: Redis) -> None:
+    """An id already holding a permit counts as granted: a re-sent call neither takes a
+    second permit nor reports fewer."""
+    await redis.hset(F + "cfg", "p", 2)
+    assert await permits(store, NOW, [], ["a", "b", "c"]) == [2, -1, 2, 0]
+    assert await permits(store, NOW + 1, [], ["a", "b", "c"]) == [2, -1, 2, 0]
+    assert set((await flow_state(redis))["held"]) == {"a", "b"}
+
+
+async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:
+    """rate 2: two starts in any window of 1000 ms; the wait says when the oldest leaves."""
+    await redis.hset(F + "cfg", "r", "2")
+    assert await permits(store, NOW, [], ["a", "b", "c"]) == [2, 1000, 2, 0]
+    assert (await flow_state(redis))["starts"] == {"a": NOW, "b": NOW}
+    # Giving permits back does not give back rate: the starts happened.
+    assert await permits(store, NOW + 999, ["a", "b"], ["c"]) == [0, 1, 0, 0]
+    assert await permits(store, NOW + 1000, [], ["c"]) == [1, 0, 1, 1]
+    assert (await flow_state(redis))["starts"] == {"c": NOW + 1000}
+
+
+async def test_permits_rate_below_one(store: Store, redis: Redis) -> None:
+    """rate 0.5: one start every two seconds."""
+    await redis.hset(F + "cfg", "r", "0.5")
+    assert await permits(store, NOW, [], ["a", "b"]) == [1, 2000, 1, 0]
+    assert await permits(store, NOW + 1999, ["a"], ["b"]) == [0, 1, 0, 0]
+    assert await permits(store, NOW + 2000, [], ["b"]) == [1, 0, 1, 0]
+
+
+async def test_permits_keys_expire_with_the_last_lease(store: Store, redis: Redis) -> None:
+    """held lives as long as its longest lease; a shorter lease later does not shorten it."""
+    await redis.hset(F + "cfg", "r", "5")
+    await permits(store, NOW, [], ["a"], lease=20_000)
+    await permits(store, NOW, [], ["b"], lease=3_000)
+    assert 19_000 < await redis.pttl(F + "held") <= 20_000
+    assert 0 < await redis.pttl(F + "starts") <= 1000
+    assert await redis.pttl(F + "cfg") == -1
+
+
+async def test_permits_room(store: Store, redis: Redis) -> None:
+    """room: what a further call could take now, the smaller of parallelism and rate room."""
+    await redis.hset(F + "cfg", mapping={"p": 5, "r": 3})
+    assert await permits(store, NOW, [], ["a"]) == [1, 0, 1, 2]
+
+
+# -- park and unpark ---------------------------------------------------------------------------
+
+async def test_park_sets_a_claimed_task_aside(store: Store, redis: Redis) -> None:
+    """No lease, no claim, status waiting, in the flow's waiting zset and the flows index."""
+    await seed(redis, {"t:a": delivering(due=NOW - 5), "t:b": delivering(due=NOW - 9),
+                       "lease": {"a": NOW + 15_000, "b": NOW + 15_000}, "cursor": str(M0)})
+    assert await run(store, "park", "a", "tok", "b", "other") == [1, 0]
+    assert await dump(redis) == {
+        "t:a": rec("waiting", due=NOW - 5), "t:b": delivering(due=NOW - 9),
+        "lease": {"b": NOW + 15_000}, f"w:{FLOW}": {"a": NOW - 5}, "wf": {FLOW: NOW - 5},
+        "cursor": str(M0)}
+
+
+async def test_park_refuses_a_started_attempt(store: Store, redis: Redis) -> None:
+    await seed(redis, {"t:a": delivering(started=NOW, attempts=1), "lease": {"a": NOW + 9}})
+    before = await dump(redis)
+    assert await run(store, "park", "a", "tok") == [0]
+    assert await dump(redis) == before
+
+
+async def test_unpark_claims_the_earliest(store: Store, redis: Redis) -> None:
+    """The earliest parked tasks, claimed under the token with a lease; the index follows."""
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), "t:b": rec("waiting", due=NOW - 9),
+                       "t:c": rec("waiting", due=NOW - 1),
+                       f"w:{FLOW}": {"a": NOW - 5, "b": NOW - 9, "c": NOW - 1},
+                       "wf": {FLOW: NOW - 9}, "cursor": str(M0)})
+    more, tasks = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
+    assert more and [t.key for t in tasks] == ["b", "a"]
+    assert all(t.flow == FLOW and t.token == "u1" for t in tasks)
+    lease = NOW + 10_000 + 5000
+    assert await dump(redis) == {
+        "t:a": delivering("u1", due=NOW - 5), "t:b": delivering("u1", due=NOW - 9),
+        "t:c": rec("waiting", due=NOW - 1), f"w:{FLOW}": {"c": NOW - 1},
+        "wf": {FLOW: NOW - 1}, "lease": {"a": lease, "b": lease}, "c:u1": ["b", "a"],
+        "cursor": str(M0)}
+    # A re-sent call (its reply lost) returns the same tasks and takes no others.
+    again = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
+    assert [t.key for t in again[1]] == ["b", "a"]
+    # The last one empties the flow's entry in the index.
+    more, tasks = await store.unpark(3, FLOW, limit=5, token="u2", now_ms=NOW)
+    assert not more and [t.key for t in tasks] == ["c"]
+    assert "wf" not in await dump(redis) and f"w:{FLOW}" not in await dump(redis)
+
+
+async def test_unpark_drops_entries_of_tasks_no_longer_waiting(store: Store,
+                                                               redis: Redis) -> None:
+    await seed(redis, {"t:a": rec("cancelled", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5},
+                       "wf": {FLOW: NOW - 5}})
+    assert await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW) == (False, [])
+    assert await dump(redis) == {"t:a": rec("cancelled", due=NOW - 5)}
+
+
+# -- the task scripts and parked tasks --------------------------------------------------------
+
+async def test_cancel_parked(store: Store, redis: Redis) -> None:
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5, "b": 1},
+                       "wf": {FLOW: 1}})
+    assert await run(store, "cancel", "a", NOW, RET, "r1") == 1
+    assert await dump(redis) == {
+        "t:a": rec("cancelled", due=NOW - 5, finished=NOW, op="r1"), f"w:{FLOW}": {"b": 1},
+        "wf": {FLOW: 1}}
+
+
+async def test_replace_parked(store: Store, redis: Redis) -> None:
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5},
+                       "wf": {FLOW: NOW - 5}, "cursor": str(M0)})
+    assert await schedule(store, "a", NOW + MIN, mode="replace") == 1
+    assert await dump(redis) == {
+        "t:a": rec(due=NOW + MIN, op="r1=1"), f"m:{M0 + 1}": {"a": NOW + MIN},
+        "wf": {FLOW: NOW - 5}, "cursor": str(M0)}
+
+
+@pytest.mark.parametrize("between", ["claimed", "finished"])
+async def test_resent_replace_does_not_rearm(store: Store, redis: Redis, between: str) -> None:
+    """A PUT re-sent by redis-py after a lost reply (same request id) answers as the first
+    did and writes nothing: the task claimed (or finished) in between is not re-armed."""
+    assert await schedule(store, "a", NOW, mode="replace", req="put-1") == 0
+    assert await claim(store, NOW) == (False, ["a"])
+    if between == "finished":
+        await store.complete(3, now_ms=NOW, outcomes=[_ok("a")])
+    before = await dump(redis)
+    assert await schedule(store, "a", NOW, mode="replace", req="put-1") == 0
+    assert await dump(redis) == before
+    # A new request with the same content does replace it.
+    assert await schedule(store, "a", NOW, mode="replace", req="put-2") == (
+        1 if between == "claimed" else 0)
+
+
+def _ok(key: str) -> Any:
+    from timewheel.store import Outcome
+    return Outcome(key, "tok", "ok", 200, started_ms=NOW)

@@ -1,0 +1,270 @@
+"""FlowGate: an attempt starts only with a permit of its flow (API.md, "Flow control").
+
+It sits between the timeline and the workers. A claimed task that falls due asks its flow for
+a permit (lua/permits.lua: parallelism and rate over every process of the wheel). Granted, it
+goes on to be sent, and the permit is given back after the answer. Refused, it waits: in this
+process for a short while (at most ``local_cap`` tasks per flow, and never past its park
+deadline, which comes before its claim's lease could run out), then parked in Redis
+(lua/park.lua), where waiting holds no lease, no worker, no connection and no claim budget,
+and costs one sorted-set entry. Parked tasks are taken back (lua/unpark.lua) by whichever
+process finds room in their flow: after giving back a permit, when a rate window reopens, or
+at each tick.
+
+Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
+to Redis as one permits call, so a busy flow costs one round trip per batch, not two per
+attempt. A flow in trouble only ever makes its own tasks wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from timewheel.clock import Clock
+from timewheel.engine.timeline import Timeline
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.store import Store
+from timewheel.store.flow_store import FlowStore, new_permit_id
+from timewheel.store.record import ClaimedTask
+
+log = logging.getLogger(__name__)
+
+MAX_WANT = 256  # permit ids asked for in one call
+UNPARK_BATCH = 256  # parked tasks taken back in one go
+SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
+RETRY_MS = 200  # after a failed permits call
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    task: ClaimedTask
+    payload: object  # what the dispatcher gets back with the permit
+    permit: str
+    park_by_ms: float
+
+
+@dataclass(eq=False)
+class _Flow:
+    key: str
+    queue: deque[Waiter] = field(default_factory=deque)
+    releases: list[str] = field(default_factory=list)
+    parked_buckets: set[int] = field(default_factory=set)
+    running: asyncio.Task[None] | None = None
+    dirty: bool = False
+    alarm_ms: float | None = None  # the earliest alarm set for this flow
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queue or self.releases or self.parked_buckets or self.running)
+
+
+class FlowGate:
+    def __init__(self, flows: FlowStore, store: Store, clock: Clock, metrics: Metrics, *,
+                 start: Callable[[object, str], None],
+                 park: Callable[[list[Waiter]], None],
+                 adopt: Callable[[ClaimedTask, str], None],
+                 tokens: Iterator[str], lease_margin_ms: int, max_lease_ms: int,
+                 local_cap: int, max_waiting: int) -> None:
+        self._flows = flows
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._start = start  # (payload, permit): go on and send
+        self._park = park  # set these waiters aside in Redis
+        self._adopt = adopt  # (task, permit): an unparked task, permit already held
+        self._tokens = tokens
+        self._lease_margin_ms = lease_margin_ms
+        self._max_lease_ms = max_lease_ms
+        self._local_cap = local_cap
+        self._max_waiting = max_waiting
+        self._states: dict[str, _Flow] = {}
+        self._waiting = 0
+        # Park deadlines and rate windows reopening, on the wheel's clock.
+        self._alarms: Timeline[str] = Timeline(clock, self._alarm)
+
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting in this process for a permit."""
+        return self._waiting
+
+    def _flow(self, key: str) -> _Flow:
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _Flow(key)
+        return state
+
+    # -- what the dispatcher calls ----------------------------------------------------------
+
+    def admit(self, task: ClaimedTask, payload: object, park_by_ms: float) -> None:
+        """A task is due: send it once its flow grants a permit."""
+        state = self._flow(task.flow)
+        if len(state.queue) >= self._local_cap or self._waiting >= self._max_waiting:
+            # Enough of this flow waits here already: wait in Redis, holding nothing.
+            self._park([Waiter(task, payload, "", park_by_ms)])
+            return
+        state.queue.append(Waiter(task, payload, new_permit_id(), park_by_ms))
+        self._waiting += 1
+        self._metrics.flow_waiting.set(self._waiting)
+        self._kick(state)
+
+    def give_back(self, flow: str, permit: str) -> None:
+        """The attempt holding ``permit`` is over (or never started)."""
+        state = self._flow(flow)
+        state.releases.append(permit)
+        self._kick(state)
+
+    def parked(self, flow: str, bucket: int) -> None:
+        """A task of ``flow`` was parked in ``bucket``: take it back when there is room."""
+        self._flow(flow).parked_buckets.add(bucket)
+
+    async def poll(self) -> None:
+        """Once a tick: permits given back by other processes, and parked tasks anywhere."""
+        found = await asyncio.gather(*(self._store.parked_flows(bucket, SCAN_FLOWS)
+                                       for bucket in range(self._store.keys.buckets)))
+        for bucket, rows in enumerate(found):
+            for flow, _ in rows:
+                self.parked(flow, bucket)
+        for key, state in list(self._states.items()):
+            if state.idle:
+                del self._states[key]
+            elif state.queue or state.parked_buckets:
+                self._kick(state)
+
+    async def close(self) -> list[Waiter]:
+        """Stop: hand the waiters back to the caller, give back unused permits once."""
+        await self._alarms.close()
+        running = [s.running for s in self._states.values() if s.running is not None]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        waiters = [w for s in self._states.values() for w in s.queue]
+        now = self._clock.now_ms()
+        for state in self._states.values():
+            state.queue.clear()
+            if state.releases:
+                try:
+                    await self._flows.permits(state.key, now_ms=now, lease_ms=1,
+                                              release=state.releases)
+                except StoreUnavailable:
+                    pass  # their leases give them back
+        self._states.clear()
+        self._waiting = 0
+        return waiters
+
+    # -- the per-flow exchange with Redis ---------------------------------------------------
+
+    def _kick(self, state: _Flow) -> None:
+        if state.running is not None:
+            state.dirty = True  # the running exchange goes round once more
+            return
+        state.running = asyncio.create_task(self._exchange(state))
+
+    async def _exchange(self, state: _Flow) -> None:
+        try:
+            state.dirty = True
+            while state.dirty:
+                state.dirty = False
+                await self._exchange_once(state)
+        except StoreUnavailable as exc:
+            log.warning("flow %s: permits unavailable, waiting: %s", state.key, exc)
+            self._alarm_at(state, self._clock.wall_ms() + RETRY_MS)
+        except Exception:  # one bad exchange must not stop the flow: retry soon
+            log.exception("flow %s: permit exchange failed", state.key)
+            self._alarm_at(state, self._clock.wall_ms() + RETRY_MS)
+        finally:
+            state.running = None
+
+    async def _exchange_once(self, state: _Flow) -> None:
+        releases, state.releases = state.releases, []
+        waiters = list(itertools.islice(state.queue, MAX_WANT))
+        if not releases and not waiters and not state.parked_buckets:
+            return
+        lease = self._lease_margin_ms + max((w.task.timeout_ms for w in waiters),
+                                            default=self._max_lease_ms)
+        try:
+            reply = await self._flows.permits(
+                state.key, now_ms=self._clock.now_ms(), lease_ms=lease, release=releases,
+                want=[w.permit for w in waiters])
+        except StoreUnavailable:
+            state.releases[:0] = releases  # try again; their leases bound the damage
+            raise
+        for _ in range(reply.granted):
+            waiter = state.queue.popleft()
+            self._waiting -= 1
+            self._start(waiter.payload, waiter.permit)
+        self._metrics.flow_waiting.set(self._waiting)
+        if state.queue:
+            if reply.wait_ms > 0:  # a rate window reopens then
+                self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)
+            self._alarm_at(state, min(w.park_by_ms for w in state.queue))
+        elif state.parked_buckets:
+            if reply.room > 0:
+                await self._unpark(state, reply.room)
+            elif reply.wait_ms > 0:
+                self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)
+
+    async def _unpark(self, state: _Flow, room: int) -> None:
+        """Take permits, then as many of the flow's earliest parked tasks, over all buckets."""
+        permits = [new_permit_id() for _ in range(min(room, UNPARK_BATCH))]
+        now = self._clock.now_ms()
+        reply = await self._flows.permits(state.key, now_ms=now, lease_ms=self._max_lease_ms,
+                                          want=permits)
+        held = permits[:reply.granted]
+        if not held:
+            return
+        buckets = sorted(state.parked_buckets)
+        peeks = await asyncio.gather(*(self._store.peek_parked(bucket, state.key, len(held))
+                                       for bucket in buckets))
+        earliest = sorted((due, bucket) for bucket, dues in zip(buckets, peeks, strict=True)
+                          for due in dues)[:len(held)]
+        wanted: dict[int, int] = {}
+        for _, bucket in earliest:
+            wanted[bucket] = wanted.get(bucket, 0) + 1
+        for bucket, dues in zip(buckets, peeks, strict=True):
+            if not dues:
+                state.parked_buckets.discard(bucket)
+        results = await asyncio.gather(*(
+            self._store.unpark(bucket, state.key, limit=count, token=next(self._tokens),
+                               now_ms=now) for bucket, count in wanted.items()))
+        adopted = 0
+        for bucket, (more, tasks) in zip(wanted, results, strict=True):
+            if not more:
+                state.parked_buckets.discard(bucket)
+            for task in tasks:
+                self._adopt(task, held[adopted])
+                adopted += 1
+        self._metrics.flow_unparked.inc(adopted)
+        if adopted < len(held):  # taken by another process meanwhile: give the rest back
+            state.releases.extend(held[adopted:])
+            state.dirty = True
+        elif state.parked_buckets:
+            state.dirty = True  # more may fit: ask again
+
+    def _alarm_at(self, state: _Flow, when_ms: float) -> None:
+        """Call ``_alarm`` for the flow at ``when_ms`` (one pending alarm per flow: the
+        earliest; the exchange it triggers sets the next)."""
+        if state.alarm_ms is None or when_ms < state.alarm_ms:
+            state.alarm_ms = when_ms
+            self._alarms.add(when_ms, state.key)
+
+    def _alarm(self, flow: str) -> None:
+        """A park deadline or a rate window: park who must, and ask again."""
+        state = self._states.get(flow)
+        now = self._clock.wall_ms()
+        if state is None or state.alarm_ms is None or state.alarm_ms > now:
+            return  # superseded by an earlier alarm that already ran
+        state.alarm_ms = None
+        due = [w for w in state.queue if w.park_by_ms <= now]
+        if due:
+            state.queue = deque(w for w in state.queue if w.park_by_ms > now)
+            # Not granted as far as this process knows; a reply lost on the way may have.
+            state.releases.extend(w.permit for w in due)
+            self._waiting -= len(due)
+            self._metrics.flow_waiting.set(self._waiting)
+            self._park(due)
+        self._kick(state)

@@ -1,0 +1,101 @@
+"""FlowStore: a flow's limits and permits, in the flow's own hash slot (lua/permits.lua).
+
+A flow's state never shares a script with a task's: on a Redis Cluster they live in different
+slots. The permit is the only link: the dispatcher takes one (this module) before it starts an
+attempt (task_store), and gives it back after the answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from timewheel.store.keys import Keyspace
+from timewheel.store.scripts import Scripts
+from timewheel.store.task_store import redis_errors
+
+WAIT_FOR_RELEASE = -1  # PermitReply.wait_ms: the flow is at its parallelism
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLimits:
+    """What is stored for a flow: None = not set (the defaults apply)."""
+
+    parallelism: int | None
+    rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PermitReply:
+    granted: int  # the first `granted` of the wanted permit ids are held now
+    wait_ms: int  # when short: WAIT_FOR_RELEASE, or ms until the rate window has room
+    in_flight: int
+    room: int  # how many more permits could be taken right now
+
+
+def new_permit_id() -> str:
+    return secrets.token_hex(8)
+
+
+class FlowStore:
+    def __init__(self, redis: Redis | RedisCluster, keys: Keyspace, scripts: Scripts, *,
+                 default_parallelism: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.scripts = scripts
+        self.default_parallelism = default_parallelism
+
+    async def permits(self, flow: str, *, now_ms: int, lease_ms: int,
+                      release: Sequence[str] = (), want: Sequence[str] = ()) -> PermitReply:
+        """Give back ``release``, then take permits for ``want`` (in order), atomically."""
+        async with redis_errors("permits"):
+            reply = await self.scripts.permits(
+                keys=[self.keys.flow(flow)],
+                args=[now_ms, self.default_parallelism, lease_ms, len(release), *release, *want])
+        return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]))
+
+    async def limits(self, flow: str) -> StoredLimits:
+        async with redis_errors("flow limits"):
+            values: list[Any] = await self.redis.hmget(self.keys.flow(flow) + "cfg", ["p", "r"])
+        return StoredLimits(int(values[0]) if values[0] else None,
+                          float(values[1]) if values[1] else None)
+
+    async def set_limits(self, flow: str, limits: StoredLimits) -> None:
+        """Store the limits (read by every permits call: in force at once)."""
+        key = self.keys.flow(flow) + "cfg"
+        fields: dict[Any, Any] = {
+            name: value for name, value in (("p", limits.parallelism), ("r", limits.rate))
+            if value is not None}
+        unset = [name for name in ("p", "r") if name not in fields]
+        async with redis_errors("set flow limits"):
+            # New limits first, then the ones dropped: in between, a permits call sees both,
+            # which is only ever stricter than either.
+            if fields:
+                await self.redis.hset(key, mapping=fields)
+            if unset:
+                await self.redis.hdel(key, *unset)
+            if fields:
+                await self.redis.sadd(self.keys.configured_flows, flow)
+            else:
+                await self.redis.srem(self.keys.configured_flows, flow)
+
+    async def delete_limits(self, flow: str) -> None:
+        async with redis_errors("delete flow limits"):
+            await self.redis.delete(self.keys.flow(flow) + "cfg")
+            await self.redis.srem(self.keys.configured_flows, flow)
+
+    async def in_flight(self, flow: str, *, now_ms: int) -> int:
+        """Permits held and not expired, over every process."""
+        async with redis_errors("flow in flight"):
+            return int(await self.redis.zcount(self.keys.flow(flow) + "held", now_ms + 1, "+inf"))
+
+    async def configured(self) -> list[str]:
+        """Flows with limits set (PUT /flows)."""
+        async with redis_errors("configured flows"):
+            members: Any = await self.redis.smembers(self.keys.configured_flows)
+        return sorted(m.decode() for m in members)
