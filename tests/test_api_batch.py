@@ -12,12 +12,13 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from tests.conftest import running_app
+from tests.conftest import START_MS, running_app
 from tests.support.redis_server import RedisServer
 from tests.test_api import URL, expected_view, snapshot
 from tests.test_api_redis_down import make_settings, poll, task_keys
 from timewheel.api.app import MAX_REQUEST_BYTES, create_app
-from timewheel.models import MAX_BODY_BYTES
+from timewheel.api.batch import Times, created_view
+from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.batch import get_many, rounds, schedule_many
@@ -49,6 +50,7 @@ async def test_mixed_batch_answers_each_item_in_request_order(
         "not an object",                            # invalid, no key
     ]})
     assert r.status_code == 200
+    BatchResult.model_validate(r.json())  # the documented response model
     results = r.json()["results"]
     assert [(x["key"], x["status"]) for x in results] == [
         ("a", 201), ("old", 200), ("old", 409), ("bad", 422), (results[4]["key"], 201),
@@ -197,6 +199,18 @@ async def test_openapi_documents_items_as_task_create(client: httpx.AsyncClient)
     assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/BatchResult"}
 
 
+@pytest.mark.parametrize("due_ms", [0, 999, 1000, START_MS, START_MS + 1, 4_102_444_799_999])
+def test_created_view_is_the_models_view(due_ms: int) -> None:
+    """The dict built for a created item equals NewTask.view dumped by its model."""
+    fields = TaskFields(callback_url=URL, execute_at=due_ms / 1000, method="patch",
+                        max_attempts=7)
+    task = prepare(fields, "k", START_MS + 7, default_timeout=10)
+    times = Times()
+    assert created_view(task, times(START_MS + 7), times) == task.view(
+        START_MS + 7).model_dump(mode="json")
+    assert times(due_ms) == format_ms(due_ms) and times(due_ms + 1) == format_ms(due_ms + 1)
+
+
 # -- the store half ----------------------------------------------------------------------------
 
 def test_rounds_keep_each_keys_occurrences_in_order() -> None:
@@ -207,8 +221,6 @@ def test_rounds_keep_each_keys_occurrences_in_order() -> None:
 async def test_schedule_many_after_script_flush(store: Store, redis: Redis) -> None:
     """NOSCRIPT (the script cache emptied, as after a restart) inside the pipeline: each call
     runs again through the registered script; every task stored once, codes as usual."""
-    from timewheel.models import TaskFields
-
     def task(key: str, delay: float = 0) -> Any:
         return prepare(TaskFields(callback_url=URL, delay=delay), key, 1000, default_timeout=10)
 
