@@ -4,6 +4,8 @@ JSON, token), each error status as its exception, pagination, timeouts, configur
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -393,3 +395,14 @@ async def test_closing_closes_the_connection_pool() -> None:
         pass
     for http in (client._http, aclient._http):
         assert http.is_closed
+
+
+def test_the_client_imports_neither_engine_store_nor_api() -> None:
+    """The client talks HTTP only: importing it (and its CLI) loads no server layer."""
+    probe = ("import sys, timewheel.client, timewheel.client.cli; "
+             "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+             "(['timewheel', 'engine'], ['timewheel', 'store'], ['timewheel', 'api'], "
+             "['timewheel', 'service'])))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
