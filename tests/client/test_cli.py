@@ -293,3 +293,15 @@ def test_serve_help_is_unchanged(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "--host HOST" in out and "--port PORT" in out and "--redis-url VALUE" in out
     assert "--base-url" not in out
+
+
+def test_a_malformed_token_is_a_usage_error(router: respx.MockRouter,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TIMEWHEEL_TOKEN", "TOP SECRET")
+    route = router.route().mock(return_value=httpx.Response(200, json=view()))
+    assert run("tasks", "get", "k1") == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("timewheel: the token (TIMEWHEEL_TOKEN) must be")
+    assert "SECRET" not in err
+    assert route.call_count == 0

@@ -406,3 +406,28 @@ def test_the_client_imports_neither_engine_store_nor_api() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_token_whitespace_is_dropped(router: respx.MockRouter) -> None:
+    """A token read from a file ends with a newline; the header must not."""
+    route = router.route().mock(return_value=httpx.Response(200, json={"status": "ok"}))
+    with Client(BASE, token="  tok-1\n") as client:
+        client.health()
+    assert route.calls.last.request.headers["authorization"] == "Bearer tok-1"
+
+
+@pytest.mark.parametrize("token", ["sec ret", "séc", "a\nb", "x\x00"])
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_a_malformed_token_is_refused_without_echoing_it(
+        monkeypatch: pytest.MonkeyPatch, token: str, cls: type[Client] | type[AsyncClient]
+        ) -> None:
+    """httpx would refuse it later with the whole header in its message; refuse it first."""
+    makers = [lambda: cls(BASE, token=token)]
+    if "\x00" not in token:  # an environment variable cannot hold NUL
+        monkeypatch.setenv("TIMEWHEEL_TOKEN", token)
+        makers.append(lambda: cls(BASE))
+    for make in makers:
+        with pytest.raises(ValueError) as raised:
+            make()
+        assert token.strip() not in str(raised.value)
+        assert "printable ASCII" in str(raised.value)

@@ -9,6 +9,7 @@ mapping is made once.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -39,6 +40,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT = 10.0  # seconds, for connect, read, write and pool alike
 URL_ENV = "TIMEWHEEL_URL"
 TOKEN_ENV = "TIMEWHEEL_TOKEN"
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what a header value may carry
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +89,17 @@ def http_options(base_url: str | None, token: str | None,
     """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient``.
 
     ``base_url`` None: ``TIMEWHEEL_URL``, else ``http://127.0.0.1:8080``. ``token`` None:
-    ``TIMEWHEEL_TOKEN``; an empty string sends no token even when the variable is set."""
+    ``TIMEWHEEL_TOKEN``; an empty string sends no token even when the variable is set.
+    Surrounding whitespace is dropped (a token read from a file ends with a newline)."""
     url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
-    secret = os.environ.get(TOKEN_ENV) if token is None else token
+    secret = (os.environ.get(TOKEN_ENV, "") if token is None else token).strip()
     headers = {"User-Agent": f"timewheel-client/{__version__}", "Accept": "application/json"}
     if secret:
+        # Checked here, and named without its value: httpx's own error for a bad header
+        # value would quote the whole header, token included.
+        if not _TOKEN_CHARS.fullmatch(secret):
+            raise ValueError("the token (TIMEWHEEL_TOKEN) must be printable ASCII without "
+                             "spaces")
         headers["Authorization"] = f"Bearer {secret}"
     # Redirects are not followed: a redirected POST would be re-sent as a GET, and a 3xx from
     # the service means a misconfigured URL, which the caller should see.

@@ -7,7 +7,7 @@ printed on stderr with its status and detail, and the exit status says what kind
 
     0  success
     1  the service answered with an error (4xx, 5xx)
-    2  usage: bad arguments (argparse's own status)
+    2  usage: bad arguments (argparse's own status), or a malformed TIMEWHEEL_TOKEN
     3  the service could not be reached (connection refused, timeout)
 """
 
@@ -51,7 +51,11 @@ def run(args: argparse.Namespace, *, transport: httpx.BaseTransport | None = Non
     """Run a parsed client command; returns the exit status."""
     handler: Handler = args.handler
     try:
-        with Client(args.base_url, transport=transport) as client:
+        client = Client(args.base_url, transport=transport)
+    except ValueError as exc:  # a malformed TIMEWHEEL_TOKEN (the message omits its value)
+        return _fail(str(exc), EXIT_USAGE)
+    try:
+        with client:
             output = handler(client, args)
     except UnreachableError as exc:
         return _fail(f"cannot reach the service: {exc}", EXIT_UNREACHABLE)
