@@ -40,6 +40,14 @@ class Metrics:
             registry=r)
         self.flow_unparked = Counter(
             "timewheel_flow_unparked", "Parked tasks taken back by this process", registry=r)
+        # Per flow, only for flows with limits set (api/flows.py refreshes them per scrape).
+        self.flow_in_flight = Gauge("timewheel_flow_in_flight",
+                                    "Permits held over every process, per configured flow",
+                                    ["flow"], registry=r)
+        self.flow_waiting_total = Gauge("timewheel_flow_waiting",
+                                        "Tasks parked in Redis waiting for a permit, per "
+                                        "configured flow", ["flow"], registry=r)
+        self.flow_series: set[str] = set()
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)

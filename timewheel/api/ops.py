@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from timewheel.api import flows
 from timewheel.api.deps import WheelDep
 from timewheel.errors import StoreUnavailable
 
@@ -26,4 +27,5 @@ async def healthz(wheel: WheelDep) -> JSONResponse:
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(wheel: WheelDep) -> Response:
     """Prometheus text format."""
+    await flows.refresh_gauges(wheel)
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)

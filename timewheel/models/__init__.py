@@ -2,7 +2,7 @@
 One module per resource; everything is re-exported here."""
 
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
-from timewheel.models.flows import FlowLimits, FlowView
+from timewheel.models.flows import FlowLimits, FlowList, FlowView
 from timewheel.models.schedules import (
     SCHEDULE_ID_PATTERN,
     ScheduleCreate,
@@ -31,7 +31,7 @@ from timewheel.models.tasks import (
 
 __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", "MAX_BODY_BYTES",
            "MAX_HEADERS", "MAX_URL_LENGTH", "BatchCreate", "BatchItemResult", "BatchResult",
-           "FlowLimits", "FlowView", "Method", "TaskCreate", "TaskFields",
+           "FlowLimits", "FlowList", "FlowView", "Method", "TaskCreate", "TaskFields",
            "TaskList", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
            "parse_execute_at"]
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",

@@ -32,3 +32,9 @@ class FlowView(BaseModel):
     rate: float | None
     in_flight: int
     waiting: int
+
+
+class FlowList(BaseModel):
+    """``GET /flows``: the flows whose limits were set."""
+
+    flows: list[FlowView]

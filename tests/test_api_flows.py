@@ -1,0 +1,115 @@
+"""``/flows`` over HTTP (API.md, Flow control): views, defaults, bad input changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import START_MS
+
+FLOW = "api.example.com:443"
+
+
+async def flow_keys(redis: Redis) -> list[str]:
+    return sorted([k.decode() async for k in redis.scan_iter(match="*f:*")])
+
+
+async def test_a_flow_never_set_shows_the_defaults(client: httpx.AsyncClient) -> None:
+    response = await client.get(f"/flows/{FLOW}")
+    assert response.status_code == 200
+    assert response.json() == {"key": FLOW, "parallelism": 100, "rate": None, "in_flight": 0,
+                               "waiting": 0}
+
+
+async def test_put_get_delete(client: httpx.AsyncClient, redis: Redis) -> None:
+    response = await client.put(f"/flows/{FLOW}", json={"parallelism": 3, "rate": 10})
+    assert response.status_code == 200
+    assert response.json() == {"key": FLOW, "parallelism": 3, "rate": 10.0, "in_flight": 0,
+                               "waiting": 0}
+    assert (await client.get(f"/flows/{FLOW}")).json()["parallelism"] == 3
+    assert (await client.get("/flows")).json() == {"flows": [response.json()]}
+
+    # null = no limit of that kind (the default parallelism still applies)
+    response = await client.put(f"/flows/{FLOW}", json={"parallelism": None, "rate": 0.5})
+    assert response.json()["parallelism"] == 100 and response.json()["rate"] == 0.5
+
+    assert (await client.delete(f"/flows/{FLOW}")).status_code == 204
+    assert (await client.get(f"/flows/{FLOW}")).json()["rate"] is None
+    assert (await client.get("/flows")).json() == {"flows": []}
+    assert await flow_keys(redis) == []
+
+
+async def test_in_flight_and_waiting(client: httpx.AsyncClient, redis: Redis) -> None:
+    """in_flight counts live permits over every process; waiting, tasks parked in Redis."""
+    prefix = "{tw:f:" + FLOW + "}:"
+    await redis.zadd(prefix + "held", {"p1": START_MS + 60_000, "p2": START_MS + 60_000,
+                                       "gone": START_MS - 1})
+    await redis.zadd("{tw:3}:w:" + FLOW, {"t1": START_MS, "t2": START_MS})
+    await redis.zadd("{tw:7}:w:" + FLOW, {"t3": START_MS})
+    body = (await client.get(f"/flows/{FLOW}")).json()
+    assert (body["in_flight"], body["waiting"]) == (2, 3)
+
+
+@pytest.mark.parametrize("body", [
+    {"parallelism": 0}, {"parallelism": 10_001}, {"parallelism": "3"}, {"parallelism": 2.5},
+    {"rate": 0}, {"rate": -1}, {"rate": 100_001}, {"rate": "10"}, {"rate": True},
+    {"parallelism": 3, "extra": 1}, [], "x",
+])
+async def test_bad_limits_422_and_nothing_stored(client: httpx.AsyncClient, redis: Redis,
+                                                 body: Any) -> None:
+    response = await client.put(f"/flows/{FLOW}", json=body)
+    assert response.status_code == 422, response.text
+    assert await flow_keys(redis) == []
+
+
+@pytest.mark.parametrize("key", ["a/b", "a b", "a%20b", "ä", "x" * 201, "a{b}"])
+async def test_bad_flow_key_422(client: httpx.AsyncClient, redis: Redis, key: str) -> None:
+    for method in ("PUT", "GET", "DELETE"):
+        response = await client.request(method, f"/flows/{key}", json={"parallelism": 2})
+        assert response.status_code == 422, (method, key, response.text)
+        assert response.json()["detail"][0]["loc"] == ["path", "flow_key"]
+    assert await flow_keys(redis) == []
+
+
+async def test_task_flow_key_is_validated(client: httpx.AsyncClient, redis: Redis) -> None:
+    url = "http://127.0.0.1:9/cb"
+    for bad in ("a/b", "", "x" * 201, 5):
+        response = await client.post("/tasks", json={"callback_url": url, "flow_key": bad})
+        assert response.status_code == 422, bad
+    assert [k async for k in redis.scan_iter(match="*t:*")] == []
+    response = await client.post("/tasks", json={"callback_url": url, "flow_key": "tenant-7",
+                                                 "key": "k1"})
+    assert response.status_code == 201
+    assert await redis.hget("{tw:" + str(_bucket("k1")) + "}:t:k1", "flow") == b"tenant-7"
+
+
+@pytest.mark.parametrize(("url", "flow"), [
+    ("https://API.Example.com/x", "api.example.com:443"),
+    ("http://api.example.com/x", "api.example.com:80"),
+    ("http://api.example.com:8080/x", "api.example.com:8080"),
+    ("http://[::1]:9/x", "--1:9"),
+])
+async def test_default_flow_is_the_destination(client: httpx.AsyncClient, redis: Redis,
+                                               url: str, flow: str) -> None:
+    response = await client.post("/tasks", json={"callback_url": url, "key": "k1"})
+    assert response.status_code == 201, response.text
+    assert await redis.hget("{tw:" + str(_bucket("k1")) + "}:t:k1", "flow") == flow.encode()
+
+
+async def test_metrics_only_for_configured_flows(client: httpx.AsyncClient) -> None:
+    await client.put("/flows/tenant-1", json={"parallelism": 5})
+    text = (await client.get("/metrics")).text
+    assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text
+    assert 'timewheel_flow_waiting{flow="tenant-1"} 0.0' in text
+    await client.get(f"/flows/{FLOW}")  # never set: no series
+    await client.delete("/flows/tenant-1")
+    text = (await client.get("/metrics")).text
+    assert 'flow="' not in text
+
+
+def _bucket(key: str) -> int:
+    import zlib
+    return zlib.crc32(key.encode()) % 16

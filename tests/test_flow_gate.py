@@ -1,0 +1,231 @@
+"""Flow control in the dispatcher, on a real Redis with a fake clock and respx answering:
+parallelism and rate hold, waiting is not an attempt, waiters park in Redis before their
+lease could run out and come back when there is room, other flows are not held up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import respx
+
+from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
+from timewheel.clock import FakeClock
+from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.ticker import claim_tokens
+from timewheel.store import Store
+from timewheel.store.flow_store import StoredLimits
+
+FLOW = "127.0.0.1:9"  # the default flow of URL
+__all__ = ["router"]  # the respx fixture, shared with test_dispatcher
+OTHER = "http://127.0.0.1:9/hooks/other"
+
+
+class Receiver:
+    """A respx route that holds every request until ``open`` is set, counting concurrency."""
+
+    def __init__(self, router: respx.MockRouter, url: str = URL) -> None:
+        self.open = asyncio.Event()
+        self.now = self.peak = 0
+        self.attempts: list[tuple[str, str]] = []  # (webhook-id, timewheel-attempt)
+        self.route = router.post(url).mock(side_effect=self._answer)
+
+    async def _answer(self, request: httpx.Request) -> httpx.Response:
+        self.attempts.append((request.headers["webhook-id"],
+                              request.headers["timewheel-attempt"]))
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await self.open.wait()
+        finally:
+            self.now -= 1
+        return httpx.Response(200)
+
+
+async def limit(store: Store, flow: str, *, parallelism: int | None = None,
+                rate: float | None = None) -> None:
+    await flow_store(store).set_limits(flow, StoredLimits(parallelism, rate))
+
+
+async def due_now(wheel: Harness, keys: list[str], **fields: object) -> None:
+    """Add the tasks (due at DUE_MS), claim them, hand them over, move the clock there."""
+    for key in keys:
+        await wheel.add(key, **fields)  # type: ignore[arg-type]
+    tasks = await wheel.claim(None)
+    assert sorted(t.key for t in tasks) == sorted(keys)
+    wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+    wheel.clock.set(DUE_MS)
+
+
+async def statuses(wheel: Harness, keys: list[str]) -> list[tuple[str, int]]:
+    return [((v := await wheel.view(k)).status.value, v.attempts) for k in keys]
+
+
+@pytest.fixture
+async def gated(store: Store, fake_clock: FakeClock, router: respx.MockRouter
+                ) -> AsyncIterator[Harness]:
+    harness = Harness(store, fake_clock)
+    yield harness
+    await harness.dispatcher.stop(0.1)
+    await harness.sender.aclose()
+
+
+async def test_parallelism_holds_and_waiting_is_not_an_attempt(
+        gated: Harness, router: respx.MockRouter) -> None:
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=2)
+    keys = [f"k{i}" for i in range(5)]
+    await due_now(gated, keys)
+
+    await wait_until(lambda: _true(receiver.now == 2), "two attempts in flight")
+    await asyncio.sleep(0.05)  # room for a third to (wrongly) start
+    assert receiver.now == 2
+    assert [s for s, _ in await statuses(gated, keys)].count("delivering") == 5
+    receiver.open.set()
+    await gated.settle()
+
+    assert receiver.peak == 2
+    assert sorted(receiver.attempts) == [(k, "1") for k in keys]
+    assert await statuses(gated, keys) == [("succeeded", 1)] * 5
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 0
+
+
+async def test_waiter_parks_before_its_start_deadline_and_comes_back(
+        gated: Harness, router: respx.MockRouter) -> None:
+    """Still waiting near its start deadline, a task is parked: no lease, status shown as
+    scheduled, counted as waiting; a permit given back takes it back, attempt 1."""
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=1)
+    keys = ["a", "b", "c"]
+    await due_now(gated, keys)
+    await wait_until(lambda: _true(receiver.now == 1), "one attempt in flight")
+
+    gated.clock.set(DUE_MS + 4000)  # past the park deadline (start_by - 100 ms)
+    await wait_until(lambda: _parked(gated, 2), "two tasks parked")
+    waiting = [k for k in keys if k != receiver.attempts[0][0]]
+    for key in waiting:
+        assert (await gated.view(key)).status == "scheduled"
+        assert key.encode() not in await gated.lease(key)
+    assert gated.dispatcher.in_flight == 1  # the parked ones hold nothing here
+
+    receiver.open.set()
+    await wait_until(lambda: _true(len(receiver.attempts) == 3), "all three sent")
+    await gated.settle()
+    assert receiver.peak == 1
+    assert sorted(receiver.attempts) == [(k, "1") for k in sorted(keys)]
+    assert await statuses(gated, keys) == [("succeeded", 1)] * 3
+    assert await gated.store.parked_count(FLOW) == 0
+
+
+async def test_a_waiting_flow_does_not_hold_up_another(
+        gated: Harness, router: respx.MockRouter) -> None:
+    stuck = Receiver(router)
+    healthy = router.post(OTHER).respond(200)
+    await limit(gated.store, FLOW, parallelism=1)
+    await due_now(gated, ["s1", "s2", "s3"])
+    await wait_until(lambda: _true(stuck.now == 1), "the stuck flow's one attempt")
+
+    await gated.add("h1", callback_url=OTHER, flow_key="healthy", delay=1.0)
+    [task] = await gated.claim("h1")
+    gated.dispatcher.submit([task], gated.clock.now_ms())
+    gated.clock.set(task.due_ms)
+    await wait_until(lambda: _true(healthy.call_count == 1), "the healthy flow's callback")
+    assert (await gated.view("s2")).attempts + (await gated.view("s3")).attempts <= 1
+    stuck.open.set()
+    await gated.settle()
+
+
+async def test_rate_spreads_starts_over_windows(gated: Harness,
+                                                router: respx.MockRouter) -> None:
+    """rate 2: two start at once, the next two when the window has moved on a second."""
+    route = router.post(URL).respond(200)
+    await limit(gated.store, FLOW, rate=2)
+    keys = [f"r{i}" for i in range(5)]
+    await due_now(gated, keys)
+    await wait_until(lambda: _true(route.call_count == 2), "the first two")
+    await asyncio.sleep(0.05)
+    assert route.call_count == 2
+    gated.clock.set(DUE_MS + 999)
+    await asyncio.sleep(0.05)
+    assert route.call_count == 2
+    gated.clock.set(DUE_MS + 1000)
+    await wait_until(lambda: _true(route.call_count == 4), "two more a second later")
+    gated.clock.set(DUE_MS + 2000)
+    await wait_until(lambda: _true(route.call_count == 5), "the last")
+    await gated.settle()
+    assert await statuses(gated, keys) == [("succeeded", 1)] * 5
+
+
+async def test_cancelled_while_parked_is_never_sent(gated: Harness,
+                                                    router: respx.MockRouter) -> None:
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=1)
+    await due_now(gated, ["a", "b"])
+    await wait_until(lambda: _true(receiver.now == 1), "one in flight")
+    gated.clock.set(DUE_MS + 4000)
+    await wait_until(lambda: _parked(gated, 1), "the other parked")
+    parked = "b" if receiver.attempts[0][0] == "a" else "a"
+    assert await gated.store.cancel(parked, now_ms=gated.clock.now_ms()) == 1
+    receiver.open.set()
+    await gated.settle()
+    await gated.dispatcher.poll_flows()
+    await gated.settle()
+    assert [key for key, _ in receiver.attempts] == [receiver.attempts[0][0]]
+    assert (await gated.view(parked)).status == "cancelled"
+    assert await gated.store.parked_count(FLOW) == 0
+
+
+async def test_beyond_the_local_cap_tasks_park_at_once(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """With room for one waiter per flow here, the others wait in Redis from the start (the
+    one waiter is the one that then gets the permit)."""
+    harness = Harness(store, fake_clock)
+    harness.dispatcher = Dispatcher(
+        store, flow_store(store), fake_clock, harness.sender, harness.metrics, signer=None,
+        max_concurrency=10, batch_deadline_ms=30_000, tokens=claim_tokens(), flow_local_cap=1)
+    receiver = Receiver(router)
+    try:
+        await limit(store, FLOW, parallelism=1)
+        await due_now(harness, ["a", "b", "c", "d"])
+        await wait_until(lambda: _parked(harness, 3), "three parked at once")
+        await wait_until(lambda: _true(receiver.now == 1), "one sending")
+        assert harness.dispatcher.in_flight == 1
+        receiver.open.set()
+        await wait_until(lambda: _true(len(receiver.attempts) == 4), "all four sent")
+        assert receiver.peak == 1
+    finally:
+        await harness.dispatcher.stop(0.1)
+        await harness.sender.aclose()
+
+
+async def test_any_process_takes_back_tasks_another_parked(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """Tasks parked by one process are sent by another once the flow has room (its tick)."""
+    route = router.post(URL).respond(200)
+    first, second = Harness(store, fake_clock), Harness(store, fake_clock)
+    try:
+        for key in ("a", "b"):
+            await first.add(key)
+        claimed = await first.claim(None)
+        fake_clock.set(DUE_MS)
+        for task in claimed:  # what the first process's gate does when refused
+            assert await store.park(task.bucket, [(task.key, task.token)]) == [1]
+        assert await store.parked_count(FLOW) == 2
+        await second.dispatcher.poll_flows()
+        await wait_until(lambda: _true(route.call_count == 2), "both sent by the second")
+        await second.settle()
+        assert await statuses(second, ["a", "b"]) == [("succeeded", 1)] * 2
+    finally:
+        for harness in (first, second):
+            await harness.dispatcher.stop(0.1)
+            await harness.sender.aclose()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _parked(wheel: Harness, count: int) -> bool:
+    return await wheel.store.parked_count(FLOW) == count
