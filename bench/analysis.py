@@ -132,6 +132,47 @@ def analyse_retries(records: list[list[Any]], due: dict[str, float],
     }
 
 
+def attribute_tail(first: dict[str, float], due: dict[str, float],
+                   tail: dict[str, Any]) -> dict[str, Any]:
+    """Set the receiver's late arrivals against what the probe saw (bench.service.RunProbe):
+    a GC pause of the service overlapping [due, arrival], the CPU steal of the due second.
+
+    What is left once those are accounted for is the service's own (or the loopback's)."""
+    samples: list[tuple[float, float]] = [tuple(x) for x in tail["steal"]["samples"]]
+    steal_by_second: dict[int, list[float]] = {}
+    for t, pct in samples:
+        steal_by_second.setdefault(int(t), []).append(pct)
+
+    def steal_at(t: float) -> float | None:
+        v = steal_by_second.get(int(t)) or steal_by_second.get(int(t) + 1)
+        return round(sum(v) / len(v), 1) if v else None
+
+    pauses = tail["gc"]["pauses"] if tail.get("gc") else []
+
+    def gc_overlap_ms(start: float, end: float) -> float:
+        hit = [float(ms) for t, ms, _g in pauses if t - ms / 1000 <= end and t >= start]
+        return round(sum(hit), 3)
+
+    late = sorted(((first[k] - due[k], k) for k in first), reverse=True)
+    over = [(lat, k) for lat, k in late if lat > 0.005]
+    window = (min(due.values()), max(due.values()) + 1) if due else (0.0, 0.0)
+    in_window = [pct for t, pct in samples if window[0] <= t <= window[1]]
+    t0 = window[0]
+    tail["receiver_late_over_5ms"] = {
+        "count": len(over),
+        "overlapping_a_gc_pause": sum(1 for lat, k in over if gc_overlap_ms(due[k], first[k])),
+        "in_a_second_with_steal_over_10pct": sum(
+            1 for _lat, k in over if (steal_at(due[k]) or 0) > 10),
+    }
+    tail["steal"]["due_window_mean_pct"] = (round(sum(in_window) / len(in_window), 2)
+                                            if in_window else None)
+    tail["worst"] = [
+        {"due_s": round(due[k] - t0, 3), "late_ms": round(lat * 1000, 2),
+         "gc_overlap_ms": gc_overlap_ms(due[k], first[k]), "steal_pct": steal_at(due[k])}
+        for lat, k in late[:10]]
+    return tail
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -184,10 +225,37 @@ def print_result(name: str, res: dict[str, Any]) -> None:
                   f"p50 {_fmt(v['p50_ms'])}  p99 {_fmt(v['p99_ms'])}  max {_fmt(v['max_ms'])} ms,"
                   f" early {r['early_retries']}; chosen backoff/nominal "
                   f"{r['chosen_backoff_over_nominal']['min']}..{r['chosen_backoff_over_nominal']['max']}")
+    if res.get("tail"):
+        _print_tail(res["tail"])
     cpu = res["cpu"]
     parts = [f"{k.removesuffix('_cpu_s')} {v}" for k, v in cpu.items() if k.endswith("_cpu_s")]
     print(f"  CPU s over {cpu['wall_s']} s: " + ", ".join(parts) +
           f"; service RSS {cpu['service_rss_mib']} MiB")
+
+
+def _print_tail(tail: dict[str, Any]) -> None:
+    h = tail.get("service_lateness_first")
+    if h and h.get("count"):
+        within = h["share_within_ms"]
+        print(f"  service's own lateness (histogram, {h['count']} starts): p50 <= "
+              f"{_fmt(h['p50_le_ms'])} ms, p99 <= {_fmt(h['p99_le_ms'])} ms, max <= "
+              f"{_fmt(h['max_le_ms'])} ms; within 5 ms {within.get('5', 0):.2%}, within 20 ms "
+              f"{within.get('20', 0):.2%}")
+    st = tail["steal"]
+    print(f"  CPU steal: mean {_fmt(st['mean_pct'])} % (due window "
+          f"{_fmt(st['due_window_mean_pct'])} %), worst second {_fmt(st['max_1s_pct'])} %, "
+          f"{st['seconds_over_10pct']} s over 10 %")
+    g = tail.get("gc")
+    if g:
+        print(f"  service GC: {g['collections']} collections {g['by_generation']}, total "
+              f"{_fmt(g['total_ms'])} ms, max {_fmt(g['max_ms'])} ms, {g['over_1ms']} over 1 ms")
+    o = tail["receiver_late_over_5ms"]
+    print(f"  arrivals > 5 ms late: {o['count']}; overlapping a GC pause "
+          f"{o['overlapping_a_gc_pause']}; in a second with steal > 10 % "
+          f"{o['in_a_second_with_steal_over_10pct']}")
+    worst = ", ".join(f"{w['late_ms']} ms @{w['due_s']} s (gc {w['gc_overlap_ms']}, steal "
+                      f"{_fmt(w['steal_pct'])} %)" for w in tail["worst"][:3])
+    print(f"  worst: {worst}")
 
 
 def verdict(name: str, res: dict[str, Any]) -> list[str]:

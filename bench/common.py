@@ -243,3 +243,21 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
         proc.kill()
         proc.wait(5)
         return None
+
+
+def proc_stat_cpu() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs together, from the ``cpu`` line of /proc/stat.
+
+    Steal is time a virtual CPU was ready to run but the hypervisor ran something else: on a
+    shared machine it shows up as lateness that no code of ours caused."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    values = [int(v) for v in fields[1:]]
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already
+    # counted in user and nice, so only the first eight make up the total.
+    return values[7], sum(values[:8])

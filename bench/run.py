@@ -33,7 +33,15 @@ from typing import Any
 
 import aiohttp
 
-from bench.analysis import FAIL_SUFFIX, analyse, analyse_retries, epoch, print_result, verdict
+from bench.analysis import (
+    FAIL_SUFFIX,
+    analyse,
+    analyse_retries,
+    attribute_tail,
+    epoch,
+    print_result,
+    verdict,
+)
 from bench.common import (
     RESULTS_DIR,
     machine_facts,
@@ -46,9 +54,18 @@ from bench.common import (
     stop_process,
     summary_ms,
 )
-from bench.service import CpuMeter, Service, check_service_importable, start_service, wait_healthy
+from bench.service import (
+    CpuMeter,
+    RunProbe,
+    Service,
+    check_service_importable,
+    start_service,
+    wait_healthy,
+)
 
 WORKLOADS = ("post", "spread", "burst", "retry")
+# Redis-level benchmarks with their own sizes and a dedicated redis-server (no service).
+STORE_WORKLOADS = {"memory": "bench.memory", "claim-cost": "bench.claim_cost"}
 
 
 # --------------------------------------------------------------------------- the load
@@ -65,6 +82,7 @@ class Ctx:
     pids: dict[str, int]
     headers: dict[str, str] = field(default_factory=dict)
     post_rate: float | None = None  # measured by the post workload, sizes the leads
+    gc_log: Path | None = None  # the service's GC pauses (bench/gc_log.py)
 
 
 @dataclass
@@ -238,6 +256,8 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     await recv_reset(ctx)
     meter = CpuMeter(ctx.pids)
     meter.start()
+    probe = RunProbe(ctx.ctl, ctx.base, ctx.gc_log)
+    await probe.start()
     poller = asyncio.get_running_loop().create_task(prober.run()) if prober else None
     try:
         sub = await submit(ctx, bodies)
@@ -250,8 +270,10 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
             await asyncio.gather(poller, return_exceptions=True)
             await prober.drain()
     cpu = meter.stop()
+    tail = await probe.stop()
     records = await recv_records(ctx)
     res = analyse(records, due, sub.done_at)
+    res["tail"] = attribute_tail(res["_first"], due, tail)
     res["submit"] = {
         "ok": len(sub.ok_keys), "errors": sum(v for k, v in sub.status.items()
                                                if k not in (200, 201)),
@@ -413,7 +435,8 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
         pids = svc.pids()
         print(f"service : {svc.base} up in {started:.1f} s; processes "
               + ", ".join(f"{k}" for k in pids) + f"; log {svc.log_path}")
-        ctx = Ctx(args, run_id, svc.base, f"http://127.0.0.1:{rport}", load, ctl, pids, headers)
+        ctx = Ctx(args, run_id, svc.base, f"http://127.0.0.1:{rport}", load, ctl, pids, headers,
+                  gc_log=svc.gc_log)
         names = list(WORKLOADS) if args.workload == "all" else [args.workload]
         for name in names:
             await asyncio.sleep(args.pause)
@@ -461,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    p.add_argument("--workload", choices=[*WORKLOADS, "all", *STORE_WORKLOADS], default="all",
+                   help="all = post, spread, burst, retry; memory and claim-cost measure Redis "
+                        "alone (their own options: python -m bench.memory --help)")
     p.add_argument("--tasks", type=int, default=10_000, help="tasks per workload")
     p.add_argument("--concurrency", type=int, default=64,
                    help="concurrent keep-alive connections of the load client")
@@ -495,6 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results-dir", default=None)
     p.add_argument("--keep-tmp", action="store_true", help="keep the data dir and service log")
     args = p.parse_args(argv)
+    if args.workload in STORE_WORKLOADS:
+        import importlib
+
+        module = importlib.import_module(STORE_WORKLOADS[args.workload])
+        return int(module.main(["--results-dir", args.results_dir] if args.results_dir else []))
     require_loopback("127.0.0.1")
     if args.tasks < 1 or args.concurrency < 1:
         p.error("--tasks and --concurrency must be positive")

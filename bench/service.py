@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import base64
 import os
+import re
 import secrets
 import shlex
 import subprocess
@@ -24,9 +25,13 @@ from bench.common import (
     proc_cpu_seconds,
     proc_name,
     proc_rss_mib,
+    proc_stat_cpu,
 )
+from bench.gc_log import ENV as GC_LOG_ENV
+from bench.gc_log import read as gc_read
 
-SERVE_CMD = ("{python} -c 'import sys; from timewheel.cli import main; "
+# bench.gc_log first: it logs the service's GC pauses when TIMEWHEEL_BENCH_GC_LOG is set.
+SERVE_CMD = ("{python} -c 'import sys; import bench.gc_log; from timewheel.cli import main; "
              "sys.argv[0] = \"timewheel\"; sys.exit(main())' serve --host {host} --port {port}")
 FAKE_CMD = "{python} -m bench.fake_service serve --host {host} --port {port}"
 
@@ -60,6 +65,7 @@ class Service:
     command: str
     env: dict[str, str]
     exit_code: int | None = None
+    gc_log: Path | None = None  # the service's GC pauses (bench/gc_log.py), if it logs them
 
     def log_tail(self, n: int = 25) -> str:
         try:
@@ -89,6 +95,9 @@ def start_service(args: argparse.Namespace, tmp: Path, run_id: str) -> Service:
         env["TIMEWHEEL_SIGNING_SECRET"] = "whsec_" + base64.b64encode(
             secrets.token_bytes(32)).decode()
     template = FAKE_CMD if args.fake_service else (args.service_cmd or SERVE_CMD)
+    gc_log = tmp / "gc.log" if template == SERVE_CMD else None
+    if gc_log is not None:
+        env[GC_LOG_ENV] = str(gc_log)
     command = template.format(python=shlex.quote(sys.executable), host="127.0.0.1", port=port)
     log_path = tmp / "service.log"
     with log_path.open("ab") as log:
@@ -96,7 +105,8 @@ def start_service(args: argparse.Namespace, tmp: Path, run_id: str) -> Service:
                                 stdout=log, stderr=subprocess.STDOUT)
     shown_env = {k: ("<set>" if "SECRET" in k or "TOKEN" in k else v)
                  for k, v in env.items() if k.startswith("TIMEWHEEL_")}
-    return Service(proc, f"http://127.0.0.1:{port}", log_path, data_dir, command, shown_env)
+    return Service(proc, f"http://127.0.0.1:{port}", log_path, data_dir, command, shown_env,
+                   gc_log=gc_log)
 
 
 async def wait_healthy(svc: Service, session: aiohttp.ClientSession, timeout: float) -> float:
@@ -146,3 +156,114 @@ class CpuMeter:
         return out
 
 
+# --------------------------------------------------------------------------- tail lateness
+
+
+_LATENESS = re.compile(r'^timewheel_callback_lateness_seconds_bucket\{(?P<labels>[^}]*)\} '
+                       r'(?P<value>\S+)$', re.MULTILINE)
+
+
+async def lateness_histogram(session: aiohttp.ClientSession, base: str
+                             ) -> dict[float, float] | None:
+    """The service's own first-attempt lateness histogram (cumulative counts by upper bound,
+    seconds) from GET /metrics; None if it cannot be read."""
+    try:
+        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    counts: dict[float, float] = {}
+    for m in _LATENESS.finditer(text):
+        labels = dict(part.split("=", 1) for part in m["labels"].split(","))
+        if labels.get("attempt") == '"first"':
+            counts[float(labels["le"].strip('"'))] = float(m["value"])
+    return counts or None
+
+
+def histogram_summary(before: dict[float, float] | None, after: dict[float, float] | None
+                      ) -> dict[str, Any] | None:
+    """The delta of two cumulative histograms: count, share within each bound, and upper
+    bounds of p50 / p99 / p99.9 / max (the smallest bucket bound that holds them)."""
+    if after is None:
+        return None
+    delta = {le: after[le] - (before or {}).get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return {"count": 0}
+
+    def bound(q: float) -> float | None:
+        for le, n in delta.items():
+            if n >= q * total:
+                return None if le == float("inf") else round(le * 1000, 3)
+        return None
+
+    return {
+        "count": int(total),
+        "share_within_ms": {f"{le * 1000:g}": round(n / total, 5)
+                            for le, n in delta.items() if le != float("inf")},
+        "p50_le_ms": bound(0.50), "p99_le_ms": bound(0.99), "p999_le_ms": bound(0.999),
+        "max_le_ms": bound(1.0),
+    }
+
+
+class RunProbe:
+    """Around one workload: the service's own lateness histogram (before/after), CPU steal from
+    /proc/stat (sampled every 0.25 s), and the service's GC pauses (bench/gc_log.py)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, gc_log: Path | None) -> None:
+        self.session = session
+        self.base = base
+        self.gc_log = gc_log
+        self.hist: dict[float, float] | None = None
+        self.t0 = 0.0
+        self.steal: list[tuple[float, float]] = []  # (epoch s at the end of a sample, steal %)
+        self._sampler: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.hist = await lateness_histogram(self.session, self.base)
+        self.t0 = time.time()
+        self._sampler = asyncio.get_running_loop().create_task(self._sample())
+
+    async def _sample(self) -> None:
+        last = proc_stat_cpu()
+        while last is not None:
+            await asyncio.sleep(0.25)
+            now = proc_stat_cpu()
+            if now is None:
+                return
+            steal, total = now[0] - last[0], now[1] - last[1]
+            if total > 0:
+                self.steal.append((time.time(), 100.0 * steal / total))
+            last = now
+
+    async def stop(self) -> dict[str, Any]:
+        t1 = time.time()
+        if self._sampler is not None:
+            self._sampler.cancel()
+            await asyncio.gather(self._sampler, return_exceptions=True)
+        after = await lateness_histogram(self.session, self.base)
+        pauses = gc_read(str(self.gc_log), self.t0, t1) if self.gc_log else None
+        by_second: dict[int, list[float]] = {}
+        for t, pct in self.steal:
+            by_second.setdefault(int(t), []).append(pct)
+        return {
+            "service_lateness_first": histogram_summary(self.hist, after),
+            "steal": {
+                "mean_pct": round(sum(p for _, p in self.steal) / len(self.steal), 2)
+                if self.steal else None,
+                "max_1s_pct": round(max(sum(v) / len(v) for v in by_second.values()), 2)
+                if by_second else None,
+                "seconds_over_10pct": sum(1 for v in by_second.values() if sum(v) / len(v) > 10),
+                "samples": [(round(t, 3), round(p, 2)) for t, p in self.steal],
+            },
+            "gc": None if pauses is None else {
+                "collections": len(pauses),
+                "by_generation": {str(g): sum(1 for p in pauses if p[2] == g) for g in (0, 1, 2)},
+                "total_ms": round(sum(p[1] for p in pauses), 3),
+                "max_ms": round(max((p[1] for p in pauses), default=0.0), 3),
+                "over_1ms": sum(1 for p in pauses if p[1] > 1),
+                "pauses": [(round(t, 6), ms, g) for t, ms, g, _ in pauses if ms > 0.5],
+            },
+        }

