@@ -8,9 +8,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import httpx
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 
 from tests.conftest import START_MS, running_app
 from tests.support.redis_server import RedisServer
@@ -216,6 +218,17 @@ def test_created_view_is_the_models_view(due_ms: int) -> None:
 def test_rounds_keep_each_keys_occurrences_in_order() -> None:
     assert rounds(["a", "b", "a", "c", "a", "b"]) == [[0, 1, 3], [2, 5], [4]]
     assert rounds([]) == []
+
+
+def test_hiredis_packs_a_schedule_call_as_redis_py_does(store: Store) -> None:
+    """The batch path packs with hiredis; the bytes equal redis-py's own packing."""
+    fields = TaskFields(callback_url=URL + "/é?q=1", headers={"X-Name": "ünï"}, delay=1.5,
+                        body={"text": "日本", "n": [1, 2.5, None]}, max_attempts=9)
+    task = prepare(fields, "k:1", START_MS, default_timeout=10)
+    keys = [store.keys.prefix(store.keys.bucket_of(task.key))]
+    args = store.schedule_args(task, replace=False, now_ms=START_MS, request_id="b.1")
+    command = ("EVALSHA", store.scripts.schedule.sha, 1, *keys, *args)
+    assert hiredis.pack_command(command) == b"".join(Connection().pack_command(*command))
 
 
 async def test_schedule_many_after_script_flush(store: Store, redis: Redis) -> None:
