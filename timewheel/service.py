@@ -16,6 +16,7 @@ from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.materializer import Materializer
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
@@ -24,6 +25,8 @@ from timewheel.store import Store
 from timewheel.store.connection import make_redis
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS
+from timewheel.store.schedule_store import ScheduleStore
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ class Wheel:
     ticker: Ticker
     sender: Sender
     embedded: EmbeddedRedis | None = None
+    schedules: ScheduleStore = field(init=False, repr=False)
+    materializer: Materializer = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -78,6 +83,10 @@ class Wheel:
                         max_pending=settings.max_concurrency * 20, tokens=tokens)
         wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
                     sender, embedded)
+        wheel.schedules = ScheduleStore(
+            store, default_timeout=min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds))
+        wheel.materializer = Materializer(store, wheel.schedules, clock,
+                                          tick_ms=int(settings.tick_seconds * 1000))
         try:
             await store.init()
             await clock.refresh()
@@ -93,9 +102,11 @@ class Wheel:
 
     def start_ticker(self) -> None:
         self._ticker_task = asyncio.create_task(self.ticker.run(), name="timewheel-ticker")
+        self.materializer.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
+        await self.materializer.stop()
         self.ticker.stop()
         if self._ticker_task is not None:
             await self._ticker_task

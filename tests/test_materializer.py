@@ -1,0 +1,270 @@
+"""The materializer with an injected clock: each occurrence becomes one task, whoever races."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.asyncio import Redis
+
+from tests.conftest import START_MS
+from timewheel.engine.materializer import Materializer
+from timewheel.engine.occurrences import next_after
+from timewheel.errors import StoreUnavailable
+from timewheel.models import ScheduleCreate, TaskStatus
+from timewheel.store import CONFLICT, Store
+from timewheel.store.record import NewTask
+from timewheel.store.schedule_store import ScheduleStore, occurrence_task, spec_json
+
+NOW = START_MS  # a minute boundary
+TICK = 1000
+URL = "http://127.0.0.1:9/cb"
+
+
+def spec(**fields: Any) -> ScheduleCreate:
+    return ScheduleCreate.model_validate({"task": {"callback_url": URL}, **fields})
+
+
+def schedules_of(store: Store) -> ScheduleStore:
+    return ScheduleStore(store, default_timeout=10.0)
+
+
+def materializer(store: Store, schedules: ScheduleStore | None = None,
+                 **kwargs: Any) -> Materializer:
+    return Materializer(store, schedules or schedules_of(store), clock=None,  # type: ignore[arg-type]
+                        tick_ms=TICK, **kwargs)
+
+
+async def put(schedules: ScheduleStore, schedule_id: str, now: int = NOW, **fields: Any) -> None:
+    await schedules.put(schedule_id, spec(**fields), now_ms=now, next_after=next_after)
+
+
+async def task_keys(redis: Redis) -> list[str]:
+    """Keys of every task record in Redis, sorted."""
+    return sorted([raw.decode().partition("}:t:")[2] async for raw in redis.scan_iter("*}:t:*")])
+
+
+async def statuses(store: Store, keys: list[str]) -> dict[str, TaskStatus | None]:
+    views = await asyncio.gather(*(store.get(k) for k in keys))
+    return {k: (v.status if v else None) for k, v in zip(keys, views, strict=True)}
+
+
+class DyingStore:
+    """A Store whose process dies between reserving an occurrence and creating its task."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def schedule_args(self, task: NewTask, **kwargs: Any) -> list[Any]:
+        raise StoreUnavailable("the process died")  # before its create reached Redis
+
+
+# -- materializing ------------------------------------------------------------------------------
+
+async def test_every_second_is_materialized_two_ticks_ahead(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "hb", every=1)
+    m = materializer(store, schedules)
+    assert await m.tick(NOW) == 1
+    assert await task_keys(redis) == [f"hb.{NOW + 1000}", f"hb.{NOW + 2000}"]
+    view = await store.get(f"hb.{NOW + 1000}")
+    assert view is not None and view.execute_at == "2027-01-15T08:00:01.000Z"
+    assert view.status == TaskStatus.SCHEDULED and view.callback_url == URL
+    await m.tick(NOW + 1000)
+    await m.tick(NOW + 1000)  # a second pass in the same tick finds nothing new
+    assert await task_keys(redis) == [f"hb.{NOW + s * 1000}" for s in (1, 2, 3)]
+    assert m.created == 3
+    record = await schedules.get("hb")
+    assert record is not None and record.next_ms == NOW + 4000 and record.hi_ms == NOW + 3000
+
+
+async def test_two_materializers_racing_create_each_occurrence_once(store: Store,
+                                                                    redis: Redis) -> None:
+    schedules = schedules_of(store)
+    ids = [f"s{i}" for i in range(40)]
+    for i in ids:
+        await put(schedules, i, every=1)
+    await put(schedules, "cron", cron="*/2 * * * * *")
+    first, second = materializer(store), materializer(store)
+    for step in range(8):
+        now = NOW + step * TICK
+        await asyncio.gather(first.tick(now), second.tick(now + 1), first.tick(now + 2))
+    keys = await task_keys(redis)
+    expected = {f"{i}.{NOW + s * 1000}" for i in ids for s in range(1, 10)}
+    expected |= {f"cron.{NOW + s * 1000}" for s in range(2, 10, 2)}
+    assert set(keys) == expected
+    assert first.created + second.created == len(expected)  # every create was the first one
+
+
+async def test_a_cron_schedule_fires_on_its_seconds_only(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "c", cron="*/2 * * * * *")
+    m = materializer(store, schedules)
+    for step in range(5):
+        await m.tick(NOW + 1 + step * TICK)
+    occurrences = [int(k.rpartition(".")[2]) for k in await task_keys(redis)]
+    assert occurrences == [NOW + 2000, NOW + 4000, NOW + 6000]
+    assert all(o % 2000 == 0 for o in occurrences)
+
+
+async def test_a_reservation_whose_creator_died_is_created_by_another(store: Store,
+                                                                      redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=60)
+    dying = materializer(DyingStore(store))  # type: ignore[arg-type]
+    await dying.tick(NOW + 58_500)  # reserves NOW+60s, dies before creating it
+    assert await task_keys(redis) == []
+    other = materializer(store)
+    await other.tick(NOW + 59_000)  # the lease has not run out yet: nothing to do
+    assert await task_keys(redis) == []
+    await other.tick(NOW + 58_500 + other.lease_ms)
+    assert await task_keys(redis) == [f"a.{NOW + 60_000}"]
+    assert other.recovered == 1 and other.created == 1
+
+
+async def test_after_an_outage_only_the_latest_missed_occurrence_fires(store: Store,
+                                                                       redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=10)
+    m = materializer(store)
+    await m.tick(NOW + 9000)  # materializes NOW+10s
+    # Every process is down for a minute and a half.
+    await m.tick(NOW + 100_500)
+    assert await task_keys(redis) == [f"a.{NOW + 10_000}", f"a.{NOW + 100_000}"]
+    assert m.skipped == 1
+    await m.tick(NOW + 108_500)
+    assert (await task_keys(redis))[-1] == f"a.{NOW + 110_000}"
+
+
+async def test_a_late_tick_within_grace_skips_nothing(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    m = materializer(store)
+    await m.tick(NOW)
+    await m.tick(NOW + 3500)  # one tick missed: a hiccup, not an outage
+    assert await task_keys(redis) == [f"a.{NOW + s * 1000}" for s in range(1, 6)]
+    assert m.skipped == 0
+
+
+async def test_ten_thousand_schedules_are_bounded_per_tick(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    # Seeded through one pipeline of sched_put calls, as PUT /schedules would store them.
+    text, script = spec_json(spec(every=60)), schedules.scripts["sched_put"]
+    async with redis.pipeline(transaction=False) as pipe:
+        for i in range(10_000):
+            await script(keys=[schedules.prefix(schedules.bucket_of(f"n{i}"))],
+                         args=[f"n{i}", "", text, "0", NOW + 60_000, NOW, f"r{i}"], client=pipe)
+        await pipe.execute()
+    m = materializer(store, schedules, max_per_tick=2500, batch=250)
+    per_tick = []
+    for step in range(6):
+        per_tick.append(await m.tick(NOW + 58_500 + step))
+    assert per_tick == [2500, 2500, 2500, 2500, 0, 0]
+    assert m.created == 10_000
+    assert len(await task_keys(redis)) == 10_000
+
+
+# -- settling outstanding occurrences -----------------------------------------------------------
+
+async def test_finished_occurrences_are_forgotten(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=60)
+    m = materializer(store, schedules)
+    await m.tick(NOW + 59_000)
+    occ = NOW + 60_000
+    socc, soccl = (schedules.prefix(schedules.bucket_of("a")) + name for name in ("socc", "soccl"))
+    assert await redis.zrange(socc, 0, -1) == [
+        f"a {occ}".encode()]
+    await m.tick(occ + m.settle_ms)  # still scheduled: looked at again later
+    assert await redis.zcard(socc) == 1
+    await store.cancel(f"a.{occ}", now_ms=occ)
+    await m.tick(occ + m.settle_ms + m.recheck_ms)
+    assert await redis.zcard(socc) == 0
+    assert await redis.zcard(soccl) == 0
+
+
+# -- pause, delete, resume ----------------------------------------------------------------------
+
+async def test_pause_with_a_reservation_in_progress_leaves_nothing_to_start(
+        store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    await materializer(store).tick(NOW)  # NOW+1s and NOW+2s created
+    await materializer(DyingStore(store)).tick(NOW + 1000)  # NOW+3s reserved, not created
+    outstanding = await schedules.pause("a")
+    assert outstanding == [NOW + 1000, NOW + 2000, NOW + 3000]
+    await schedules.cancel_occurrences("a", outstanding, {"callback_url": URL}, now_ms=NOW + 1001)
+    # The stalled creator wakes up and creates its occurrence: refused.
+    late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, NOW + 1002,
+                           default_timeout=10.0)
+    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
+    keys = await task_keys(redis)
+    assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
+    # No process materializes or recovers anything of a paused schedule.
+    m = materializer(store)
+    for step in range(2, 12):
+        await m.tick(NOW + step * TICK)
+    assert await task_keys(redis) == keys and m.created == 0 and m.recovered == 0
+    _, claimed = await store.claim(schedules.bucket_of("x"), now_ms=NOW + 20_000,
+                                   horizon_ms=NOW + 20_000, limit=100, token="t")
+    assert claimed == []
+
+
+async def test_delete_cancels_created_and_tombstones_reserved(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    await materializer(store).tick(NOW)
+    await materializer(DyingStore(store)).tick(NOW + 1000)
+    found = await schedules.delete("a")
+    assert found is not None
+    outstanding, template = found
+    assert template == {"callback_url": URL}
+    await schedules.cancel_occurrences("a", outstanding, template, now_ms=NOW + 1001)
+    keys = await task_keys(redis)
+    assert keys == [f"a.{NOW + s * 1000}" for s in (1, 2, 3)]
+    assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
+    tomb = await redis.hgetall(store.keys.task(f"a.{NOW + 3000}"))
+    assert tomb[b"fp"] == b"tombstone" and tomb[b"url"] == URL.encode()
+    m = materializer(store)
+    await m.tick(NOW + 10_000)
+    assert await task_keys(redis) == keys and await schedules.get("a") is None
+
+
+async def test_a_pause_whose_caller_died_is_finished_by_the_materializer(
+        store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=60)
+    m = materializer(store, schedules)
+    await m.tick(NOW + 59_000)
+    assert await schedules.pause("a") == [NOW + 60_000]  # ... and the caller dies here
+    await m.tick(NOW + 59_000 + m.settle_ms + 1000)
+    await m.tick(NOW + 60_000 + m.settle_ms)
+    assert m.cancelled == 1
+    assert (await statuses(store, [f"a.{NOW + 60_000}"])) == {
+        f"a.{NOW + 60_000}": TaskStatus.CANCELLED}
+
+
+async def test_resume_starts_from_now_without_backlog(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=10)
+    await schedules.pause("a")
+    assert await schedules.resume("a", now_ms=NOW + 95_000, next_after=next_after)
+    m = materializer(store, schedules)
+    await m.tick(NOW + 99_000)
+    assert await task_keys(redis) == [f"a.{NOW + 100_000}"] and m.skipped == 0
+
+
+async def test_replace_never_reuses_an_occurrence_time(store: Store, redis: Redis) -> None:
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    m = materializer(store, schedules)
+    await m.tick(NOW)  # NOW+1s, NOW+2s
+    await put(schedules, "a", now=NOW + 10, every=1, task={"callback_url": URL + "?v=2"})
+    await m.tick(NOW + 1000)
+    keys = await task_keys(redis)
+    assert keys == [f"a.{NOW + s * 1000}" for s in (1, 2, 3)]
+    view = await store.get(f"a.{NOW + 3000}")
+    assert view is not None and view.callback_url == URL + "?v=2"

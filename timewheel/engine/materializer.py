@@ -1,0 +1,265 @@
+"""Materializer: turns the due occurrences of recurring schedules into ordinary tasks.
+
+Every process runs one, every tick; none is special. Exactly-once per occurrence comes from
+Redis (docs/design.md, "Recurring schedules"):
+
+1. Reserve: a compare-and-set in the schedule's slot (lua/sched_reserve.lua) moves the
+   schedule's ``next`` past the occurrences it takes and records them as outstanding. Two
+   processes that read the same ``next`` cannot both reserve: one of them is stale.
+2. Create: each occurrence becomes the task ``<id>.<occ ms>`` through ``Store.schedule`` in
+   create mode, the same atomic path as POST /tasks: a second create answers EXISTS.
+3. Settle: outstanding occurrences are looked at again, by any process. One whose creator died
+   before creating it is created again (idempotent, step 2); one whose task finished is
+   forgotten; one whose schedule was paused or deleted is cancelled (or tombstoned).
+
+Occurrences are materialized ``ahead_ms`` (two ticks) before they are due: early enough for the
+ticker to claim them on time, late enough that a pause or delete stops them at once. After an
+outage (the due ``next`` is older than ``grace_ms``) only the latest missed occurrence fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from timewheel.clock import Clock
+from timewheel.engine.occurrences import Recurrence
+from timewheel.errors import StoreUnavailable
+from timewheel.models import FINISHED
+from timewheel.store import CONFLICT, CREATED, Store
+from timewheel.store.batch import get_many, schedule_many
+from timewheel.store.schedule_store import (
+    Due,
+    Reservation,
+    ScheduleStore,
+    occurrence_key,
+    occurrence_task,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_OCCURRENCES_PER_RESERVATION = 32
+_SPEC_CACHE = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    recurrence: Recurrence
+    template: dict[str, Any]
+
+
+class Materializer:
+    def __init__(self, store: Store, schedules: ScheduleStore, clock: Clock, *, tick_ms: int,
+                 batch: int = 500, max_per_tick: int = 20_000, settle_ms: int = 5000,
+                 recheck_ms: int = 30_000) -> None:
+        self._store = store
+        self._schedules = schedules
+        self._clock = clock
+        self.tick_ms = tick_ms
+        self.ahead_ms = 2 * tick_ms  # the ticker claims one tick (plus a margin) ahead
+        self.grace_ms = 2 * tick_ms  # a due next older than this means every process was down
+        self.lease_ms = 2 * tick_ms  # a reservation not settled by then is created again
+        self.settle_ms = settle_ms
+        self.recheck_ms = recheck_ms
+        self.batch = batch
+        self.max_per_tick = max_per_tick
+        self._specs: OrderedDict[tuple[str, str], _Spec] = OrderedDict()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        # Counters (tests and the bench read them).
+        self.created = 0  # occurrence tasks this process created
+        self.recovered = 0  # of which created again after their creator's lease ran out
+        self.skipped = 0  # missed occurrences skipped after an outage
+        self.cancelled = 0  # outstanding occurrences of paused or deleted schedules
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    async def tick(self, now_ms: int) -> int:
+        """Materialize what falls due by ``now_ms + ahead_ms`` (at most ``max_per_tick``
+        schedules), then settle outstanding occurrences. Returns how many schedules were
+        reserved."""
+        budget = self.max_per_tick
+        reserved = 0
+        for bucket in range(self._store.keys.buckets):
+            while budget > 0:
+                full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
+                                                      limit=min(self.batch, budget))
+                budget -= len(due)
+                reserved += await self._materialize(bucket, due, now_ms)
+                if not full or not due:
+                    break
+        checks = self.max_per_tick
+        for bucket in range(self._store.keys.buckets):
+            while checks > 0:
+                full, items = await self._schedules.checks(bucket, now_ms=now_ms,
+                                                           limit=min(self.batch, checks))
+                checks -= len(items)
+                await self._settle(bucket, items, now_ms)
+                if not full or not items:
+                    break
+        return reserved
+
+    async def _materialize(self, bucket: int, due: list[Due], now_ms: int) -> int:
+        if not due:
+            return 0
+        specs = await self._specs_of(bucket, [(d.id, d.version) for d in due])
+        reservations = []
+        for d in due:
+            spec = specs.get((d.id, d.version))
+            if spec is not None:
+                reservations.append(self._plan(d, spec.recurrence, now_ms))
+        taken = await self._schedules.reserve(bucket, reservations, now_ms=now_ms,
+                                              lease_ms=self.lease_ms)
+        work = [(r.id, occ, specs[(r.id, r.version)].template)
+                for r, ok in zip(reservations, taken, strict=True) if ok
+                for occ in r.occurrences]
+        created = await self._create_many(work, now_ms)
+        await self._schedules.settle(bucket, [
+            (i, occ, max(occ, now_ms) + self.settle_ms)
+            for (i, occ, _), ok in zip(work, created, strict=True) if ok])
+        return sum(taken)
+
+    def _plan(self, due: Due, rec: Recurrence, now_ms: int) -> Reservation:
+        """The occurrences to reserve for a due schedule, and its next one after them."""
+        first: int | None = due.next_ms
+        if due.next_ms < now_ms - self.grace_ms:
+            # Every process was down past this occurrence: fire only the latest missed one.
+            latest = rec.latest_at_or_before(now_ms)
+            if latest is not None and latest > due.next_ms:
+                self.skipped += 1
+                log.info("schedule %s: occurrences from %d to %d skipped after an outage, %d "
+                         "fires", due.id, due.next_ms, latest, latest)
+                first = latest
+        assert first is not None
+        until = max(now_ms + self.ahead_ms, first)
+        occurrences = [first, *rec.between(first, until, MAX_OCCURRENCES_PER_RESERVATION - 1)]
+        return Reservation(due.id, due.version, due.next_raw,
+                           rec.next_after(occurrences[-1]), tuple(occurrences))
+
+    async def _create_many(self, work: list[tuple[str, int, dict[str, Any]]], now_ms: int
+                           ) -> list[bool]:
+        """Create occurrence tasks through lua/schedule.lua in create mode, as POST /tasks
+        does, pipelined (timewheel.store.batch). True for each that exists now (or can never
+        be created); False leaves it outstanding, for any process to create after the lease."""
+        done = [True] * len(work)
+        tasks, where = [], []
+        for n, (schedule_id, occ, template) in enumerate(work):
+            try:
+                tasks.append(occurrence_task(schedule_id, occ, template, now_ms,
+                                             default_timeout=self._schedules.default_timeout))
+                where.append(n)
+            except ValueError:  # a template that no longer validates: it can never fire
+                log.exception("schedule %s: occurrence %d cannot become a task", schedule_id,
+                              occ)
+        if not tasks:
+            return done
+        try:
+            codes = await schedule_many(self._store, tasks, now_ms)
+        except StoreUnavailable:
+            log.warning("occurrences left for another pass: Redis unavailable", exc_info=True)
+            for n in where:
+                done[n] = False
+            return done
+        for task, code in zip(tasks, codes, strict=True):
+            if code == CREATED:
+                self.created += 1
+            elif code == CONFLICT:  # cancelled by a pause or delete before it was created
+                log.debug("occurrence %s exists with other content", task.key)
+        return done
+
+    async def _settle(self, bucket: int, items: list[tuple[str, int, str]], now_ms: int) -> None:
+        """Look at outstanding occurrences whose lease ran out or that were due a while ago."""
+        if not items:
+            return
+        specs = await self._schedules.specs(bucket, sorted({i for i, _, _ in items}))
+        retention = self._store.retention_ms
+        drop: list[str] = []
+        later: list[tuple[str, int, int]] = []
+
+        def template(schedule_id: str) -> dict[str, Any] | None:
+            found = specs.get(schedule_id)
+            return self._spec(schedule_id, *found).template if found else None
+
+        # Paused or deleted: finish what the pause or delete caller may not have.
+        for schedule_id, occ, state in items:
+            if state != "active":
+                await self._schedules.cancel_occurrences(schedule_id, [occ],
+                                                         template(schedule_id), now_ms=now_ms)
+                self.cancelled += 1
+        active = [(i, occ) for i, occ, state in items if state == "active"]
+        views = await get_many(self._store, [occurrence_key(i, occ) for i, occ in active])
+        missing: list[tuple[str, int, dict[str, Any]]] = []
+        for (schedule_id, occ), view in zip(active, views, strict=True):
+            spec_template = template(schedule_id)
+            if view is None and occ > now_ms - retention // 2 and spec_template is not None:
+                # Reserved, never created: its creator died. Creating it again is idempotent.
+                missing.append((schedule_id, occ, spec_template))
+            elif view is None or view.status in FINISHED:
+                drop.append(f"{schedule_id} {occ}")
+            else:
+                later.append((schedule_id, occ, now_ms + self.recheck_ms))
+        for (schedule_id, occ, _), ok in zip(missing, await self._create_many(missing, now_ms),
+                                             strict=True):
+            self.recovered += ok
+            later.append((schedule_id, occ, max(occ, now_ms) + self.settle_ms))
+        await self._schedules.drop(bucket, drop)
+        await self._schedules.settle(bucket, later)
+
+    # -- specs, cached per (id, version) -----------------------------------------------------
+
+    async def _specs_of(self, bucket: int, wanted: list[tuple[str, str]]
+                        ) -> dict[tuple[str, str], _Spec]:
+        missing = [i for i, v in wanted if (i, v) not in self._specs]
+        if missing:
+            for i, (version, text) in (await self._schedules.specs(bucket, missing)).items():
+                self._spec(i, version, text)
+        return {k: self._specs[k] for k in wanted if k in self._specs}
+
+    def _spec(self, schedule_id: str, version: str, text: str) -> _Spec:
+        key = (schedule_id, version)
+        spec = self._specs.get(key)
+        if spec is None:
+            raw = json.loads(text)
+            spec = _Spec(Recurrence(raw["cron"], raw["every"], raw["timezone"]), raw["task"])
+            self._specs[key] = spec
+            if len(self._specs) > _SPEC_CACHE:
+                self._specs.popitem(last=False)
+        return spec
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.create_task(self.run(), name="timewheel-materializer")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        """Tick every ``tick_ms`` until ``stop()``; errors are logged and the loop goes on."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        failing = False
+        while not self._stopping.is_set():
+            try:
+                if self._store.ready:
+                    await self.tick(self._clock.now_ms())
+                failing = False
+            except StoreUnavailable as exc:
+                if not failing:
+                    log.error("Redis unavailable, materializer waits for it: %s", exc)
+                failing = True
+            except Exception:  # one bad pass must not stop the schedules
+                log.exception("materializer pass failed")
+            next_at = max(next_at + self.tick_ms / 1000.0, loop.time())
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=next_at - loop.time())
+            except TimeoutError:
+                pass
