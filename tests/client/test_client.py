@@ -31,6 +31,7 @@ from timewheel.errors import TimeWheelError
 from timewheel.models import (
     BatchResult,
     FlowLimits,
+    FlowList,
     FlowView,
     ScheduleCreate,
     ScheduleList,
@@ -109,6 +110,8 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, dict[str, str]
     ("get_flow", ("example.com:443",), {}, "GET", "/flows/example.com:443", {}, NO_BODY,
      httpx.Response(200, json=FLOW), FlowView(**FLOW)),
     ("delete_flow", ("f",), {}, "DELETE", "/flows/f", {}, NO_BODY, httpx.Response(204), None),
+    ("list_flows", (), {}, "GET", "/flows", {}, NO_BODY,
+     httpx.Response(200, json={"flows": [FLOW]}), FlowList(flows=[FlowView(**FLOW)])),
     ("set_schedule", ("s1", ScheduleCreate(cron="*/5 * * * *", timezone="Europe/Berlin",
                                            task=ScheduleTask(callback_url=URL))), {},
      "PUT", "/schedules/s1", {}, {"cron": "*/5 * * * *", "timezone": "Europe/Berlin",

@@ -21,7 +21,16 @@ from timewheel.client import (
     UnauthorizedError,
 )
 from timewheel.clock import FakeClock
-from timewheel.models import TaskCreate, TaskList, TaskStatus, TaskView
+from timewheel.models import (
+    FlowLimits,
+    FlowView,
+    ScheduleCreate,
+    ScheduleTask,
+    TaskCreate,
+    TaskList,
+    TaskStatus,
+    TaskView,
+)
 from timewheel.settings import Settings
 from timewheel.store import Store
 
@@ -125,3 +134,50 @@ async def test_token(app_transport: Callable[[Settings], Any], settings: Setting
             with pytest.raises(NotFoundError):
                 await ok.get_task("k")
             assert (await ok.create_task({"key": "k", "callback_url": URL})).key == "k"
+
+
+async def test_schedules(real: Both) -> None:
+    """Set, get, list page by page, pause, resume, delete: the views the API sends."""
+    nightly = ScheduleCreate(cron="0 3 * * *", timezone="Europe/Berlin",
+                             task=ScheduleTask(callback_url=URL, headers={"X-Job": "n"}))
+    created = await real.call("set_schedule", "nightly", nightly)
+    assert (created.id, created.cron, created.every, created.timezone, created.paused) == (
+        "nightly", "0 3 * * *", None, "Europe/Berlin", False)
+    assert created.task.headers == {"X-Job": "n"}
+    assert created.next_run_at == "2027-01-16T02:00:00.000Z"  # 03:00 in Berlin, winter
+    assert await real.call("get_schedule", "nightly") == created
+    await real.call("set_schedule", "a-tick", {"every": 60, "task": {"callback_url": URL}})
+    await real.call("set_schedule", "z-tick", {"every": 3600, "task": {"callback_url": URL}})
+
+    first = await real.call("list_schedules", limit=2)
+    assert [s.id for s in first.schedules] == ["a-tick", "nightly"]
+    assert [s.id for s in await real.collect("iter_schedules", page_size=1)] == [
+        "a-tick", "nightly", "z-tick"]
+
+    paused = await real.call("pause_schedule", "nightly")
+    assert (paused.paused, paused.next_run_at) == (True, None)
+    resumed = await real.call("resume_schedule", "nightly")
+    assert (resumed.paused, resumed.next_run_at) == (False, "2027-01-16T02:00:00.000Z")
+    assert await real.call("delete_schedule", "nightly") is None
+    with pytest.raises(NotFoundError) as raised:
+        await real.call("get_schedule", "nightly")
+    assert raised.value.detail == "no schedule with id 'nightly'"
+
+
+async def test_invalid_schedule_is_the_services_422(real: Both) -> None:
+    with pytest.raises(InvalidRequestError) as raised:
+        await real.call("set_schedule", "bad", {"cron": "0 3 * *", "every": 5,
+                                                "task": {"callback_url": URL}})
+    assert [e["loc"][:2] for e in raised.value.detail] == [["body", "cron"]]
+
+
+async def test_flows(real: Both) -> None:
+    view = await real.call("set_flow", "api.example.com:443",
+                           FlowLimits(parallelism=3, rate=0.5))
+    assert view == FlowView(key="api.example.com:443", parallelism=3, rate=0.5, in_flight=0,
+                            waiting=0)
+    assert await real.call("get_flow", "api.example.com:443") == view
+    assert (await real.call("list_flows")).flows == [view]
+    assert await real.call("delete_flow", "api.example.com:443") is None
+    default = await real.call("get_flow", "api.example.com:443")
+    assert (default.rate, (await real.call("list_flows")).flows) == (None, [])

@@ -13,6 +13,7 @@ from timewheel.client.calls import DEFAULT_TIMEOUT, Call, Page
 from timewheel.models import (
     BatchResult,
     FlowLimits,
+    FlowList,
     FlowView,
     ScheduleCreate,
     ScheduleList,
@@ -123,6 +124,10 @@ class AsyncClient:
 
     async def get_flow(self, key: str) -> FlowView:
         return await self._run(calls.get_flow(key))
+
+    async def list_flows(self) -> FlowList:
+        """The flows whose limits were set; every other flow runs on the defaults."""
+        return await self._run(calls.list_flows())
 
     async def delete_flow(self, key: str) -> None:
         """Back to the default limits."""

@@ -23,6 +23,7 @@ from timewheel.client.errors import UnexpectedAnswerError, UnreachableError, err
 from timewheel.models import (
     BatchResult,
     FlowLimits,
+    FlowList,
     FlowView,
     ScheduleCreate,
     ScheduleList,
@@ -194,6 +195,11 @@ def set_flow(key: str, limits: FlowLimits | Mapping[str, Any]) -> Call[FlowView]
 
 def get_flow(key: str) -> Call[FlowView]:
     return Call("GET", f"/flows/{segment(key)}", _model(FlowView))
+
+
+def list_flows() -> Call[FlowList]:
+    """``GET /flows``: the flows whose limits were set (the dashboard's list; not paginated)."""
+    return Call("GET", "/flows", _model(FlowList))
 
 
 def delete_flow(key: str) -> Call[None]:

@@ -297,6 +297,7 @@ def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
              "show a flow's limits and load").add_argument("key", metavar="KEY")
     _command(group, "delete", common, _delete_flow,
              "back to the default limits").add_argument("key", metavar="KEY")
+    _command(group, "list", common, _list_flows, "the flows whose limits were set")
 
 
 def _set_flow(client: Client, args: argparse.Namespace) -> Any:
@@ -305,6 +306,10 @@ def _set_flow(client: Client, args: argparse.Namespace) -> Any:
 
 def _get_flow(client: Client, args: argparse.Namespace) -> Any:
     return client.get_flow(args.key)
+
+
+def _list_flows(client: Client, args: argparse.Namespace) -> Any:
+    return client.list_flows()
 
 
 def _delete_flow(client: Client, args: argparse.Namespace) -> Any:

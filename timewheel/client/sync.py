@@ -13,6 +13,7 @@ from timewheel.client.calls import DEFAULT_TIMEOUT, Call, Page
 from timewheel.models import (
     BatchResult,
     FlowLimits,
+    FlowList,
     FlowView,
     ScheduleCreate,
     ScheduleList,
@@ -120,6 +121,10 @@ class Client:
 
     def get_flow(self, key: str) -> FlowView:
         return self._run(calls.get_flow(key))
+
+    def list_flows(self) -> FlowList:
+        """The flows whose limits were set; every other flow runs on the defaults."""
+        return self._run(calls.list_flows())
 
     def delete_flow(self, key: str) -> None:
         """Back to the default limits."""
