@@ -9,15 +9,18 @@
 -- ARGV[2]  default parallelism, for a flow with none set (TIMEWHEEL_FLOW_PARALLELISM)
 -- ARGV[3]  lease_ms: a new permit is held at most this long unless given back
 -- ARGV[4]  r, how many permit ids follow to give back: ARGV[5 .. 4+r]
--- ARGV[5+r ..] permit ids wanted, in order (unique per attempt; a permit id that is already
---          held counts as granted, so a call re-sent after a lost reply answers the same)
+-- ARGV[5+r ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
+--          will start (the rate log counts starts when they happen, not when they are let
+--          through). A permit id that is already held counts as granted, so a call re-sent
+--          after a lost reply answers the same.
 --
--- Reply: {granted, wait_ms, in_flight, room}
+-- Reply: {granted, wait_ms, in_flight, room, rated}
 --   granted   how many of the wanted ids (the first ones) now hold a permit
---   wait_ms   when not all were granted: -1 wait for a permit to be given back (parallelism),
---             else milliseconds until the rate window has room again
+--   wait_ms   0 while the flow has room; when it is full: -1 wait for a permit to be given
+--             back (parallelism), else milliseconds until the rate window has room again
 --   in_flight permits held after this call
 --   room      how many more permits a call could take right now (0 when at a limit)
+--   rated     1 when the flow has a rate (its starts are logged)
 --
 -- Keys: cfg (hash p, r: the limits set by PUT /flows; absent = defaults), held (zset permit ->
 -- lease expiry ms), starts (zset permit -> start ms, only while a rate is set). held and starts
@@ -35,7 +38,9 @@ for i = 5, 4 + r do redis.call('ZREM', held, ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 
 -- Rate: at most `limit` starts in any window of `window` ms. A rate of at least 1 allows its
--- whole part per second; below 1, one start per 1/rate seconds.
+-- whole part per second; below 1, one start per 1/rate seconds. A start is refused when the
+-- window before it already holds `limit` starts (starts logged for later times count too:
+-- never more, whatever order the calls come in).
 local limit, window
 if rate then
   if rate >= 1 then limit, window = math.floor(rate), 1000
@@ -45,27 +50,42 @@ else
   redis.call('DEL', starts)
 end
 
-local granted, wait = 0, 0
-for i = 5 + r, #ARGV do
-  local id = ARGV[i]
+local granted = 0
+for i = 5 + r, #ARGV, 2 do
+  local id, start = ARGV[i], tonumber(ARGV[i + 1])
   if not redis.call('ZSCORE', held, id) then
-    if redis.call('ZCARD', held) >= parallelism then wait = -1; break end
-    if rate and redis.call('ZCARD', starts) >= limit then
-      local oldest = redis.call('ZRANGE', starts, 0, 0, 'WITHSCORES')
-      wait = math.max(1, tonumber(oldest[2]) + window - now)
+    if redis.call('ZCARD', held) >= parallelism then break end
+    if rate and redis.call('ZCOUNT', starts, '(' .. (start - window), '+inf') >= limit then
       break
     end
     redis.call('ZADD', held, now + lease, id)
-    if rate then redis.call('ZADD', starts, now, id) end
+    if rate then redis.call('ZADD', starts, start, id) end
   end
   granted = granted + 1
 end
 
 local in_flight = redis.call('ZCARD', held)
 local room = parallelism - in_flight
-if rate then room = math.min(room, limit - redis.call('ZCARD', starts)) end
-if wait ~= 0 then room = 0 end
+if rate then room = math.min(room, limit - redis.call('ZCOUNT', starts, '(' .. (now - window), '+inf')) end
+local wait = 0
+if room <= 0 then
+  if in_flight >= parallelism then
+    wait = -1
+  else
+    -- The window reopens when the start `limit` places before the newest leaves it.
+    local n = redis.call('ZCARD', starts)
+    local leaving = redis.call('ZRANGE', starts, n - limit, n - limit, 'WITHSCORES')
+    wait = math.max(1, tonumber(leaving[2]) + window - now)
+  end
+end
 -- The key outlives its longest lease (leases differ between calls: PEXPIRE only extends).
 if in_flight > 0 and redis.call('PTTL', held) < lease then redis.call('PEXPIRE', held, lease) end
-if rate and redis.call('EXISTS', starts) == 1 then redis.call('PEXPIRE', starts, window) end
-return {granted, wait, in_flight, math.max(0, room)}
+local rated = 0
+if rate then
+  rated = 1
+  if redis.call('EXISTS', starts) == 1 then
+    local newest = redis.call('ZRANGE', starts, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', starts, math.max(1, tonumber(newest[2]) + window - now))
+  end
+end
+return {granted, wait, in_flight, math.max(0, room), rated}

@@ -30,9 +30,10 @@ F = "{tw:f:" + FLOW + "}:"
 
 async def permits(store: Store, now: int, release: list[str], want: list[str],
                   lease: int = 15_000, default_p: int = 100) -> list[int]:
+    pairs = [part for permit in want for part in (permit, now)]
     reply = await store.scripts.permits(keys=[F], args=[now, default_p, lease, len(release),
-                                                        *release, *want])
-    return [int(x) for x in reply]
+                                                        *release, *pairs])
+    return [int(x) for x in reply][:4]
 
 
 async def flow_state(redis: Redis) -> dict[str, Any]:
@@ -66,7 +67,7 @@ async def test_permits_release_then_take_atomically(store: Store, redis: Redis) 
     """Given back in the same call, a permit is free for the ids asked for."""
     await redis.hset(F + "cfg", "p", 1)
     await redis.zadd(F + "held", {"a": NOW + 9000})
-    assert await permits(store, NOW + 5, ["a"], ["b"]) == [1, 0, 1, 0]
+    assert await permits(store, NOW + 5, ["a"], ["b"]) == [1, -1, 1, 0]
     assert (await flow_state(redis))["held"] == {"b": NOW + 5 + 15_000}
 
 
@@ -74,7 +75,7 @@ async def test_permits_expired_holder_gives_its_permit_back(store: Store, redis:
     """A permit whose lease ran out (its process died) is free again."""
     await redis.hset(F + "cfg", "p", 1)
     await redis.zadd(F + "held", {"dead": NOW - 1})
-    assert await permits(store, NOW, [], ["b"]) == [1, 0, 1, 0]
+    assert await permits(store, NOW, [], ["b"]) == [1, -1, 1, 0]
     assert (await flow_state(redis))["held"] == {"b": NOW + 15_000}
 
 
@@ -103,7 +104,7 @@ async def test_permits_rate_below_one(store: Store, redis: Redis) -> None:
     await redis.hset(F + "cfg", "r", "0.5")
     assert await permits(store, NOW, [], ["a", "b"]) == [1, 2000, 1, 0]
     assert await permits(store, NOW + 1999, ["a"], ["b"]) == [0, 1, 0, 0]
-    assert await permits(store, NOW + 2000, [], ["b"]) == [1, 0, 1, 0]
+    assert await permits(store, NOW + 2000, [], ["b"]) == [1, 2000, 1, 0]
 
 
 async def test_permits_keys_expire_with_the_last_lease(store: Store, redis: Redis) -> None:
@@ -117,9 +118,12 @@ async def test_permits_keys_expire_with_the_last_lease(store: Store, redis: Redi
 
 
 async def test_permits_room(store: Store, redis: Redis) -> None:
-    """room: what a further call could take now, the smaller of parallelism and rate room."""
+    """room: what a further call could take now, the smaller of parallelism and rate room;
+    a call that asks for nothing still says how long a full flow waits."""
     await redis.hset(F + "cfg", mapping={"p": 5, "r": 3})
     assert await permits(store, NOW, [], ["a"]) == [1, 0, 1, 2]
+    assert await permits(store, NOW + 10, [], ["b", "c"]) == [2, 990, 3, 0]
+    assert await permits(store, NOW + 20, [], []) == [0, 980, 3, 0]
 
 
 # -- park and unpark ---------------------------------------------------------------------------
@@ -213,3 +217,16 @@ async def test_resent_replace_does_not_rearm(store: Store, redis: Redis, between
 def _ok(key: str) -> Any:
     from timewheel.store import Outcome
     return Outcome(key, "tok", "ok", 200, started_ms=NOW)
+
+
+async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: Redis) -> None:
+    """Each permit carries its start time: a start logged ahead of the call (a task let
+    through before its due time) still counts in every window it falls in."""
+    await redis.hset(F + "cfg", "r", "2")
+    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0,
+                                                        "a", NOW + 500, "b", NOW + 500])
+    assert [int(x) for x in reply] == [2, 500 + 1000, 2, 0, 1]
+    reply = await store.scripts.permits(keys=[F], args=[NOW + 1000, 100, 15_000, 2, "a", "b",
+                                                        "c", NOW + 1000])
+    assert [int(x) for x in reply] == [0, 500, 0, 0, 1]
+    assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}

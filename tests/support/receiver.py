@@ -55,6 +55,8 @@ class Receiver:
         self._arrivals: list[Arrival] = []
         self._scripts: dict[str, list[Reply]] = {}
         self._served: dict[str, int] = {}
+        self._open: dict[str, int] = {}  # requests being answered now, per path
+        self._peak: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self._closing: asyncio.Event | None = None
         self.port = 0
@@ -81,6 +83,11 @@ class Receiver:
 
     def arrivals_for(self, path: str) -> list[Arrival]:
         return [a for a in self.arrivals if a.path == path]
+
+    def peak_in_flight(self, path: str) -> int:
+        """The most requests to `path` this receiver was answering at the same time."""
+        with self._lock:
+            return self._peak.get(path, 0)
 
     def clear(self) -> None:
         with self._lock:
@@ -118,14 +125,20 @@ class Receiver:
             script = self._scripts.get(request.path, [Reply()])
             n = self._served.get(request.path, 0)
             self._served[request.path] = n + 1
-        reply = script[min(n, len(script) - 1)]
-        if reply.delay > 0 and self._closing is not None:
-            # Wake early on shutdown so a hanging reply never holds up cleanup.
-            try:
-                await asyncio.wait_for(self._closing.wait(), reply.delay)
-            except TimeoutError:
-                pass
-        return web.Response(status=reply.status, headers=reply.headers, body=reply.body)
+            self._open[request.path] = now = self._open.get(request.path, 0) + 1
+            self._peak[request.path] = max(now, self._peak.get(request.path, 0))
+        try:
+            reply = script[min(n, len(script) - 1)]
+            if reply.delay > 0 and self._closing is not None:
+                # Wake early on shutdown so a hanging reply never holds up cleanup.
+                try:
+                    await asyncio.wait_for(self._closing.wait(), reply.delay)
+                except TimeoutError:
+                    pass
+            return web.Response(status=reply.status, headers=reply.headers, body=reply.body)
+        finally:
+            with self._lock:
+                self._open[request.path] -= 1
 
     async def start(self) -> Self:
         app = web.Application()

@@ -41,7 +41,7 @@ from timewheel.store.record import ClaimedTask
 log = logging.getLogger(__name__)
 
 Entry = tuple[ClaimedTask, int, int]  # (task, claimed_at_ms, batch deadline_ms)
-Permitted = tuple[Entry, str]  # an entry and the permit of its flow it holds
+Permitted = tuple[Entry, str, int]  # an entry, its flow's permit, no start before (ms)
 
 USER_AGENT = f"timewheel/{__version__}"
 START_SAFETY_MS = 1000  # an attempt must start this long before its lease can run out
@@ -105,19 +105,19 @@ class Dispatcher:
         task, claimed_at_ms, _ = entry
         self._gate.admit(task, entry, self._start_by(task, claimed_at_ms) - PARK_LEAD_MS)
 
-    def _permitted(self, payload: object, permit: str) -> None:
-        """The flow granted a permit: on to a worker."""
-        self._ready.append((cast(Entry, payload), permit))
+    def _permitted(self, payload: object, permit: str, start_ms: int) -> None:
+        """The flow granted a permit for an attempt starting at ``start_ms``: to a worker."""
+        self._ready.append((cast(Entry, payload), permit, start_ms))
         if len(self._workers) < self._max_workers:
             worker = asyncio.create_task(self._work())
             self._workers.add(worker)
             worker.add_done_callback(self._workers.discard)
 
-    def _adopt(self, task: ClaimedTask, permit: str) -> None:
+    def _adopt(self, task: ClaimedTask, permit: str, start_ms: int) -> None:
         """A parked task taken back by this process, its permit already held."""
         now = self._clock.now_ms()
         self._metrics.claimed.inc()
-        self._permitted((task, now, now + self._batch_deadline_ms), permit)
+        self._permitted((task, now, now + self._batch_deadline_ms), permit, start_ms)
 
     def _park(self, waiters: list[Waiter]) -> None:
         parking = asyncio.create_task(self._park_now(waiters))
@@ -147,10 +147,10 @@ class Dispatcher:
         me = asyncio.current_task()
         assert me is not None
         while self._ready:
-            (task, claimed_at_ms, deadline_ms), permit = self._ready.popleft()
+            (task, claimed_at_ms, deadline_ms), permit, start_ms = self._ready.popleft()
             self._holding[me] = task
             try:
-                await self._deliver(me, task, claimed_at_ms, deadline_ms)
+                await self._deliver(me, task, claimed_at_ms, deadline_ms, start_ms)
             except Exception:  # one bad task must not stop the worker; its lease re-sends it
                 log.exception("delivering %s failed", task.key)
             finally:
@@ -158,7 +158,7 @@ class Dispatcher:
                 self._gate.give_back(task.flow, permit)
 
     async def _deliver(self, me: asyncio.Task[None], task: ClaimedTask, claimed_at_ms: int,
-                       deadline_ms: int) -> None:
+                       deadline_ms: int, start_ms: int) -> None:
         if self._clock.now_ms() > self._start_by(task, claimed_at_ms):
             await self._release_late(task)
             return
@@ -173,7 +173,7 @@ class Dispatcher:
             self._metrics.skipped.inc()  # cancelled or replaced since the claim
             return
         self._holding.pop(me, None)  # started: shutdown lets it finish instead of handing back
-        await self._clock.sleep_until(task.due_ms)
+        await self._clock.sleep_until(max(task.due_ms, start_ms))
         timeout_ms = min(task.timeout_ms, deadline_ms - self._clock.now_ms())
         if timeout_ms <= 0:
             self._metrics.outcomes["abandoned"].inc()
@@ -295,7 +295,7 @@ class Dispatcher:
         """Hand back every claim not yet started, at once; give attempts in flight up to
         ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
         unlaunched = [entry[0] for entry in self._timeline.drain()]
-        unlaunched += [entry[0] for entry, _ in self._ready]
+        unlaunched += [entry[0] for entry, _, _ in self._ready]
         self._ready.clear()
         await self._timeline.close()
         unlaunched += [waiter.task for waiter in await self._gate.close()]

@@ -38,6 +38,9 @@ MAX_WANT = 256  # permit ids asked for in one call
 UNPARK_BATCH = 256  # parked tasks taken back in one go
 SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
 RETRY_MS = 200  # after a failed permits call
+# A task taken back from Redis starts this long after its permit (the rate log counts it
+# then): time for the unpark and start round trips, so it never starts before it is logged.
+UNPARK_START_MS = 50
 
 
 @dataclass(eq=False, slots=True)
@@ -57,6 +60,7 @@ class _Flow:
     running: asyncio.Task[None] | None = None
     dirty: bool = False
     alarm_ms: float | None = None  # the earliest alarm set for this flow
+    rated: bool = False  # the flow had a rate at the last permits call
 
     @property
     def idle(self) -> bool:
@@ -65,18 +69,18 @@ class _Flow:
 
 class FlowGate:
     def __init__(self, flows: FlowStore, store: Store, clock: Clock, metrics: Metrics, *,
-                 start: Callable[[object, str], None],
+                 start: Callable[[object, str, int], None],
                  park: Callable[[list[Waiter]], None],
-                 adopt: Callable[[ClaimedTask, str], None],
+                 adopt: Callable[[ClaimedTask, str, int], None],
                  tokens: Iterator[str], lease_margin_ms: int, max_lease_ms: int,
                  local_cap: int, max_waiting: int) -> None:
         self._flows = flows
         self._store = store
         self._clock = clock
         self._metrics = metrics
-        self._start = start  # (payload, permit): go on and send
+        self._start = start  # (payload, permit, start ms): go on, send no earlier than that
         self._park = park  # set these waiters aside in Redis
-        self._adopt = adopt  # (task, permit): an unparked task, permit already held
+        self._adopt = adopt  # (task, permit, start ms): an unparked task, permit held
         self._tokens = tokens
         self._lease_margin_ms = lease_margin_ms
         self._max_lease_ms = max_lease_ms
@@ -120,7 +124,10 @@ class FlowGate:
 
     def parked(self, flow: str, bucket: int) -> None:
         """A task of ``flow`` was parked in ``bucket``: take it back when there is room."""
-        self._flow(flow).parked_buckets.add(bucket)
+        state = self._flow(flow)
+        if bucket not in state.parked_buckets:
+            state.parked_buckets.add(bucket)
+            self._kick(state)  # there may be room already (a permit came back meanwhile)
 
     async def poll(self) -> None:
         """Once a tick: permits given back by other processes, and parked tasks anywhere."""
@@ -186,17 +193,22 @@ class FlowGate:
             return
         lease = self._lease_margin_ms + max((w.task.timeout_ms for w in waiters),
                                             default=self._max_lease_ms)
+        # Waiters are handed over a few ms before they are due and start at their due time:
+        # the rate log must count them when they start, not when they are let through.
+        now = self._clock.now_ms()
+        starts = [max(now, w.task.due_ms) for w in waiters]
         try:
             reply = await self._flows.permits(
-                state.key, now_ms=self._clock.now_ms(), lease_ms=lease, release=releases,
-                want=[w.permit for w in waiters])
+                state.key, now_ms=now, lease_ms=lease, release=releases,
+                want=[(w.permit, start) for w, start in zip(waiters, starts, strict=True)])
         except StoreUnavailable:
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
-        for _ in range(reply.granted):
+        state.rated = reply.rated
+        for start in starts[:reply.granted]:
             waiter = state.queue.popleft()
             self._waiting -= 1
-            self._start(waiter.payload, waiter.permit)
+            self._start(waiter.payload, waiter.permit, start)
         self._metrics.flow_waiting.set(self._waiting)
         if state.queue:
             if reply.wait_ms > 0:  # a rate window reopens then
@@ -212,8 +224,9 @@ class FlowGate:
         """Take permits, then as many of the flow's earliest parked tasks, over all buckets."""
         permits = [new_permit_id() for _ in range(min(room, UNPARK_BATCH))]
         now = self._clock.now_ms()
+        start = now + UNPARK_START_MS if state.rated else now
         reply = await self._flows.permits(state.key, now_ms=now, lease_ms=self._max_lease_ms,
-                                          want=permits)
+                                          want=[(permit, start) for permit in permits])
         held = permits[:reply.granted]
         if not held:
             return
@@ -236,7 +249,7 @@ class FlowGate:
             if not more:
                 state.parked_buckets.discard(bucket)
             for task in tasks:
-                self._adopt(task, held[adopted])
+                self._adopt(task, held[adopted], start)
                 adopted += 1
         self._metrics.flow_unparked.inc(adopted)
         if adopted < len(held):  # taken by another process meanwhile: give the rest back
@@ -256,8 +269,8 @@ class FlowGate:
         """A park deadline or a rate window: park who must, and ask again."""
         state = self._states.get(flow)
         now = self._clock.wall_ms()
-        if state is None or state.alarm_ms is None or state.alarm_ms > now:
-            return  # superseded by an earlier alarm that already ran
+        if state is None or (state.alarm_ms is not None and state.alarm_ms > now):
+            return  # a later alarm is pending: that one asks again
         state.alarm_ms = None
         due = [w for w in state.queue if w.park_by_ms <= now]
         if due:

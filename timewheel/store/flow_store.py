@@ -36,6 +36,7 @@ class PermitReply:
     wait_ms: int  # when short: WAIT_FOR_RELEASE, or ms until the rate window has room
     in_flight: int
     room: int  # how many more permits could be taken right now
+    rated: bool  # the flow has a rate: starts are logged at the start times given
 
 
 def new_permit_id() -> str:
@@ -51,13 +52,17 @@ class FlowStore:
         self.default_parallelism = default_parallelism
 
     async def permits(self, flow: str, *, now_ms: int, lease_ms: int,
-                      release: Sequence[str] = (), want: Sequence[str] = ()) -> PermitReply:
-        """Give back ``release``, then take permits for ``want`` (in order), atomically."""
+                      release: Sequence[str] = (), want: Sequence[tuple[str, int]] = ()
+                      ) -> PermitReply:
+        """Give back ``release``, then take permits for ``want``, (permit id, start ms) pairs
+        in order, atomically."""
         async with redis_errors("permits"):
             reply = await self.scripts.permits(
                 keys=[self.keys.flow(flow)],
-                args=[now_ms, self.default_parallelism, lease_ms, len(release), *release, *want])
-        return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]))
+                args=[now_ms, self.default_parallelism, lease_ms, len(release), *release,
+                      *(part for pair in want for part in pair)])
+        return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
+                           bool(reply[4]))
 
     async def limits(self, flow: str) -> StoredLimits:
         async with redis_errors("flow limits"):
