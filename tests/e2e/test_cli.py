@@ -114,3 +114,37 @@ def test_cli_lists_scheduled_tasks_by_prefix(start_service: Callable[..., Servic
         ok(cli(service, "tasks", "add", receiver.url("/rem"), "--key", key, "--delay", delay))
     page = ok(cli(service, "tasks", "list", "--status", "scheduled", "--prefix", "rem-"))
     assert [t["key"] for t in page["tasks"]] == ["rem-c", "rem-b", "rem-a"]
+
+
+def test_cli_schedules_and_flows(start_service: Callable[..., Service],
+                                 receiver: ThreadedReceiver) -> None:
+    """A schedule set from the CLI fires as tasks with its headers, in the flow it names;
+    pause, list, delete; flows set/get/list/delete."""
+    service = start_service(api_tokens=TOKEN)
+    flow = ok(cli(service, "flows", "set", "cli-flow", "--parallelism", "2", "--rate", "50"))
+    assert (flow["key"], flow["parallelism"], flow["rate"]) == ("cli-flow", 2, 50)
+    assert ok(cli(service, "flows", "get", "cli-flow")) == flow
+    assert ok(cli(service, "flows", "list")) == {"flows": [flow]}
+
+    made = ok(cli(service, "schedules", "set", "tick", "--every", "1", receiver.url("/tick"),
+                  "--header", "X-Job: tick", "--body", '{"kind": "tick"}',
+                  "--flow-key", "cli-flow"))
+    assert (made["id"], made["every"], made["paused"]) == ("tick", 1, False)
+    assert made["task"]["headers"] == {"X-Job": "tick"}
+    receiver.wait_for_sync(1, timeout=20, path="/tick")
+    arrival = receiver.arrivals_for("/tick")[0]
+    assert arrival.headers["webhook-id"].startswith("tick.")
+    assert arrival.headers["x-job"] == "tick"
+    assert json.loads(arrival.body) == {"kind": "tick"}
+
+    paused = ok(cli(service, "schedules", "pause", "tick"))
+    assert (paused["paused"], paused["next_run_at"]) == (True, None)
+    assert [s["id"] for s in ok(cli(service, "schedules", "list"))["schedules"]] == ["tick"]
+    assert ok(cli(service, "schedules", "delete", "tick")) == {"id": "tick", "deleted": True}
+    gone = cli(service, "schedules", "get", "tick")
+    assert (gone.returncode, gone.stdout) == (1, "")
+    assert gone.stderr == "timewheel: 404 Not Found: no schedule with id 'tick'\n"
+
+    assert ok(cli(service, "flows", "delete", "cli-flow")) == {"key": "cli-flow",
+                                                               "deleted": True}
+    assert ok(cli(service, "flows", "list")) == {"flows": []}
