@@ -29,15 +29,16 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
-from timewheel.models import FINISHED
+from timewheel.models import FINISHED, TaskFields
 from timewheel.store import CONFLICT, CREATED, Store
-from timewheel.store.batch import get_many, schedule_many
+from timewheel.store.batch import schedule_many
 from timewheel.store.schedule_store import (
     Due,
     Reservation,
     ScheduleStore,
     occurrence_key,
     occurrence_task,
+    template_fields,
 )
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,14 @@ MAX_OCCURRENCES_PER_RESERVATION = 32
 _SPEC_CACHE = 100_000
 
 
+_FINISHED = frozenset(str(status) for status in FINISHED)
+
+
 @dataclass(frozen=True, slots=True)
 class _Spec:
     recurrence: Recurrence
     template: dict[str, Any]
+    fields: TaskFields | None  # None: the template does not validate (any more)
 
 
 class Materializer:
@@ -80,28 +85,37 @@ class Materializer:
 
     async def tick(self, now_ms: int) -> int:
         """Materialize what falls due by ``now_ms + ahead_ms`` (at most ``max_per_tick``
-        schedules), then settle outstanding occurrences. Returns how many schedules were
-        reserved."""
-        budget = self.max_per_tick
-        reserved = 0
-        for bucket in range(self._store.keys.buckets):
-            while budget > 0:
+        schedules), then settle outstanding occurrences (as many at most). Buckets are worked
+        on concurrently, each in batches of ``batch`` within an equal share of the budget (a
+        shared budget would let the first buckets starve the others, tick after tick), so Redis
+        and Python overlap. Returns how many schedules were reserved."""
+        buckets = self._store.keys.buckets
+        share = max(1, self.max_per_tick // buckets)
+
+        async def materialize(bucket: int) -> int:
+            made, left = 0, share
+            while left > 0:
                 full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
-                                                      limit=min(self.batch, budget))
-                budget -= len(due)
-                reserved += await self._materialize(bucket, due, now_ms)
+                                                      limit=min(self.batch, left))
+                left -= len(due)
+                made += await self._materialize(bucket, due, now_ms)
                 if not full or not due:
                     break
-        checks = self.max_per_tick
-        for bucket in range(self._store.keys.buckets):
-            while checks > 0:
+            return made
+
+        async def settle(bucket: int) -> None:
+            left = share
+            while left > 0:
                 full, items = await self._schedules.checks(bucket, now_ms=now_ms,
-                                                           limit=min(self.batch, checks))
-                checks -= len(items)
+                                                           limit=min(self.batch, left))
+                left -= len(items)
                 await self._settle(bucket, items, now_ms)
                 if not full or not items:
                     break
-        return reserved
+
+        reserved = await asyncio.gather(*(materialize(b) for b in range(buckets)))
+        await asyncio.gather(*(settle(b) for b in range(buckets)))
+        return sum(reserved)
 
     async def _materialize(self, bucket: int, due: list[Due], now_ms: int) -> int:
         if not due:
@@ -114,7 +128,7 @@ class Materializer:
                 reservations.append(self._plan(d, spec.recurrence, now_ms))
         taken = await self._schedules.reserve(bucket, reservations, now_ms=now_ms,
                                               lease_ms=self.lease_ms)
-        work = [(r.id, occ, specs[(r.id, r.version)].template)
+        work = [(r.id, occ, specs[(r.id, r.version)].fields)
                 for r, ok in zip(reservations, taken, strict=True) if ok
                 for occ in r.occurrences]
         created = await self._create_many(work, now_ms)
@@ -140,19 +154,22 @@ class Materializer:
         return Reservation(due.id, due.version, due.next_raw,
                            rec.next_after(occurrences[-1]), tuple(occurrences))
 
-    async def _create_many(self, work: list[tuple[str, int, dict[str, Any]]], now_ms: int
+    async def _create_many(self, work: list[tuple[str, int, TaskFields | None]], now_ms: int
                            ) -> list[bool]:
         """Create occurrence tasks through lua/schedule.lua in create mode, as POST /tasks
         does, pipelined (timewheel.store.batch). True for each that exists now (or can never
         be created); False leaves it outstanding, for any process to create after the lease."""
         done = [True] * len(work)
         tasks, where = [], []
-        for n, (schedule_id, occ, template) in enumerate(work):
+        for n, (schedule_id, occ, fields) in enumerate(work):
+            if fields is None:  # a template that no longer validates: it can never fire
+                log.error("schedule %s: occurrence %d cannot become a task", schedule_id, occ)
+                continue
             try:
-                tasks.append(occurrence_task(schedule_id, occ, template, now_ms,
+                tasks.append(occurrence_task(schedule_id, occ, fields, now_ms,
                                              default_timeout=self._schedules.default_timeout))
                 where.append(n)
-            except ValueError:  # a template that no longer validates: it can never fire
+            except ValueError:
                 log.exception("schedule %s: occurrence %d cannot become a task", schedule_id,
                               occ)
         if not tasks:
@@ -180,9 +197,13 @@ class Materializer:
         drop: list[str] = []
         later: list[tuple[str, int, int]] = []
 
-        def template(schedule_id: str) -> dict[str, Any] | None:
+        def spec(schedule_id: str) -> _Spec | None:
             found = specs.get(schedule_id)
-            return self._spec(schedule_id, *found).template if found else None
+            return self._spec(schedule_id, *found) if found else None
+
+        def template(schedule_id: str) -> dict[str, Any] | None:
+            found = spec(schedule_id)
+            return found.template if found else None
 
         # Paused or deleted: finish what the pause or delete caller may not have.
         for schedule_id, occ, state in items:
@@ -191,14 +212,14 @@ class Materializer:
                                                          template(schedule_id), now_ms=now_ms)
                 self.cancelled += 1
         active = [(i, occ) for i, occ, state in items if state == "active"]
-        views = await get_many(self._store, [occurrence_key(i, occ) for i, occ in active])
-        missing: list[tuple[str, int, dict[str, Any]]] = []
-        for (schedule_id, occ), view in zip(active, views, strict=True):
-            spec_template = template(schedule_id)
-            if view is None and occ > now_ms - retention // 2 and spec_template is not None:
+        found = await self._schedules.task_statuses([occurrence_key(i, o) for i, o in active])
+        missing: list[tuple[str, int, TaskFields | None]] = []
+        for (schedule_id, occ), status in zip(active, found, strict=True):
+            current = spec(schedule_id)
+            if status is None and occ > now_ms - retention // 2 and current is not None:
                 # Reserved, never created: its creator died. Creating it again is idempotent.
-                missing.append((schedule_id, occ, spec_template))
-            elif view is None or view.status in FINISHED:
+                missing.append((schedule_id, occ, current.fields))
+            elif status is None or status in _FINISHED:
                 drop.append(f"{schedule_id} {occ}")
             else:
                 later.append((schedule_id, occ, now_ms + self.recheck_ms))
@@ -224,7 +245,13 @@ class Materializer:
         spec = self._specs.get(key)
         if spec is None:
             raw = json.loads(text)
-            spec = _Spec(Recurrence(raw["cron"], raw["every"], raw["timezone"]), raw["task"])
+            try:
+                fields: TaskFields | None = template_fields(raw["task"])
+            except ValueError:
+                log.exception("schedule %s: its task template does not validate", schedule_id)
+                fields = None
+            spec = _Spec(Recurrence(raw["cron"], raw["every"], raw["timezone"]), raw["task"],
+                         fields)
             self._specs[key] = spec
             if len(self._specs) > _SPEC_CACHE:
                 self._specs.popitem(last=False)

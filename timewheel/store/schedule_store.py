@@ -30,7 +30,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable
-from timewheel.models import ScheduleCreate, TaskFields, format_ms
+from timewheel.models import ScheduleCreate, TaskFields
 from timewheel.store.record import NewTask, prepare
 from timewheel.store.scripts import source
 from timewheel.store.task_store import Store
@@ -97,11 +97,21 @@ def occurrence_key(schedule_id: str, occ_ms: int) -> str:
     return f"{schedule_id}.{occ_ms}"
 
 
-def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any], now_ms: int, *,
-                    default_timeout: float) -> NewTask:
+def template_fields(template: dict[str, Any]) -> TaskFields:
+    """The template validated as a task body (once per schedule version: it is the costly
+    part of building an occurrence)."""
+    return TaskFields.model_validate(template)
+
+
+def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any] | TaskFields,
+                    now_ms: int, *, default_timeout: float) -> NewTask:
     """The task of one occurrence: the template as a POST /tasks body with execute_at = the
     occurrence. Every process builds the same record (and fingerprint) for it."""
-    fields = TaskFields.model_validate({**template, "execute_at": format_ms(occ_ms)})
+    fields = template if isinstance(template, TaskFields) else template_fields(template)
+    # The same fields (and fields set) as validating the template with execute_at added.
+    # Epoch seconds, not RFC 3339: the same instant, and several times cheaper to parse.
+    at: int | float = occ_ms // 1000 if occ_ms % 1000 == 0 else occ_ms / 1000
+    fields = fields.model_copy(update={"execute_at": at})
     return prepare(fields, occurrence_key(schedule_id, occ_ms), now_ms,
                    default_timeout=default_timeout)
 
@@ -311,6 +321,18 @@ class ScheduleStore:
         mapping = {_member(i, occ): at for i, occ, at in entries}
         async with redis_errors("schedule settle"):
             await self.redis.zadd(f"{self.prefix(bucket)}socc", mapping, xx=True)
+
+    async def task_statuses(self, keys: Sequence[str]) -> list[str | None]:
+        """The stored status of each task (None: no such task), read in one pipeline: the
+        settling pass needs no more than that to know whether an occurrence finished."""
+        if not keys:
+            return []
+        async with redis_errors("task statuses"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hget(self.store.keys.task(key), "status")
+                rows: list[Any] = await pipe.execute()
+        return [row.decode() if row is not None else None for row in rows]
 
     async def checks(self, bucket: int, *, now_ms: int, limit: int
                      ) -> tuple[bool, list[tuple[str, int, str]]]:
