@@ -34,6 +34,10 @@ class FakeDispatcher:
     def in_flight(self) -> int:
         return self.busy + sum(len(tasks) for tasks, _ in self.calls)
 
+    @property
+    def holding(self) -> int:
+        return self.in_flight
+
     def submit(self, tasks: list[ClaimedTask], claimed_at_ms: int) -> None:
         self.calls.append((list(tasks), claimed_at_ms))
 

@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     # Fixed per wheel once written to Redis; unset adopts the wheel's (16 for a new wheel).
     buckets: int | None = Field(default=None, ge=1, le=16_384)
     max_concurrency: int = Field(default=512, ge=1, le=100_000)
-    flow_local_waiting: int = Field(default=1000, ge=0, le=100_000)
+    flow_local_waiting: int = Field(default=10_000, ge=0, le=100_000)
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     metrics_public: bool = True
     docs_public: bool = True

@@ -53,7 +53,7 @@ PARK_LEAD_MS = 100  # a task waiting for a permit is parked this long before its
 class Dispatcher:
     def __init__(self, store: Store, flows: FlowStore, clock: Clock, sender: Sender,
                  metrics: Metrics, *, signer: Signer | None, max_concurrency: int,
-                 batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 1000
+                 batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 10_000
                  ) -> None:
         self._store = store
         self._clock = clock
@@ -70,7 +70,7 @@ class Dispatcher:
             flows, store, clock, metrics, start=self._permitted, park=self._park,
             adopt=self._adopt, tokens=tokens, lease_margin_ms=store.lease_margin_ms,
             max_lease_ms=batch_deadline_ms + store.lease_margin_ms,
-            local_cap=flow_local_cap, max_waiting=max_concurrency * 10)
+            local_cap=flow_local_cap, max_waiting=max_concurrency * 20)
         self._parking: set[asyncio.Task[None]] = set()
         # Claimed tasks wait on the timeline until just before they are due, then in the ready
         # queue for one of at most max_concurrency workers. A burst of 10,000 due tasks thus
@@ -87,6 +87,13 @@ class Dispatcher:
         """Claimed tasks this process holds: waiting, ready, being sent or being recorded."""
         return (len(self._timeline) + self._gate.waiting + len(self._ready)
                 + len(self._workers) + len(self._recording))
+
+    @property
+    def holding(self) -> int:
+        """Claims that count against the ticker's budget: all but those waiting for a permit
+        of their flow (bounded on their own, per flow and in all), so a flow that floods
+        its own waiting room never stops this process from claiming other flows' tasks."""
+        return self.in_flight - self._gate.waiting
 
     async def poll_flows(self) -> None:
         """Once a tick: take back parked tasks whose flow has room (any process parked them)."""

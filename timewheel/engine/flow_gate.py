@@ -61,6 +61,7 @@ class _Flow:
     dirty: bool = False
     alarm_ms: float | None = None  # the earliest alarm set for this flow
     rated: bool = False  # the flow had a rate at the last permits call
+    room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
 
     @property
     def idle(self) -> bool:
@@ -88,6 +89,7 @@ class FlowGate:
         self._max_waiting = max_waiting
         self._states: dict[str, _Flow] = {}
         self._waiting = 0
+        self._to_park: list[Waiter] = []
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
 
@@ -109,7 +111,7 @@ class FlowGate:
         state = self._flow(task.flow)
         if len(state.queue) >= self._local_cap or self._waiting >= self._max_waiting:
             # Enough of this flow waits here already: wait in Redis, holding nothing.
-            self._park([Waiter(task, payload, "", park_by_ms)])
+            self._park_soon([Waiter(task, payload, "", park_by_ms)])
             return
         state.queue.append(Waiter(task, payload, new_permit_id(), park_by_ms))
         self._waiting += 1
@@ -187,49 +189,54 @@ class FlowGate:
             state.running = None
 
     async def _exchange_once(self, state: _Flow) -> None:
+        """One permits call: give back what finished, then ask for the waiters here or, when
+        none wait here, for parked tasks of the flow (then taken back from Redis)."""
         releases, state.releases = state.releases, []
-        waiters = list(itertools.islice(state.queue, MAX_WANT))
-        if not releases and not waiters and not state.parked_buckets:
+        # Ask for what can be had: the room left last time plus what is given back now (one
+        # more, to notice a limit raised meanwhile), not a whole queue each time.
+        asked = min(MAX_WANT, state.room + len(releases) + 1)
+        waiters = list(itertools.islice(state.queue, asked))
+        unparking = not waiters and bool(state.parked_buckets)
+        if not releases and not waiters and not unparking:
             return
-        lease = self._lease_margin_ms + max((w.task.timeout_ms for w in waiters),
-                                            default=self._max_lease_ms)
-        # Waiters are handed over a few ms before they are due and start at their due time:
-        # the rate log must count them when they start, not when they are let through.
         now = self._clock.now_ms()
-        starts = [max(now, w.task.due_ms) for w in waiters]
+        if waiters:
+            # Waiters are handed over a few ms before they are due and start at their due
+            # time: the rate log must count them when they start, not when let through.
+            starts = [max(now, w.task.due_ms) for w in waiters]
+            want = [(w.permit, start) for w, start in zip(waiters, starts, strict=True)]
+            lease = self._lease_margin_ms + max(w.task.timeout_ms for w in waiters)
+        elif unparking:
+            start = now + UNPARK_START_MS if state.rated else now
+            want = [(new_permit_id(), start) for _ in range(min(UNPARK_BATCH, asked))]
+            lease = self._max_lease_ms
+        else:
+            want, lease = [], self._max_lease_ms
         try:
-            reply = await self._flows.permits(
-                state.key, now_ms=now, lease_ms=lease, release=releases,
-                want=[(w.permit, start) for w, start in zip(waiters, starts, strict=True)])
+            reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease,
+                                              release=releases, want=want)
         except StoreUnavailable:
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
-        state.rated = reply.rated
-        for start in starts[:reply.granted]:
-            waiter = state.queue.popleft()
-            self._waiting -= 1
-            self._start(waiter.payload, waiter.permit, start)
-        self._metrics.flow_waiting.set(self._waiting)
+        state.rated, state.room = reply.rated, reply.room
+        if waiters:
+            for permit, start in want[:reply.granted]:
+                waiter = state.queue.popleft()
+                self._waiting -= 1
+                self._start(waiter.payload, permit, start)
+            self._metrics.flow_waiting.set(self._waiting)
+        elif unparking and reply.granted:
+            await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
+                               want[0][1])
+        if reply.wait_ms > 0 and (state.queue or state.parked_buckets):
+            self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)  # rate window
         if state.queue:
-            if reply.wait_ms > 0:  # a rate window reopens then
-                self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)
             self._alarm_at(state, min(w.park_by_ms for w in state.queue))
-        elif state.parked_buckets:
-            if reply.room > 0:
-                await self._unpark(state, reply.room)
-            elif reply.wait_ms > 0:
-                self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)
 
-    async def _unpark(self, state: _Flow, room: int) -> None:
-        """Take permits, then as many of the flow's earliest parked tasks, over all buckets."""
-        permits = [new_permit_id() for _ in range(min(room, UNPARK_BATCH))]
+    async def _unpark(self, state: _Flow, held: list[str], start: int) -> None:
+        """Take back as many of the flow's earliest parked tasks, over all buckets, as there
+        are permits in ``held``; give back the permits left over."""
         now = self._clock.now_ms()
-        start = now + UNPARK_START_MS if state.rated else now
-        reply = await self._flows.permits(state.key, now_ms=now, lease_ms=self._max_lease_ms,
-                                          want=[(permit, start) for permit in permits])
-        held = permits[:reply.granted]
-        if not held:
-            return
         buckets = sorted(state.parked_buckets)
         peeks = await asyncio.gather(*(self._store.peek_parked(bucket, state.key, len(held))
                                        for bucket in buckets))
@@ -279,5 +286,16 @@ class FlowGate:
             state.releases.extend(w.permit for w in due)
             self._waiting -= len(due)
             self._metrics.flow_waiting.set(self._waiting)
-            self._park(due)
+            self._park_soon(due)
         self._kick(state)
+
+    def _park_soon(self, waiters: list[Waiter]) -> None:
+        """Park at the end of this event-loop iteration, all of it in one go: a burst turns
+        thousands of waiters away at once."""
+        if not self._to_park:
+            asyncio.get_running_loop().call_soon(self._park_now)
+        self._to_park.extend(waiters)
+
+    def _park_now(self) -> None:
+        waiters, self._to_park = self._to_park, []
+        self._park(waiters)

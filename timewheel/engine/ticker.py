@@ -57,7 +57,7 @@ class Ticker:
         for bucket in range(self._store.keys.buckets):
             more = True
             while more and not self._stopping.is_set():
-                room = self._max_pending - self._dispatcher.in_flight
+                room = self._max_pending - self._dispatcher.holding
                 if room <= 0:
                     return claimed  # bounded work: the rest waits in Redis for the next tick
                 more, count = await self._claim(bucket, min(self._claim_batch, room))
