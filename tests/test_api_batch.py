@@ -11,7 +11,7 @@ from typing import Any
 import hiredis
 import httpx
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 
 from tests.conftest import START_MS, running_app
@@ -22,7 +22,7 @@ from timewheel.api.app import MAX_REQUEST_BYTES, create_app
 from timewheel.api.batch import Times, created_view
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.settings import Settings
-from timewheel.store import Store
+from timewheel.store import CREATED, EXISTS, Store
 from timewheel.store.batch import get_many, rounds, schedule_many
 from timewheel.store.keys import Keyspace
 from timewheel.store.record import prepare
@@ -252,6 +252,34 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+async def test_a_cancelled_batch_leaves_no_unread_replies(redis_server: RedisServer,
+                                                         redis: Redis) -> None:
+    """A request cancelled while its replies are pending (a client gone, a timeout): the
+    connection is dropped, so the next batch on the same single-connection pool reads its
+    own replies, not the stale ones."""
+    pool = BlockingConnectionPool.from_url(redis_server.url, max_connections=1)
+    client = Redis.from_pool(pool)
+    store = Store(client, "tw", retention_ms=1000, lease_margin_ms=1000)
+    await store.init()
+
+    def task(key: str) -> Any:
+        return prepare(TaskFields(callback_url=URL), key, START_MS, default_timeout=10)
+
+    await schedule_many(store, [task("warm")], START_MS)  # script loaded, connection made
+    busy = asyncio.create_task(redis.execute_command("DEBUG", "SLEEP", "0.3"))
+    await asyncio.sleep(0.05)
+    first = asyncio.create_task(schedule_many(store, [task(f"a{i}") for i in range(50)],
+                                              START_MS))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await busy
+    codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
+    assert codes == [EXISTS, CREATED, EXISTS]
+    await client.aclose()
 
 
 async def test_redis_down_is_503_and_the_app_recovers(own_redis: RedisServer,

@@ -118,13 +118,11 @@ async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[A
         await conn.disconnect()
 
     try:
+        # A send or read cut short (an error, a timeout, a cancelled request) disconnects the
+        # connection inside redis-py, so no unread reply is handed to the next user
+        # (tests/test_api_batch.py checks this).
         replies: list[Any] = await conn.retry.call_with_retry(send_and_read, reset)
         return replies
-    except BaseException:
-        # Replies may be left unread (a timeout, a cancelled request): never hand such a
-        # connection back in use.
-        await conn.disconnect()
-        raise
     finally:
         await pool.release(conn)
 
