@@ -244,7 +244,9 @@ def _print_tail(tail: dict[str, Any]) -> None:
     st = tail["steal"]
     print(f"  CPU steal: mean {_fmt(st['mean_pct'])} % (due window "
           f"{_fmt(st['due_window_mean_pct'])} %), worst second {_fmt(st['max_1s_pct'])} %, "
-          f"{st['seconds_over_10pct']} s over 10 %")
+          f"{st['seconds_over_10pct']} s over 10 %; runnable threads mean "
+          f"{_fmt(tail['runnable_threads']['mean'])} max {tail['runnable_threads']['max']}; "
+          f"service preempted {tail['service_preempted']} times")
     g = tail.get("gc")
     if g:
         print(f"  service GC: {g['collections']} collections {g['by_generation']}, total "

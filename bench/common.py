@@ -245,19 +245,37 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
         return None
 
 
-def proc_stat_cpu() -> tuple[int, int] | None:
-    """(steal, total) jiffies of all CPUs together, from the ``cpu`` line of /proc/stat.
+def proc_stat_cpu() -> tuple[int, int, int] | None:
+    """(steal, total) jiffies of all CPUs together, from the ``cpu`` line of /proc/stat, and
+    the number of runnable threads (``procs_running``) right now.
 
     Steal is time a virtual CPU was ready to run but the hypervisor ran something else: on a
-    shared machine it shows up as lateness that no code of ours caused."""
+    shared machine it shows up as lateness that no code of ours caused. More runnable threads
+    than CPUs means processes on this machine wait for each other."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            lines = f.read().splitlines()
     except OSError:
         return None
+    fields = lines[0].split() if lines else []
     if not fields or fields[0] != "cpu" or len(fields) < 9:
         return None
     values = [int(v) for v in fields[1:]]
+    running = next((int(line.split()[1]) for line in lines if line.startswith("procs_running")),
+                   0)
     # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already
     # counted in user and nice, so only the first eight make up the total.
-    return values[7], sum(values[:8])
+    return values[7], sum(values[:8]), running
+
+
+def proc_involuntary_switches(pid: int) -> int | None:
+    """How often ``pid``'s threads were preempted (``nonvoluntary_ctxt_switches``, summed)."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    except OSError:
+        return None
+    return total

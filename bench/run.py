@@ -256,7 +256,7 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     await recv_reset(ctx)
     meter = CpuMeter(ctx.pids)
     meter.start()
-    probe = RunProbe(ctx.ctl, ctx.base, ctx.gc_log)
+    probe = RunProbe(ctx.ctl, ctx.base, ctx.gc_log, ctx.pids.get("service"))
     await probe.start()
     poller = asyncio.get_running_loop().create_task(prober.run()) if prober else None
     try:

@@ -23,6 +23,7 @@ from bench.common import (
     free_port,
     proc_children,
     proc_cpu_seconds,
+    proc_involuntary_switches,
     proc_name,
     proc_rss_mib,
     proc_stat_cpu,
@@ -209,21 +210,27 @@ def histogram_summary(before: dict[float, float] | None, after: dict[float, floa
 
 
 class RunProbe:
-    """Around one workload: the service's own lateness histogram (before/after), CPU steal from
-    /proc/stat (sampled every 0.25 s), and the service's GC pauses (bench/gc_log.py)."""
+    """Around one workload: the service's own lateness histogram (before/after), CPU steal and
+    runnable threads from /proc/stat (sampled every 0.25 s), how often the service was
+    preempted, and its GC pauses (bench/gc_log.py)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, gc_log: Path | None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base: str, gc_log: Path | None,
+                 pid: int | None = None) -> None:
         self.session = session
         self.base = base
         self.gc_log = gc_log
+        self.pid = pid
         self.hist: dict[float, float] | None = None
         self.t0 = 0.0
+        self.switches0: int | None = None
         self.steal: list[tuple[float, float]] = []  # (epoch s at the end of a sample, steal %)
+        self.running: list[int] = []  # runnable threads at each sample
         self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.hist = await lateness_histogram(self.session, self.base)
         self.t0 = time.time()
+        self.switches0 = proc_involuntary_switches(self.pid) if self.pid else None
         self._sampler = asyncio.get_running_loop().create_task(self._sample())
 
     async def _sample(self) -> None:
@@ -236,6 +243,7 @@ class RunProbe:
             steal, total = now[0] - last[0], now[1] - last[1]
             if total > 0:
                 self.steal.append((time.time(), 100.0 * steal / total))
+            self.running.append(now[2])
             last = now
 
     async def stop(self) -> dict[str, Any]:
@@ -244,6 +252,7 @@ class RunProbe:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
         after = await lateness_histogram(self.session, self.base)
+        switches = proc_involuntary_switches(self.pid) if self.pid else None
         pauses = gc_read(str(self.gc_log), self.t0, t1) if self.gc_log else None
         by_second: dict[int, list[float]] = {}
         for t, pct in self.steal:
@@ -258,6 +267,13 @@ class RunProbe:
                 "seconds_over_10pct": sum(1 for v in by_second.values() if sum(v) / len(v) > 10),
                 "samples": [(round(t, 3), round(p, 2)) for t, p in self.steal],
             },
+            # procs_running counts the sampling thread itself; more than nproc means waiting.
+            "runnable_threads": {
+                "mean": round(sum(self.running) / len(self.running), 2) if self.running else None,
+                "max": max(self.running, default=None),
+            },
+            "service_preempted": None if switches is None or self.switches0 is None
+            else switches - self.switches0,
             "gc": None if pauses is None else {
                 "collections": len(pauses),
                 "by_generation": {str(g): sum(1 for p in pauses if p[2] == g) for g in (0, 1, 2)},
