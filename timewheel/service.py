@@ -27,6 +27,7 @@ from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS
 from timewheel.store.schedule_store import ScheduleStore
+from timewheel.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class Wheel:
         dispatcher = Dispatcher(store, flows, clock, sender, metrics, signer=signer,
                                 max_concurrency=settings.max_concurrency,
                                 batch_deadline_ms=int(settings.batch_deadline_seconds * 1000),
-                                tokens=tokens, flow_local_cap=settings.flow_local_waiting)
+                                tokens=tokens, flow_local_cap=settings.flow_local_waiting,
+                                tracing=Tracing.from_env())
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,

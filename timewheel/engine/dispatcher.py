@@ -37,6 +37,7 @@ from timewheel.models import format_ms
 from timewheel.store import Outcome, Store
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import ClaimedTask
+from timewheel.tracing import Tracing, record_callback
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,14 @@ PARK_LEAD_MS = 100  # a task waiting for a permit is parked this long before its
 class Dispatcher:
     def __init__(self, store: Store, flows: FlowStore, clock: Clock, sender: Sender,
                  metrics: Metrics, *, signer: Signer | None, max_concurrency: int,
-                 batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 10_000
-                 ) -> None:
+                 batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 10_000,
+                 tracing: Tracing | None = None) -> None:
         self._store = store
         self._clock = clock
         self._sender = sender
         self._metrics = metrics
         self._signer = signer
+        self._tracing = tracing or Tracing(None)
         self._batch_deadline_ms = batch_deadline_ms
         self._max_workers = max_concurrency
         self._starts: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._flush_starts)
@@ -199,17 +201,21 @@ class Dispatcher:
         headers = self._headers(task, attempt, int(started_ms // 1000))
         answer: Answer | None = None
         error: SendError | None = None
-        self._metrics.inflight.inc()
-        try:
-            answer = await self._sender.send(task.method, task.url, headers, task.body or None,
-                                             timeout)
-        except SendError as exc:
-            error = exc
-        finally:
-            self._metrics.inflight.dec()
-        took = (self._clock.wall_ms() - started_ms) / 1000.0
-        self._metrics.duration.observe(took)
-        return self._outcome(task, attempt, answer, error, took, int(started_ms))
+        with self._tracing.callback_span(task.key, attempt, task.method, task.url) as span:
+            self._metrics.inflight.inc()
+            try:
+                answer = await self._sender.send(task.method, task.url, headers,
+                                                 task.body or None, timeout)
+            except SendError as exc:
+                error = exc
+            finally:
+                self._metrics.inflight.dec()
+            took = (self._clock.wall_ms() - started_ms) / 1000.0
+            self._metrics.duration.observe(took)
+            outcome = self._outcome(task, attempt, answer, error, took, int(started_ms))
+            record_callback(span, status_code=outcome.status_code, outcome=outcome.kind,
+                            error=outcome.error)
+        return outcome
 
     def _headers(self, task: ClaimedTask, attempt: int, timestamp: int) -> list[tuple[str, str]]:
         headers = [*task.headers,
@@ -240,7 +246,10 @@ class Dispatcher:
         # Successes at DEBUG: at thousands of callbacks a second, a line each costs real CPU.
         log.log(logging.DEBUG if verdict == "ok" else logging.INFO,
                 "callback %s attempt=%d %s %.3fs -> %s", task.key, attempt,
-                code if code is not None else message, took, verdict)
+                code if code is not None else message, took, verdict,
+                extra={"task_key": task.key, "flow_key": task.flow, "attempt": attempt,
+                       "status_code": code, "duration_ms": round(took * 1000, 1),
+                       "outcome": verdict, "error": message})
         if verdict == "retry":
             self._metrics.outcomes["retried"].inc()
             return Outcome(task.key, task.token, "retry", code, message,
