@@ -229,3 +229,44 @@ async def _true(value: bool) -> bool:
 
 async def _parked(wheel: Harness, count: int) -> bool:
     return await wheel.store.parked_count(FLOW) == count
+
+
+async def test_stop_hands_back_waiters_and_gives_permits_back(
+        gated: Harness, router: respx.MockRouter) -> None:
+    """At shutdown a task waiting for its flow goes back to its slice (claimable at once by
+    any process) and the permits this process held are given back."""
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=1)
+    await due_now(gated, ["a", "b", "c"])
+    await wait_until(lambda: _true(receiver.now == 1), "one in flight")
+    receiver.open.set()  # the one in flight may finish within the grace period
+    await gated.dispatcher.stop(5.0)
+    sent = {key for key, _ in receiver.attempts}
+    for key in {"a", "b", "c"} - sent:
+        assert (await gated.view(key)).status == "scheduled"
+        assert await gated.lease(key) == []
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 0
+
+
+async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
+        store: Store, fake_clock: FakeClock) -> None:
+    """The race between a park deadline and a permits reply: a waiter already parked when
+    its permit arrives does not start, and its permit goes back (no one else uses it)."""
+    from timewheel.engine.flow_gate import FlowGate, Waiter, _Flow
+    from timewheel.metrics import Metrics
+
+    started: list[tuple[object, str]] = []
+    gate = FlowGate(flow_store(store), store, fake_clock, Metrics(),
+                    start=lambda payload, permit, start: started.append((payload, permit)),
+                    park=lambda waiters: None, adopt=lambda task, permit, start: None,
+                    tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
+                    local_cap=10, max_waiting=10)
+    state = _Flow(FLOW)
+    waiters = [Waiter(None, name, f"p-{name}", 0.0) for name in "abc"]  # type: ignore[arg-type]
+    state.queue.extend(waiters)
+    waiters[0].gone = True
+    state.queue.popleft()  # what the park deadline did while the call was out
+    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)])
+    assert started == [("b", "p-b")]
+    assert list(state.queue) == [waiters[2]]
+    assert state.releases == ["p-a"]

@@ -311,13 +311,15 @@ class Dispatcher:
         """Hand back every claim not yet started, at once; give attempts in flight up to
         ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
         unlaunched = [entry[0] for entry in self._timeline.drain()]
-        unlaunched += [entry[0] for entry, _, _ in self._ready]
-        self._ready.clear()
         await self._timeline.close()
-        unlaunched += [waiter.task for waiter in await self._gate.close()]
+        for (task, _, _), permit, _ in self._ready:
+            unlaunched.append(task)
+            self._gate.give_back(task.flow, permit)
+        self._ready.clear()
+        unlaunched += [waiter.task for waiter in self._gate.drain()]
         holders = dict(self._holding)
         for worker in holders:
-            worker.cancel()
+            worker.cancel()  # each gives its permit back on the way out
         await asyncio.gather(*holders, return_exceptions=True)
         # A worker cancelled inside its start check may have started; release skips those.
         if unlaunched or holders:
@@ -335,3 +337,9 @@ class Dispatcher:
                 log.warning("%d attempts or outcomes unfinished at shutdown; their leases "
                             "will re-send them", len(late))
                 await asyncio.gather(*late, return_exceptions=True)
+        if self._parking:  # parks on their way; a claim not parked in time keeps its lease
+            _, late = await asyncio.wait(set(self._parking), timeout=2.0)
+            for parking in late:
+                parking.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        await self._gate.close()

@@ -49,6 +49,7 @@ class Waiter:
     payload: object  # what the dispatcher gets back with the permit
     permit: str
     park_by_ms: float
+    gone: bool = False  # taken out of its queue (parked, or handed back at shutdown)
 
 
 @dataclass(eq=False)
@@ -90,6 +91,7 @@ class FlowGate:
         self._states: dict[str, _Flow] = {}
         self._waiting = 0
         self._to_park: list[Waiter] = []
+        self._closed = False
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
 
@@ -144,17 +146,29 @@ class FlowGate:
             elif state.queue or state.parked_buckets:
                 self._kick(state)
 
-    async def close(self) -> list[Waiter]:
-        """Stop: hand the waiters back to the caller, give back unused permits once."""
+    def drain(self) -> list[Waiter]:
+        """Shutdown: take every waiter out (the caller hands their claims back); a permit
+        granted to one of them meanwhile is given back."""
+        waiters = []
+        for state in self._states.values():
+            for waiter in state.queue:
+                waiter.gone = True
+                state.releases.append(waiter.permit)  # in case a reply on its way granted it
+                waiters.append(waiter)
+            state.queue.clear()
+        self._waiting = 0
+        self._metrics.flow_waiting.set(0)
+        return waiters
+
+    async def close(self) -> None:
+        """Stop, after ``drain``: give back the permits still to give back, once."""
         await self._alarms.close()
         running = [s.running for s in self._states.values() if s.running is not None]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        waiters = [w for s in self._states.values() for w in s.queue]
         now = self._clock.now_ms()
         for state in self._states.values():
-            state.queue.clear()
             if state.releases:
                 try:
                     await self._flows.permits(state.key, now_ms=now, lease_ms=1,
@@ -162,12 +176,13 @@ class FlowGate:
                 except StoreUnavailable:
                     pass  # their leases give them back
         self._states.clear()
-        self._waiting = 0
-        return waiters
+        self._closed = True
 
     # -- the per-flow exchange with Redis ---------------------------------------------------
 
     def _kick(self, state: _Flow) -> None:
+        if self._closed:
+            return  # a permit given back after close: its lease returns it
         if state.running is not None:
             state.dirty = True  # the running exchange goes round once more
             return
@@ -220,11 +235,7 @@ class FlowGate:
             raise
         state.rated, state.room = reply.rated, reply.room
         if waiters:
-            for permit, start in want[:reply.granted]:
-                waiter = state.queue.popleft()
-                self._waiting -= 1
-                self._start(waiter.payload, permit, start)
-            self._metrics.flow_waiting.set(self._waiting)
+            self._hand_over(state, waiters, want[:reply.granted])
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1])
@@ -232,6 +243,23 @@ class FlowGate:
             self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)  # rate window
         if state.queue:
             self._alarm_at(state, min(w.park_by_ms for w in state.queue))
+
+    def _hand_over(self, state: _Flow, waiters: list[Waiter],
+                   granted: list[tuple[str, int]]) -> None:
+        """Start the waiters whose permits were granted (the first ones asked for)."""
+        for waiter, (permit, start) in zip(waiters, granted, strict=False):
+            if waiter.gone:  # parked (its deadline came) while the call was out
+                state.releases.append(permit)
+                state.dirty = True
+                continue
+            # Still waiting, so at the head: removals keep the order, admissions append.
+            if state.queue and state.queue[0] is waiter:
+                state.queue.popleft()
+            else:
+                state.queue.remove(waiter)
+            self._waiting -= 1
+            self._start(waiter.payload, permit, start)
+        self._metrics.flow_waiting.set(self._waiting)
 
     async def _unpark(self, state: _Flow, held: list[str], start: int) -> None:
         """Take back as many of the flow's earliest parked tasks, over all buckets, as there
@@ -281,6 +309,8 @@ class FlowGate:
         state.alarm_ms = None
         due = [w for w in state.queue if w.park_by_ms <= now]
         if due:
+            for waiter in due:
+                waiter.gone = True
             state.queue = deque(w for w in state.queue if w.park_by_ms > now)
             # Not granted as far as this process knows; a reply lost on the way may have.
             state.releases.extend(w.permit for w in due)
