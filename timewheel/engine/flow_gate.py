@@ -162,6 +162,7 @@ class FlowGate:
 
     async def close(self) -> None:
         """Stop, after ``drain``: give back the permits still to give back, once."""
+        self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
         running = [s.running for s in self._states.values() if s.running is not None]
         for task in running:
@@ -176,7 +177,6 @@ class FlowGate:
                 except StoreUnavailable:
                     pass  # their leases give them back
         self._states.clear()
-        self._closed = True
 
     # -- the per-flow exchange with Redis ---------------------------------------------------
 
