@@ -241,6 +241,9 @@ def _print_tail(tail: dict[str, Any]) -> None:
               f"{_fmt(h['p50_le_ms'])} ms, p99 <= {_fmt(h['p99_le_ms'])} ms, max <= "
               f"{_fmt(h['max_le_ms'])} ms; within 5 ms {within.get('5', 0):.2%}, within 20 ms "
               f"{within.get('20', 0):.2%}")
+    if tail.get("service_counters"):
+        print("  service counters over the run: " + ", ".join(
+            f"{k} {v:g}" for k, v in tail["service_counters"].items()))
     st = tail["steal"]
     print(f"  CPU steal: mean {_fmt(st['mean_pct'])} % (due window "
           f"{_fmt(st['due_window_mean_pct'])} %), worst second {_fmt(st['max_1s_pct'])} %, "

@@ -162,25 +162,34 @@ class CpuMeter:
 
 _LATENESS = re.compile(r'^timewheel_callback_lateness_seconds_bucket\{(?P<labels>[^}]*)\} '
                        r'(?P<value>\S+)$', re.MULTILINE)
+# Counters that tell whether the service fell behind by itself: claims handed back (a start
+# deadline missed), failed ticks.
+_COUNTERS = ("timewheel_tasks_claimed_total", "timewheel_claims_dropped_total",
+             "timewheel_ticks_total", "timewheel_tick_errors_total")
 
 
 async def lateness_histogram(session: aiohttp.ClientSession, base: str
-                             ) -> dict[float, float] | None:
+                             ) -> tuple[dict[float, float] | None, dict[str, float]]:
     """The service's own first-attempt lateness histogram (cumulative counts by upper bound,
-    seconds) from GET /metrics; None if it cannot be read."""
+    seconds) and the _COUNTERS, from GET /metrics; (None, {}) if it cannot be read."""
     try:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
-                return None
+                return None, {}
             text = await r.text()
     except (aiohttp.ClientError, TimeoutError):
-        return None
+        return None, {}
     counts: dict[float, float] = {}
     for m in _LATENESS.finditer(text):
         labels = dict(part.split("=", 1) for part in m["labels"].split(","))
         if labels.get("attempt") == '"first"':
             counts[float(labels["le"].strip('"'))] = float(m["value"])
-    return counts or None
+    counters = {}
+    for name in _COUNTERS:
+        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        if found:
+            counters[name.removeprefix("timewheel_").removesuffix("_total")] = float(found[1])
+    return counts or None, counters
 
 
 def histogram_summary(before: dict[float, float] | None, after: dict[float, float] | None
@@ -221,6 +230,7 @@ class RunProbe:
         self.gc_log = gc_log
         self.pid = pid
         self.hist: dict[float, float] | None = None
+        self.counters: dict[str, float] = {}
         self.t0 = 0.0
         self.switches0: int | None = None
         self.steal: list[tuple[float, float]] = []  # (epoch s at the end of a sample, steal %)
@@ -228,7 +238,7 @@ class RunProbe:
         self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.hist = await lateness_histogram(self.session, self.base)
+        self.hist, self.counters = await lateness_histogram(self.session, self.base)
         self.t0 = time.time()
         self.switches0 = proc_involuntary_switches(self.pid) if self.pid else None
         self._sampler = asyncio.get_running_loop().create_task(self._sample())
@@ -251,7 +261,7 @@ class RunProbe:
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
-        after = await lateness_histogram(self.session, self.base)
+        after, counters = await lateness_histogram(self.session, self.base)
         switches = proc_involuntary_switches(self.pid) if self.pid else None
         pauses = gc_read(str(self.gc_log), self.t0, t1) if self.gc_log else None
         by_second: dict[int, list[float]] = {}
@@ -259,6 +269,7 @@ class RunProbe:
             by_second.setdefault(int(t), []).append(pct)
         return {
             "service_lateness_first": histogram_summary(self.hist, after),
+            "service_counters": {k: v - self.counters.get(k, 0.0) for k, v in counters.items()},
             "steal": {
                 "mean_pct": round(sum(p for _, p in self.steal) / len(self.steal), 2)
                 if self.steal else None,
