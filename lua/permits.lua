@@ -19,7 +19,8 @@
 --   wait_ms   0 while the flow has room; when it is full: -1 wait for a permit to be given
 --             back (parallelism), else milliseconds until the rate window has room again
 --   in_flight permits held after this call
---   room      how many more permits a call could take right now (0 when at a limit)
+--   room      how many more permits a call could take right now: 0 at a limit, below 0
+--             when more are held than the parallelism allows (it was lowered)
 --   rated     1 when the flow has a rate (its starts are logged)
 --
 -- Keys: cfg (hash p, r: the limits set by PUT /flows; absent = defaults), held (zset permit ->
@@ -88,4 +89,4 @@ if rate then
     redis.call('PEXPIRE', starts, math.max(1, tonumber(newest[2]) + window - now))
   end
 end
-return {granted, wait, in_flight, math.max(0, room), rated}
+return {granted, wait, in_flight, room, rated}

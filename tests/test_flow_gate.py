@@ -28,8 +28,10 @@ class Receiver:
 
     def __init__(self, router: respx.MockRouter, url: str = URL) -> None:
         self.open = asyncio.Event()
+        self._let_go = asyncio.Semaphore(0)  # answer() lets this many held requests go
         self.now = self.peak = 0
         self.attempts: list[tuple[str, str]] = []  # (webhook-id, timewheel-attempt)
+        self.seen_at_once: list[int] = []  # requests open when each one arrived (itself too)
         self.route = router.post(url).mock(side_effect=self._answer)
 
     async def _answer(self, request: httpx.Request) -> httpx.Response:
@@ -37,11 +39,24 @@ class Receiver:
                               request.headers["timewheel-attempt"]))
         self.now += 1
         self.peak = max(self.peak, self.now)
+        self.seen_at_once.append(self.now)
         try:
-            await self.open.wait()
+            opened = asyncio.ensure_future(self.open.wait())
+            one = asyncio.ensure_future(self._let_go.acquire())
+            await asyncio.wait((opened, one), return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (opened, one):
+                if not waiter.done():
+                    waiter.cancel()
+            if one.done() and not one.cancelled() and opened.done():
+                self._let_go.release()  # not needed after all: leave it for the next
         finally:
             self.now -= 1
         return httpx.Response(200)
+
+    def answer(self, count: int = 1) -> None:
+        """Let ``count`` of the held requests (or the next ones) be answered."""
+        for _ in range(count):
+            self._let_go.release()
 
 
 async def limit(store: Store, flow: str, *, parallelism: int | None = None,
@@ -233,18 +248,20 @@ async def _parked(wheel: Harness, count: int) -> bool:
 
 async def test_stop_hands_back_waiters_and_gives_permits_back(
         gated: Harness, router: respx.MockRouter) -> None:
-    """At shutdown a task waiting for its flow goes back to its slice (claimable at once by
-    any process) and the permits this process held are given back."""
+    """At shutdown the tasks waiting for their flow go back to their slice (claimable at once
+    by any process); the attempt in flight is abandoned to its lease after the grace period;
+    every permit this process held is given back."""
     receiver = Receiver(router)
     await limit(gated.store, FLOW, parallelism=1)
     await due_now(gated, ["a", "b", "c"])
     await wait_until(lambda: _true(receiver.now == 1), "one in flight")
-    receiver.open.set()  # the one in flight may finish within the grace period
-    await gated.dispatcher.stop(5.0)
-    sent = {key for key, _ in receiver.attempts}
-    for key in {"a", "b", "c"} - sent:
+    await gated.dispatcher.stop(0.2)
+    receiver.open.set()
+    [sent] = [key for key, _ in receiver.attempts]
+    for key in {"a", "b", "c"} - {sent}:
         assert (await gated.view(key)).status == "scheduled"
         assert await gated.lease(key) == []
+    assert (await gated.view(sent)).status == "delivering"  # its lease re-sends it
     assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 0
 
 
@@ -266,7 +283,30 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
     state.queue.extend(waiters)
     waiters[0].gone = True
     state.queue.popleft()  # what the park deadline did while the call was out
-    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)])
+    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)], expiry=1e15)
     assert started == [("b", "p-b")]
     assert list(state.queue) == [waiters[2]]
     assert state.releases == ["p-a"]
+
+
+async def test_a_lowered_parallelism_holds_from_the_next_permit_on(
+        gated: Harness, router: respx.MockRouter) -> None:
+    """Permits handed from one attempt to the next within a process stop being handed on
+    once the flow holds more than its lowered parallelism: the PUT is in force from the next
+    permits call (a tick at the latest), not when the leases run out."""
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=2)
+    keys = [f"k{i}" for i in range(6)]
+    await due_now(gated, keys)
+    await wait_until(lambda: _true(receiver.now == 2), "two in flight")
+    await limit(gated.store, FLOW, parallelism=1)
+    await gated.dispatcher.poll_flows()  # the tick: the flow learns it is over its limit
+    await asyncio.sleep(0.05)
+    receiver.answer(1)  # one of the two finishes: its permit must not go to the next task
+    await wait_until(lambda: _true(receiver.now == 1), "one answered")
+    await asyncio.sleep(0.1)  # room for a wrongly handed-on permit to start an attempt
+    assert receiver.now == 1 and len(receiver.attempts) == 2
+    receiver.open.set()
+    await wait_until(lambda: _true(len(receiver.attempts) == 6), "all six sent")
+    await gated.settle()
+    assert receiver.seen_at_once[:2] == [1, 2]

@@ -91,7 +91,9 @@ def test_parallelism_and_rate_hold_over_two_processes(
 def test_permits_of_a_killed_process_come_back(
         start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
     """SIGKILL a process while it holds both permits of a parallelism-2 flow: once their
-    leases run out, the other process delivers everything (the two cut off at least once)."""
+    leases run out (timeout 2 s + lease margin 2 s + the 10 s a permit may be handed on
+    within its process), the other process delivers everything (the two cut off at least
+    once)."""
     first = start_service()
     with first.client() as client:
         assert client.put("/flows/k2", json={"parallelism": 2}).status_code == 200

@@ -12,7 +12,10 @@ at each tick.
 
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
 to Redis as one permits call, so a busy flow costs one round trip per batch, not two per
-attempt. A flow in trouble only ever makes its own tasks wait.
+attempt. A permit of a flow without a rate is handed straight to the next waiter of its flow
+in this process while its lease leaves room for that attempt (``PERMIT_REUSE_MS``), so a
+saturated flow does not pay a round trip per attempt either. A flow in trouble only ever
+makes its own tasks wait.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ RETRY_MS = 200  # after a failed permits call
 # A task taken back from Redis starts this long after its permit (the rate log counts it
 # then): time for the unpark and start round trips, so it never starts before it is logged.
 UNPARK_START_MS = 50
+# A permit's lease covers its attempt (timeout + lease margin) and this much more, so that it
+# can be handed to the next waiter of its flow here without asking Redis. A process that dies
+# holds its permits that much longer.
+PERMIT_REUSE_MS = 10_000
 
 
 @dataclass(eq=False, slots=True)
@@ -92,6 +99,7 @@ class FlowGate:
         self._waiting = 0
         self._to_park: list[Waiter] = []
         self._closed = False
+        self._expiry: dict[str, float] = {}  # permit -> its lease expiry, while in use here
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
 
@@ -121,8 +129,23 @@ class FlowGate:
         self._kick(state)
 
     def give_back(self, flow: str, permit: str) -> None:
-        """The attempt holding ``permit`` is over (or never started)."""
+        """The attempt holding ``permit`` is over (or never started): the next waiter of the
+        flow here takes it over when that is safe, else it goes back to Redis."""
         state = self._flow(flow)
+        expiry = self._expiry.pop(permit, None)
+        if expiry is not None and state.queue and not state.rated and state.room >= 0:
+            waiter = state.queue[0]
+            now = self._clock.now_ms()
+            # Not for a rated flow: every start must be logged in Redis. Not when the flow
+            # holds more than its (lowered) parallelism. Only if the lease outlasts the whole
+            # attempt with its margin, as a fresh one would.
+            if expiry - now >= waiter.task.timeout_ms + self._lease_margin_ms:
+                state.queue.popleft()
+                waiter.gone = True  # its own permit, if a reply grants it, goes back
+                self._waiting -= 1
+                self._expiry[permit] = expiry
+                self._start(waiter.payload, permit, max(now, waiter.task.due_ms))
+                return
         state.releases.append(permit)
         self._kick(state)
 
@@ -209,7 +232,7 @@ class FlowGate:
         releases, state.releases = state.releases, []
         # Ask for what can be had: the room left last time plus what is given back now (one
         # more, to notice a limit raised meanwhile), not a whole queue each time.
-        asked = min(MAX_WANT, state.room + len(releases) + 1)
+        asked = min(MAX_WANT, max(0, state.room) + len(releases) + 1)
         waiters = list(itertools.islice(state.queue, asked))
         unparking = not waiters and bool(state.parked_buckets)
         if not releases and not waiters and not unparking:
@@ -220,7 +243,8 @@ class FlowGate:
             # time: the rate log must count them when they start, not when let through.
             starts = [max(now, w.task.due_ms) for w in waiters]
             want = [(w.permit, start) for w, start in zip(waiters, starts, strict=True)]
-            lease = self._lease_margin_ms + max(w.task.timeout_ms for w in waiters)
+            lease = (self._lease_margin_ms + PERMIT_REUSE_MS
+                     + max(w.task.timeout_ms for w in waiters))
         elif unparking:
             start = now + UNPARK_START_MS if state.rated else now
             want = [(new_permit_id(), start) for _ in range(min(UNPARK_BATCH, asked))]
@@ -235,17 +259,19 @@ class FlowGate:
             raise
         state.rated, state.room = reply.rated, reply.room
         if waiters:
-            self._hand_over(state, waiters, want[:reply.granted])
+            self._hand_over(state, waiters, want[:reply.granted], now + lease)
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1])
         if reply.wait_ms > 0 and (state.queue or state.parked_buckets):
             self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)  # rate window
         if state.queue:
-            self._alarm_at(state, min(w.park_by_ms for w in state.queue))
+            # Waiters come in due order, so the head's deadline is (about) the earliest; an
+            # alarm parks every waiter whose deadline has come.
+            self._alarm_at(state, state.queue[0].park_by_ms)
 
-    def _hand_over(self, state: _Flow, waiters: list[Waiter],
-                   granted: list[tuple[str, int]]) -> None:
+    def _hand_over(self, state: _Flow, waiters: list[Waiter], granted: list[tuple[str, int]],
+                   expiry: float) -> None:
         """Start the waiters whose permits were granted (the first ones asked for)."""
         for waiter, (permit, start) in zip(waiters, granted, strict=False):
             if waiter.gone:  # parked (its deadline came) while the call was out
@@ -258,6 +284,7 @@ class FlowGate:
             else:
                 state.queue.remove(waiter)
             self._waiting -= 1
+            self._expiry[permit] = expiry
             self._start(waiter.payload, permit, start)
         self._metrics.flow_waiting.set(self._waiting)
 
@@ -284,6 +311,7 @@ class FlowGate:
             if not more:
                 state.parked_buckets.discard(bucket)
             for task in tasks:
+                self._expiry[held[adopted]] = now + self._max_lease_ms
                 self._adopt(task, held[adopted], start)
                 adopted += 1
         self._metrics.flow_unparked.inc(adopted)
@@ -307,11 +335,12 @@ class FlowGate:
         if state is None or (state.alarm_ms is not None and state.alarm_ms > now):
             return  # a later alarm is pending: that one asks again
         state.alarm_ms = None
-        due = [w for w in state.queue if w.park_by_ms <= now]
+        due = []
+        while state.queue and state.queue[0].park_by_ms <= now:  # in deadline order, ~
+            waiter = state.queue.popleft()
+            waiter.gone = True
+            due.append(waiter)
         if due:
-            for waiter in due:
-                waiter.gone = True
-            state.queue = deque(w for w in state.queue if w.park_by_ms > now)
             # Not granted as far as this process knows; a reply lost on the way may have.
             state.releases.extend(w.permit for w in due)
             self._waiting -= len(due)

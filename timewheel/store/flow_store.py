@@ -35,7 +35,7 @@ class PermitReply:
     granted: int  # the first `granted` of the wanted permit ids are held now
     wait_ms: int  # when short: WAIT_FOR_RELEASE, or ms until the rate window has room
     in_flight: int
-    room: int  # how many more permits could be taken right now
+    room: int  # how many more permits could be taken now (< 0: over a lowered limit)
     rated: bool  # the flow has a rate: starts are logged at the start times given
 
 
