@@ -127,14 +127,18 @@ async def _measure(tick: Any, now: int, redis_pid: int | None) -> dict[str, Any]
 
 # -- part 2: a real service -------------------------------------------------------------------
 
-async def bench_service(n: int, every: int, minutes: int, tmp: Path) -> dict[str, Any]:
+async def bench_service(n: int, every: int, minutes: int, tmp: Path,
+                        flow_parallelism: int) -> dict[str, Any]:
     receiver, rport = start_receiver(["--out", str(tmp / "arrivals.jsonl")],
                                      log_path=tmp / "receiver.log")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
     env.update({"TIMEWHEEL_ALLOW_PRIVATE_NETWORKS": "true",
                 "TIMEWHEEL_DATA_DIR": str(tmp / "data"),
-                "TIMEWHEEL_EMBEDDED_APPENDFSYNC": "everysec"})
+                "TIMEWHEEL_EMBEDDED_APPENDFSYNC": "everysec",
+                # Every occurrence goes to the one receiver, one flow: lift its default
+                # parallelism (100) so the figures measure schedules, not the flow limit.
+                "TIMEWHEEL_FLOW_PARALLELISM": str(flow_parallelism)})
     command = [sys.executable, "-c", "from timewheel.cli import main; main()", "serve",
                "--host", "127.0.0.1", "--port", str(port)]
     with (tmp / "service.log").open("ab") as log:
@@ -155,6 +159,13 @@ async def bench_service(n: int, every: int, minutes: int, tmp: Path) -> dict[str
             cpu0 = {k: proc_cpu_seconds(p) for k, p in pids.items()}
             await _sleep_until(first + (minutes - 1) * every + 12)
             cpu1 = {k: proc_cpu_seconds(p) for k, p in pids.items()}
+            deadline = time.monotonic() + 60  # stragglers: wait for them, but not forever
+            while True:
+                async with session.get(f"http://127.0.0.1:{rport}/_bench/stats") as r:
+                    count = (await r.json())["count"]
+                if count >= n * minutes or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
             async with session.get(f"http://127.0.0.1:{rport}/_bench/records") as r:
                 records = (await r.json())["records"]
     finally:
@@ -228,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--every", type=int, default=60)
     parser.add_argument("--minutes", type=int, default=2)
+    parser.add_argument("--flow-parallelism", type=int, default=10_000,
+                        help="TIMEWHEEL_FLOW_PARALLELISM of the service (its default is 100)")
     args = parser.parse_args(argv)
     facts = machine_facts()
     print_machine(facts)
@@ -239,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("service", "both"):
         with tempfile.TemporaryDirectory() as tmp:
             results["service"] = run(bench_service(args.schedules, args.every, args.minutes,
-                                                   Path(tmp)))
+                                                   Path(tmp), args.flow_parallelism))
         print(json.dumps(results["service"], indent=2))
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)

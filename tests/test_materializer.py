@@ -199,8 +199,7 @@ async def test_pause_with_a_reservation_in_progress_leaves_nothing_to_start(
     assert outstanding == [NOW + 1000, NOW + 2000, NOW + 3000]
     await schedules.cancel_occurrences("a", outstanding, {"callback_url": URL}, now_ms=NOW + 1001)
     # The stalled creator wakes up and creates its occurrence: refused.
-    late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, NOW + 1002,
-                           default_timeout=10.0)
+    late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
     assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
     keys = await task_keys(redis)
     assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}

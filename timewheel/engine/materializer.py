@@ -29,16 +29,17 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
-from timewheel.models import FINISHED, TaskFields
+from timewheel.models import FINISHED
 from timewheel.store import CONFLICT, CREATED, Store
 from timewheel.store.batch import schedule_many
+from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import (
     Due,
     Reservation,
     ScheduleStore,
     occurrence_key,
     occurrence_task,
-    template_fields,
+    template_task,
 )
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,12 @@ _FINISHED = frozenset(str(status) for status in FINISHED)
 class _Spec:
     recurrence: Recurrence
     template: dict[str, Any]
-    fields: TaskFields | None  # None: the template does not validate (any more)
+    task: NewTask | None  # the template prepared; None: it does not validate (any more)
 
 
 class Materializer:
     def __init__(self, store: Store, schedules: ScheduleStore, clock: Clock, *, tick_ms: int,
-                 batch: int = 500, max_per_tick: int = 20_000, settle_ms: int = 5000,
+                 batch: int = 100, max_per_tick: int = 20_000, settle_ms: int = 10_000,
                  recheck_ms: int = 30_000) -> None:
         self._store = store
         self._schedules = schedules
@@ -128,7 +129,7 @@ class Materializer:
                 reservations.append(self._plan(d, spec.recurrence, now_ms))
         taken = await self._schedules.reserve(bucket, reservations, now_ms=now_ms,
                                               lease_ms=self.lease_ms)
-        work = [(r.id, occ, specs[(r.id, r.version)].fields)
+        work = [(r.id, occ, specs[(r.id, r.version)].task)
                 for r, ok in zip(reservations, taken, strict=True) if ok
                 for occ in r.occurrences]
         created = await self._create_many(work, now_ms)
@@ -154,24 +155,20 @@ class Materializer:
         return Reservation(due.id, due.version, due.next_raw,
                            rec.next_after(occurrences[-1]), tuple(occurrences))
 
-    async def _create_many(self, work: list[tuple[str, int, TaskFields | None]], now_ms: int
+    async def _create_many(self, work: list[tuple[str, int, NewTask | None]], now_ms: int
                            ) -> list[bool]:
         """Create occurrence tasks through lua/schedule.lua in create mode, as POST /tasks
         does, pipelined (timewheel.store.batch). True for each that exists now (or can never
         be created); False leaves it outstanding, for any process to create after the lease."""
         done = [True] * len(work)
         tasks, where = [], []
-        for n, (schedule_id, occ, fields) in enumerate(work):
-            if fields is None:  # a template that no longer validates: it can never fire
+        for n, (schedule_id, occ, base) in enumerate(work):
+            if base is None:  # a template that no longer validates: it can never fire
                 log.error("schedule %s: occurrence %d cannot become a task", schedule_id, occ)
                 continue
-            try:
-                tasks.append(occurrence_task(schedule_id, occ, fields, now_ms,
-                                             default_timeout=self._schedules.default_timeout))
-                where.append(n)
-            except ValueError:
-                log.exception("schedule %s: occurrence %d cannot become a task", schedule_id,
-                              occ)
+            tasks.append(occurrence_task(schedule_id, occ, base,
+                                         default_timeout=self._schedules.default_timeout))
+            where.append(n)
         if not tasks:
             return done
         try:
@@ -213,12 +210,12 @@ class Materializer:
                 self.cancelled += 1
         active = [(i, occ) for i, occ, state in items if state == "active"]
         found = await self._schedules.task_statuses([occurrence_key(i, o) for i, o in active])
-        missing: list[tuple[str, int, TaskFields | None]] = []
+        missing: list[tuple[str, int, NewTask | None]] = []
         for (schedule_id, occ), status in zip(active, found, strict=True):
             current = spec(schedule_id)
             if status is None and occ > now_ms - retention // 2 and current is not None:
                 # Reserved, never created: its creator died. Creating it again is idempotent.
-                missing.append((schedule_id, occ, current.fields))
+                missing.append((schedule_id, occ, current.task))
             elif status is None or status in _FINISHED:
                 drop.append(f"{schedule_id} {occ}")
             else:
@@ -246,12 +243,13 @@ class Materializer:
         if spec is None:
             raw = json.loads(text)
             try:
-                fields: TaskFields | None = template_fields(raw["task"])
+                task: NewTask | None = template_task(
+                    raw["task"], default_timeout=self._schedules.default_timeout)
             except ValueError:
                 log.exception("schedule %s: its task template does not validate", schedule_id)
-                fields = None
+                task = None
             spec = _Spec(Recurrence(raw["cron"], raw["every"], raw["timezone"]), raw["task"],
-                         fields)
+                         task)
             self._specs[key] = spec
             if len(self._specs) > _SPEC_CACHE:
                 self._specs.popitem(last=False)

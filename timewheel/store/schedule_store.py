@@ -17,12 +17,13 @@ the exactly-once argument.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -97,23 +98,24 @@ def occurrence_key(schedule_id: str, occ_ms: int) -> str:
     return f"{schedule_id}.{occ_ms}"
 
 
-def template_fields(template: dict[str, Any]) -> TaskFields:
-    """The template validated as a task body (once per schedule version: it is the costly
-    part of building an occurrence)."""
-    return TaskFields.model_validate(template)
+def template_task(template: dict[str, Any], *, default_timeout: float) -> NewTask:
+    """The template validated and prepared as a POST /tasks body (execute_at 0), once per
+    schedule version: its occurrences differ from it only in key, time and fingerprint.
+    Raises ValueError (pydantic's ValidationError) if the template does not validate."""
+    fields = TaskFields.model_validate({**template, "execute_at": 0})
+    return prepare(fields, "template", 0, default_timeout=default_timeout)
 
 
-def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any] | TaskFields,
-                    now_ms: int, *, default_timeout: float) -> NewTask:
-    """The task of one occurrence: the template as a POST /tasks body with execute_at = the
-    occurrence. Every process builds the same record (and fingerprint) for it."""
-    fields = template if isinstance(template, TaskFields) else template_fields(template)
-    # The same fields (and fields set) as validating the template with execute_at added.
-    # Epoch seconds, not RFC 3339: the same instant, and several times cheaper to parse.
-    at: int | float = occ_ms // 1000 if occ_ms % 1000 == 0 else occ_ms / 1000
-    fields = fields.model_copy(update={"execute_at": at})
-    return prepare(fields, occurrence_key(schedule_id, occ_ms), now_ms,
-                   default_timeout=default_timeout)
+def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any] | NewTask, *,
+                    default_timeout: float) -> NewTask:
+    """The task of one occurrence: the template with execute_at = the occurrence. Every
+    process builds the same record and fingerprint for it, so a second create of the same
+    occurrence answers EXISTS."""
+    base = (template if isinstance(template, NewTask)
+            else template_task(template, default_timeout=default_timeout))
+    fingerprint = hashlib.sha256(f"{base.fingerprint}:{occ_ms}".encode()).hexdigest()
+    return replace(base, key=occurrence_key(schedule_id, occ_ms), due_ms=occ_ms,
+                   fingerprint=fingerprint)
 
 
 def _member(schedule_id: str, occ_ms: int) -> str:
@@ -264,7 +266,7 @@ class ScheduleStore:
         the late create answers CONFLICT. Then forget them."""
         async def one(occ: int) -> None:
             task = occurrence_task(schedule_id, occ, template or {"callback_url": _NOWHERE},
-                                   now_ms, default_timeout=self.default_timeout)
+                                   default_timeout=self.default_timeout)
             if not await self.tombstone(task, now_ms=now_ms):
                 await self.store.cancel(task.key, now_ms=now_ms)  # any answer will do
 
