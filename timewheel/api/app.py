@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from timewheel import __version__
-from timewheel.api import batch, flows, ops, schedules, tasks
+from timewheel.api import batch, flows, ops, schedules, stats, tasks, ui
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(tasks.router)
     app.include_router(flows.router)
     app.include_router(schedules.router)
+    app.include_router(stats.router)
+    app.include_router(ui.router)  # the dashboard: no token for the page, its calls use one
     if not public_docs:
         _private_docs(app)
     _error_handlers(app)
@@ -89,7 +91,8 @@ def _error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             # Starlette's Allow lists only the first route matching the path; /tasks has two.
             routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
-                      *tasks.router.routes, *flows.router.routes, *schedules.router.routes]
+                      *tasks.router.routes, *flows.router.routes, *schedules.router.routes,
+                      *stats.router.routes, *ui.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

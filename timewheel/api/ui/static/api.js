@@ -1,0 +1,112 @@
+// The public API as the dashboard calls it: fetch with the bearer token (when one was entered),
+// JSON in and out, and a token prompt when the service answers 401.
+
+const TOKEN_KEY = "timewheel.token";
+
+// The page is served at <base>ui, so the API lives at <base> (also behind a proxy prefix).
+export const BASE = new URL(".", window.location.href);
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(describe(status, detail));
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+function describe(status, detail) {
+  if (typeof detail === "string") return `${status}: ${detail}`;
+  if (Array.isArray(detail)) {
+    // FastAPI's validation errors: [{"loc": [...], "msg": "..."}]
+    return `${status}: ` + detail.map((e) => `${(e.loc || []).slice(1).join(".")} ${e.msg}`)
+      .join("; ");
+  }
+  return `${status}: ${detail ? JSON.stringify(detail) : "request failed"}`;
+}
+
+export function getToken() {
+  return window.sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(token) {
+  const trimmed = token.trim();
+  if (trimmed) window.sessionStorage.setItem(TOKEN_KEY, trimmed);
+  else window.sessionStorage.removeItem(TOKEN_KEY);
+}
+
+// Set by app.js: shows the token dialog and resolves true when a token was saved, false when
+// the user cancelled. Concurrent 401s share one prompt.
+let prompter = async () => false;
+let pending = null;
+
+export function onTokenNeeded(fn) {
+  prompter = fn;
+}
+
+function askForToken(reason) {
+  if (!pending) {
+    pending = prompter(reason).finally(() => {
+      pending = null;
+    });
+  }
+  return pending;
+}
+
+// One call: request(method, path, {query, body}). Resolves to the parsed JSON (null for 204),
+// throws ApiError otherwise. A 401 asks for a token and tries again while the user gives one.
+export async function request(method, path, { query, body } = {}) {
+  const url = new URL(path, BASE);
+  for (const [name, value] of Object.entries(query || {})) {
+    if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
+  }
+  for (;;) {
+    const headers = { Accept: "application/json" };
+    const token = getToken();
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(url, init);
+    } catch (err) {
+      throw new ApiError(0, `the service did not answer (${err.message})`);
+    }
+    if (response.status === 401) {
+      const reason = token ? "The token was refused; enter another." :
+        "This service needs an API token.";
+      if (await askForToken(reason)) continue;
+    }
+    if (response.status === 204) return null;
+    let payload = null;
+    const text = await response.text();
+    if (text) {
+      try {
+        payload = JSON.parse(text);
+      } catch {
+        payload = text;
+      }
+    }
+    if (!response.ok) {
+      const detail = payload && typeof payload === "object" && "detail" in payload ?
+        payload.detail : payload;
+      throw new ApiError(response.status, detail);
+    }
+    return payload;
+  }
+}
+
+export const api = {
+  get: (path, query) => request("GET", path, { query }),
+  put: (path, body) => request("PUT", path, { body }),
+  post: (path, body) => request("POST", path, { body }),
+  del: (path) => request("DELETE", path),
+};
+
+// Path segments (task keys, flow keys, schedule ids) are restricted by the API to characters
+// that need no escaping, but escape them anyway: the input may be anything a user typed.
+export function seg(value) {
+  return encodeURIComponent(value);
+}

@@ -1,0 +1,115 @@
+// The dashboard's shell: hash routes to pages, the token dialog, the Redis health light.
+// Pages render into <main> and may return a cleanup function (timers) run when they are left.
+
+import { BASE, getToken, onTokenNeeded, setToken } from "./api.js";
+import { clearNotice } from "./dom.js";
+import * as dead from "./page-dead.js";
+import * as flows from "./page-flows.js";
+import * as overview from "./page-overview.js";
+import * as schedules from "./page-schedules.js";
+import * as tasks from "./page-tasks.js";
+
+const HEALTH_MS = 10000;
+
+const PAGES = {
+  overview: (root) => overview.render(root),
+  tasks: (root, params) => tasks.render(root, params),
+  task: (root, params, arg) => tasks.renderTask(root, arg),
+  "dead-letters": (root) => dead.render(root),
+  flows: (root) => flows.render(root),
+  schedules: (root) => schedules.render(root),
+};
+
+let cleanup = null;
+
+// "#/tasks?status=failed" -> ["tasks", URLSearchParams, undefined]; "#/task/k" -> ["task", .., "k"]
+function parseHash() {
+  const hash = window.location.hash.replace(/^#\/?/, "");
+  const [path, query] = hash.split("?", 2);
+  const [page, ...rest] = path.split("/");
+  const arg = rest.length ? decodeURIComponent(rest.join("/")) : undefined;
+  return [PAGES[page] ? page : "overview", new URLSearchParams(query || ""), arg];
+}
+
+function route() {
+  if (cleanup) cleanup();
+  cleanup = null;
+  clearNotice();
+  const [page, params, arg] = parseHash();
+  const nav = page === "task" ? "tasks" : page;
+  for (const link of document.querySelectorAll("#nav a")) {
+    link.classList.toggle("active", link.dataset.page === nav);
+  }
+  const root = document.getElementById("view");
+  root.replaceChildren();
+  document.title = `timewheel · ${nav.replace("-", " ")}`;
+  const result = PAGES[page](root, params, arg);
+  if (typeof result === "function") cleanup = result;
+}
+
+function tokenDialog() {
+  const dialog = document.getElementById("token-dialog");
+  const input = document.getElementById("token-input");
+  const reason = document.getElementById("token-reason");
+  const defaultReason = reason.textContent;
+  const button = document.getElementById("token-button");
+  let settle = null;
+
+  function refreshButton() {
+    button.textContent = getToken() ? "Token ✓" : "Token";
+  }
+
+  function close(saved) {
+    if (dialog.open) dialog.close();
+    refreshButton();
+    if (settle) settle(saved);
+    settle = null;
+  }
+
+  function open(message) {
+    reason.textContent = message || defaultReason;
+    input.value = getToken();
+    if (!dialog.open) dialog.showModal();
+    input.focus();
+    return new Promise((resolve) => {
+      settle = resolve;
+    });
+  }
+
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    setToken(input.value);
+    const waiting = settle !== null;
+    close(true);
+    if (!waiting) route(); // opened from the header: reload the page with the new token
+  });
+  document.getElementById("token-forget").addEventListener("click", () => {
+    setToken("");
+    input.value = "";
+    close(false);
+  });
+  document.getElementById("token-cancel").addEventListener("click", () => close(false));
+  dialog.addEventListener("cancel", () => close(false)); // Escape
+  button.addEventListener("click", () => open());
+  refreshButton();
+  onTokenNeeded(open);
+}
+
+async function health() {
+  const light = document.getElementById("health");
+  try {
+    const response = await fetch(new URL("healthz", BASE), { cache: "no-store" });
+    const ok = response.ok;
+    light.textContent = ok ? "Redis ok" : "Redis unavailable";
+    light.className = `health ${ok ? "health-ok" : "health-bad"}`;
+  } catch {
+    light.textContent = "service unreachable";
+    light.className = "health health-bad";
+  }
+}
+
+tokenDialog();
+window.addEventListener("hashchange", route);
+route();
+health();
+window.setInterval(health, HEALTH_MS);

@@ -1,0 +1,124 @@
+// Small DOM helpers. Every value from the API goes in as text (textContent, attributes), never
+// as HTML: a task key or an error message must not be able to run script next to the token.
+
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      node.addEventListener(name.slice(2), value);
+    } else if (name === "class") {
+      node.className = value;
+    } else if (name in node && typeof value !== "string") {
+      node[name] = value; // properties such as checked, disabled, value
+    } else {
+      node.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+  append(node, children);
+  return node;
+}
+
+function append(node, children) {
+  for (const child of children) {
+    if (child === undefined || child === null || child === false) continue;
+    if (Array.isArray(child)) append(node, child);
+    else node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+// Like node.replaceChildren, but skipping null/false children (replaceChildren writes "null").
+export function fill(node, ...children) {
+  node.replaceChildren();
+  append(node, children);
+  return node;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  append(node, children);
+  return node;
+}
+
+const pad = (n, width = 2) => String(n).padStart(width, "0");
+
+// "2026-11-22 11:00:00" in the browser's time zone; the RFC 3339 UTC value goes in a title.
+export function localTime(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return iso;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+export function hhmm(date) {
+  return `${pad(date.getHours())}:${pad(date.getMinutes())}`;
+}
+
+// "in 4 min", "12 s ago": relative to the browser's clock, which is close enough to show.
+export function relative(iso) {
+  if (!iso) return "";
+  const seconds = Math.round((new Date(iso).getTime() - Date.now()) / 1000);
+  const size = Math.abs(seconds);
+  let text;
+  if (size < 60) text = `${size} s`;
+  else if (size < 3600) text = `${Math.round(size / 60)} min`;
+  else if (size < 172800) text = `${Math.round(size / 3600)} h`;
+  else text = `${Math.round(size / 86400)} d`;
+  return seconds >= 0 ? `in ${text}` : `${text} ago`;
+}
+
+export function time(iso) {
+  if (!iso) return h("span", { class: "muted" }, "—");
+  return h("time", { datetime: iso, title: `${iso} (${relative(iso)})` }, localTime(iso));
+}
+
+export function badge(status) {
+  return h("span", { class: `badge badge-${status}` }, status);
+}
+
+export function table(headers, rows, { empty = "Nothing here." } = {}) {
+  if (!rows.length) return h("p", { class: "muted empty" }, empty);
+  return h("table", {},
+    h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
+    h("tbody", {}, rows));
+}
+
+// A button that asks once more before it acts: the first click shows "Yes" and "No".
+export function confirmButton(label, question, action, { danger = true } = {}) {
+  const wrap = h("span", { class: "confirm" });
+  const first = h("button", { type: "button", class: "secondary", onclick: () => {
+    wrap.replaceChildren(
+      h("span", { class: "question" }, question, " "),
+      h("button", { type: "button", class: danger ? "danger" : "", onclick: async (event) => {
+        event.currentTarget.disabled = true;
+        await action();
+      } }, "Yes"),
+      " ",
+      h("button", { type: "button", class: "secondary", onclick: () => wrap.replaceChildren(first) },
+        "No"));
+  } }, label);
+  wrap.append(first);
+  return wrap;
+}
+
+let noticeTimer = null;
+
+// A message under the header: kind "ok" fades after a while, "error" stays until the next one.
+export function notify(message, kind = "ok") {
+  const notice = document.getElementById("notice");
+  notice.textContent = message;
+  notice.className = `notice notice-${kind}`;
+  notice.hidden = false;
+  window.clearTimeout(noticeTimer);
+  if (kind === "ok") noticeTimer = window.setTimeout(() => { notice.hidden = true; }, 6000);
+}
+
+export function clearNotice() {
+  const notice = document.getElementById("notice");
+  notice.hidden = true;
+  window.clearTimeout(noticeTimer);
+}

@@ -1,0 +1,158 @@
+// Overview: due load per minute (GET /stats/due), and this process's figures (GET /stats):
+// in flight, callbacks per second (two samples apart), lateness quantiles, failures.
+
+import { api } from "./api.js";
+import { dueChart } from "./chart.js";
+import { h, hhmm, fill } from "./dom.js";
+
+const REFRESH_MS = 5000;
+const RANGES = [[60, "1 hour"], [180, "3 hours"], [360, "6 hours"], [720, "12 hours"],
+  [1440, "24 hours"]];
+
+function seconds(value) {
+  if (value === null || value === undefined) return "—";
+  if (value < 1) return `${(value * 1000).toFixed(value < 0.01 ? 1 : 0)} ms`;
+  return `${value.toFixed(value < 10 ? 2 : 0)} s`;
+}
+
+function total(callbacks) {
+  return Object.values(callbacks).reduce((a, b) => a + b, 0);
+}
+
+// The q-quantile of a cumulative histogram ({count, buckets: [[le, cumulative], ...]}),
+// interpolated inside its bucket as Prometheus' histogram_quantile does. Above the last
+// finite bound: that bound, reported as "over".
+export function quantile(hist, q) {
+  if (!hist || hist.count <= 0) return null;
+  const rank = q * hist.count;
+  let lower = 0;
+  let below = 0;
+  for (const [le, cumulative] of hist.buckets) {
+    if (cumulative >= rank) {
+      const inBucket = cumulative - below;
+      return inBucket > 0 ? lower + ((le - lower) * (rank - below)) / inBucket : le;
+    }
+    lower = le;
+    below = cumulative;
+  }
+  return { over: lower };
+}
+
+function minus(now, before) {
+  return {
+    count: now.count - before.count,
+    sum: now.sum - before.sum,
+    buckets: now.buckets.map(([le, c], i) => [le, c - (before.buckets[i] ? before.buckets[i][1] : 0)]),
+  };
+}
+
+function showQuantile(value) {
+  if (value === null) return "—";
+  if (typeof value === "object") return `> ${seconds(value.over)}`;
+  return seconds(value);
+}
+
+function card(title, id, note) {
+  return h("div", { class: "card" },
+    h("div", { class: "card-title" }, title),
+    h("div", { class: "card-value", id }, "…"),
+    h("div", { class: "card-note", id: `${id}-note` }, note || ""));
+}
+
+export function render(root) {
+  let minutes = 180;
+  let previous = null;
+  let alive = true;
+  let timer = null;
+
+  const range = h("select", { id: "range", onchange: () => { minutes = Number(range.value); refresh(); } },
+    RANGES.map(([value, label]) => h("option", { value: String(value), selected: value === minutes }, label)));
+  const chartBox = h("div", { class: "chart-box", id: "due-chart" }, h("p", { class: "muted" }, "Loading…"));
+  const summary = h("p", { class: "muted", id: "due-summary" });
+  const footnote = h("p", { class: "muted small", id: "process-note" });
+  const error = h("p", { class: "error", id: "overview-error", hidden: true });
+
+  root.append(
+    h("h1", {}, "Overview"),
+    error,
+    h("section", { class: "cards" },
+      card("Due in the next hour", "due-hour", "whole wheel"),
+      card("In flight", "in-flight", "attempts being sent"),
+      card("Callbacks / s", "rate", "measuring…"),
+      card("Lateness p50 / p99", "lateness", "first attempts"),
+      card("Dead letters", "dead", "whole wheel"),
+      card("Failed / retried", "failures", "attempts since start")),
+    h("section", { class: "panel" },
+      h("div", { class: "panel-head" },
+        h("h2", {}, "Due per minute"),
+        h("label", { class: "inline" }, "for the next ", range)),
+      summary, chartBox),
+    footnote);
+
+  async function refreshDue() {
+    const load = await api.get("stats/due", { minutes });
+    if (!alive) return;
+    const points = load.minutes;
+    const sum = points.reduce((a, p) => a + p.due, 0);
+    const peak = points.reduce((best, p) => (p.due > best.due ? p : best), { due: 0 });
+    document.getElementById("due-hour").textContent =
+      String(points.slice(0, 60).reduce((a, p) => a + p.due, 0));
+    summary.textContent = sum ?
+      `${sum} tasks due in the next ${points.length} minutes; busiest minute ${hhmm(new Date(peak.minute))} with ${peak.due}.` :
+      `No tasks due in the next ${points.length} minutes.`;
+    if (load.clamped) summary.textContent += ` Limited to ${points.length} minutes (${load.buckets} buckets).`;
+    fill(chartBox, dueChart(points));
+  }
+
+  async function refreshStats() {
+    const stats = await api.get("stats");
+    if (!alive) return;
+    const set = (id, text, note) => {
+      document.getElementById(id).textContent = text;
+      if (note !== undefined) document.getElementById(`${id}-note`).textContent = note;
+    };
+    set("in-flight", String(stats.in_flight));
+    set("dead", String(stats.dead_letters));
+    set("failures", `${stats.callbacks.failed} / ${stats.callbacks.retried}`);
+    const first = stats.lateness.first;
+    const same = previous && previous.process === stats.process;
+    const dt = same ? (Date.parse(stats.now) - Date.parse(previous.now)) / 1000 : 0;
+    if (same && dt > 0) {
+      const done = total(stats.callbacks) - total(previous.callbacks);
+      set("rate", (done / dt).toFixed(done / dt < 10 ? 1 : 0), `over the last ${Math.round(dt)} s`);
+    }
+    let hist = first;
+    let note = "first attempts, since start";
+    if (same && first && previous.lateness.first) {
+      const recent = minus(first, previous.lateness.first);
+      if (recent.count > 0) {
+        hist = recent;
+        note = `first attempts, last ${Math.round(dt)} s`;
+      }
+    }
+    set("lateness", `${showQuantile(quantile(hist, 0.5))} / ${showQuantile(quantile(hist, 0.99))}`,
+      hist && hist.count ? `${note} (${hist.count})` : "no callbacks yet");
+    footnote.textContent = `Callbacks, in flight and lateness: the process that answered ` +
+      `(${stats.process}), since it started. Due load and dead letters: the whole wheel. ` +
+      `Updated every ${REFRESH_MS / 1000} s.`;
+    previous = stats;
+  }
+
+  async function refresh() {
+    try {
+      await Promise.all([refreshDue(), refreshStats()]);
+      error.hidden = true;
+    } catch (err) {
+      if (!alive) return;
+      error.textContent = `Could not load the figures: ${err.message}`;
+      error.hidden = false;
+    }
+  }
+
+  refresh();
+  timer = window.setInterval(refresh, REFRESH_MS);
+  return () => {
+    alive = false;
+    window.clearInterval(timer);
+  };
+}

@@ -1,0 +1,172 @@
+// Tasks: list and search by status and key prefix (GET /tasks), a task's details with its last
+// attempt's outcome (GET /tasks/{key}), cancel (DELETE) and replay (POST .../replay).
+
+import { api, seg } from "./api.js";
+import { badge, confirmButton, h, notify, table, time, fill } from "./dom.js";
+
+const STATUSES = ["scheduled", "retrying", "delivering", "failed", "succeeded", "cancelled"];
+const OPEN = new Set(["scheduled", "retrying", "delivering", "waiting"]);
+const LIMITS = [25, 50, 100, 500];
+
+function lastResult(task) {
+  if (task.last_status_code !== null) return `HTTP ${task.last_status_code}`;
+  if (task.last_error) return task.last_error;
+  return "—";
+}
+
+async function cancel(key) {
+  await api.del(`tasks/${seg(key)}`);
+  notify(`Cancelled ${key}.`);
+}
+
+async function replay(key) {
+  const view = await api.post(`tasks/${seg(key)}/replay`);
+  notify(`Replayed ${key}: ${view.status}, due ${view.execute_at}.`);
+}
+
+// Runs `action`; an error becomes the page's notice instead of an unhandled rejection.
+export async function attempt(action, after) {
+  try {
+    await action();
+  } catch (err) {
+    notify(err.message, "error");
+  }
+  if (after) await after();
+}
+
+export function taskActions(task, after) {
+  const actions = [];
+  if (OPEN.has(task.status)) {
+    actions.push(confirmButton("Cancel", `Cancel ${task.key}?`,
+      () => attempt(() => cancel(task.key), after)));
+  }
+  if (task.status === "failed" || task.status === "cancelled") {
+    actions.push(h("button", { type: "button", class: "secondary",
+      onclick: () => attempt(() => replay(task.key), after) }, "Replay"));
+  }
+  return h("span", { class: "row-actions" }, actions);
+}
+
+export function render(root, params) {
+  const status = params.get("status") || "scheduled";
+  const prefix = params.get("prefix") || "";
+  const limit = Number(params.get("limit")) || 50;
+
+  const statusSelect = h("select", { id: "status", name: "status" },
+    STATUSES.map((s) => h("option", { value: s, selected: s === status }, s)));
+  const prefixInput = h("input", { id: "prefix", name: "prefix", type: "search", value: prefix,
+    placeholder: "key prefix", spellcheck: false, autocomplete: "off" });
+  const limitSelect = h("select", { id: "limit", name: "limit" },
+    LIMITS.map((n) => h("option", { value: String(n), selected: n === limit }, String(n))));
+  const keyInput = h("input", { id: "open-key", type: "text", placeholder: "exact task key",
+    spellcheck: false, autocomplete: "off" });
+  const results = h("div", { id: "task-results" });
+
+  const search = h("form", { class: "toolbar", id: "task-search", onsubmit: (event) => {
+    event.preventDefault();
+    const query = new URLSearchParams({ status: statusSelect.value, limit: limitSelect.value });
+    if (prefixInput.value.trim()) query.set("prefix", prefixInput.value.trim());
+    const target = `#/tasks?${query}`;
+    if (window.location.hash === target) load(); else window.location.hash = target;
+  } },
+  h("label", {}, "Status ", statusSelect),
+  h("label", {}, "Key starts with ", prefixInput),
+  h("label", {}, "Show ", limitSelect),
+  h("button", { type: "submit" }, "Search"));
+
+  const open = h("form", { class: "toolbar", id: "task-open", onsubmit: (event) => {
+    event.preventDefault();
+    if (keyInput.value.trim()) window.location.hash = `#/task/${seg(keyInput.value.trim())}`;
+  } }, h("label", {}, "Open a task ", keyInput), h("button", { type: "submit", class: "secondary" }, "Open"));
+
+  root.append(h("h1", {}, "Tasks"), search, open, results);
+
+  let rows = [];
+  let cursor = null;
+
+  function row(task) {
+    return h("tr", { "data-key": task.key },
+      h("td", {}, h("a", { href: `#/task/${seg(task.key)}`, class: "key" }, task.key)),
+      h("td", {}, badge(task.status)),
+      h("td", {}, time(task.execute_at)),
+      h("td", {}, time(task.next_attempt_at)),
+      h("td", { class: "num" }, `${task.attempts} / ${task.max_attempts}`),
+      h("td", { class: "clip", title: task.last_error || "" }, lastResult(task)),
+      h("td", {}, taskActions(task, load)));
+  }
+
+  function draw() {
+    const more = cursor ? h("button", { type: "button", class: "secondary", id: "more",
+      onclick: () => load(cursor) }, "Load more") : null;
+    fill(results,
+      h("p", { class: "muted", id: "task-count" },
+        `${rows.length} ${status} task${rows.length === 1 ? "" : "s"}` +
+        (prefix ? ` with keys starting “${prefix}”` : "") + (cursor ? " so far" : "")),
+      table(["Key", "Status", "Execute at", "Next attempt", "Attempts", "Last result", ""],
+        rows.map(row), { empty: "No task matches." }),
+      more);
+  }
+
+  async function load(after = null) {
+    try {
+      const page = await api.get("tasks", { status, key_prefix: prefix, limit, cursor: after });
+      rows = after ? rows.concat(page.tasks) : page.tasks;
+      cursor = page.next_cursor;
+      draw();
+    } catch (err) {
+      fill(results, h("p", { class: "error" }, `Could not list tasks: ${err.message}`));
+    }
+  }
+
+  load();
+}
+
+export function renderTask(root, key) {
+  const body = h("div", { id: "task-detail" }, h("p", { class: "muted" }, "Loading…"));
+  root.append(h("p", {}, h("a", { href: "#/tasks" }, "← Tasks")), h("h1", { class: "key" }, key), body);
+
+  function field(name, value) {
+    return [h("dt", {}, name), h("dd", {}, value)];
+  }
+
+  function outcome(task) {
+    if (!task.last_attempt_at) return "No attempt yet.";
+    const code = task.last_status_code;
+    const what = code !== null ? `answered HTTP ${code}` : `failed: ${task.last_error || "unknown"}`;
+    const then = {
+      succeeded: "the task succeeded",
+      failed: "the task failed for good and is in the dead letters",
+      retrying: `it will be retried at ${task.next_attempt_at}`,
+      delivering: "an attempt is in flight",
+      cancelled: "the task was cancelled",
+      scheduled: "the task was scheduled again",
+    }[task.status] || task.status;
+    return `Attempt ${task.attempts} ${what}; ${then}.`;
+  }
+
+  async function load() {
+    try {
+      const task = await api.get(`tasks/${seg(key)}`);
+      fill(body,
+        h("p", {}, badge(task.status), " ", taskActions(task, load)),
+        h("section", { class: "panel" }, h("h2", {}, "Last attempt"),
+          h("p", { id: "last-outcome" }, outcome(task)),
+          h("dl", {},
+            field("At", time(task.last_attempt_at)),
+            field("Status code", task.last_status_code ?? "—"),
+            field("Error", task.last_error || "—"))),
+        h("section", { class: "panel" }, h("h2", {}, "Task"),
+          h("dl", {},
+            field("Callback", `${task.method} ${task.callback_url}`),
+            field("Execute at", time(task.execute_at)),
+            field("Next attempt", time(task.next_attempt_at)),
+            field("Attempts", `${task.attempts} of ${task.max_attempts}`),
+            field("Created", time(task.created_at)),
+            field("Finished", time(task.finished_at)))));
+    } catch (err) {
+      fill(body, h("p", { class: "error" }, `Could not load the task: ${err.message}`));
+    }
+  }
+
+  load();
+}
