@@ -48,9 +48,6 @@ MAX_OCCURRENCES_PER_RESERVATION = 32
 _SPEC_CACHE = 100_000
 
 
-_FINISHED = frozenset(str(status) for status in FINISHED)
-
-
 @dataclass(frozen=True, slots=True)
 class _Spec:
     recurrence: Recurrence
@@ -216,7 +213,7 @@ class Materializer:
             if status is None and occ > now_ms - retention // 2 and current is not None:
                 # Reserved, never created: its creator died. Creating it again is idempotent.
                 missing.append((schedule_id, occ, current.task))
-            elif status is None or status in _FINISHED:
+            elif status is None or status in FINISHED:
                 drop.append(f"{schedule_id} {occ}")
             else:
                 later.append((schedule_id, occ, now_ms + self.recheck_ms))

@@ -31,7 +31,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable
-from timewheel.models import ScheduleCreate, TaskFields
+from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
+from timewheel.store.batch import get_many
 from timewheel.store.record import NewTask, prepare
 from timewheel.store.scripts import source
 from timewheel.store.task_store import Store
@@ -324,17 +325,11 @@ class ScheduleStore:
         async with redis_errors("schedule settle"):
             await self.redis.zadd(f"{self.prefix(bucket)}socc", mapping, xx=True)
 
-    async def task_statuses(self, keys: Sequence[str]) -> list[str | None]:
-        """The stored status of each task (None: no such task), read in one pipeline: the
-        settling pass needs no more than that to know whether an occurrence finished."""
-        if not keys:
-            return []
-        async with redis_errors("task statuses"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.hget(self.store.keys.task(key), "status")
-                rows: list[Any] = await pipe.execute()
-        return [row.decode() if row is not None else None for row in rows]
+    async def task_statuses(self, keys: Sequence[str]) -> list[TaskStatus | None]:
+        """The status of each task (None: no such task), read in one pipeline through the
+        task store's own reader (the record's layout is its business)."""
+        views = await get_many(self.store, keys)
+        return [None if view is None else view.status for view in views]
 
     async def checks(self, bucket: int, *, now_ms: int, limit: int
                      ) -> tuple[bool, list[tuple[str, int, str]]]:
