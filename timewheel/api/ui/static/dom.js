@@ -82,9 +82,10 @@ export function badge(status) {
 
 export function table(headers, rows, { empty = "Nothing here." } = {}) {
   if (!rows.length) return h("p", { class: "muted empty" }, empty);
-  return h("table", {},
+  // In a scrolling box: a wide table scrolls on a narrow screen instead of clipping.
+  return h("div", { class: "table-wrap" }, h("table", {},
     h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
-    h("tbody", {}, rows));
+    h("tbody", {}, rows)));
 }
 
 // A button that asks once more before it acts: the first click shows "Yes" and "No".

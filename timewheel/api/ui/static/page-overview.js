@@ -52,6 +52,16 @@ function showQuantile(value) {
   return seconds(value);
 }
 
+// "0.8 / 947 ms" when both share a unit, "12 ms / 2.40 s" otherwise.
+function showPair(a, b) {
+  const [first, second] = [showQuantile(a), showQuantile(b)];
+  const unit = (text) => text.split(" ").pop();
+  if (unit(first) === unit(second) && !first.startsWith(">") && first !== "—") {
+    return `${first.slice(0, -unit(first).length - 1)} / ${second}`;
+  }
+  return `${first} / ${second}`;
+}
+
 function card(title, id, note) {
   return h("div", { class: "card" },
     h("div", { class: "card-title" }, title),
@@ -76,12 +86,11 @@ export function render(root) {
     h("h1", {}, "Overview"),
     error,
     h("section", { class: "cards" },
-      card("Due in the next hour", "due-hour", "whole wheel"),
+      card("Due next hour", "due-hour", "whole wheel"),
       card("In flight", "in-flight", "attempts being sent"),
       card("Callbacks / s", "rate", "measuring…"),
       card("Lateness p50 / p99", "lateness", "first attempts"),
-      card("Dead letters", "dead", "whole wheel"),
-      card("Failed / retried", "failures", "attempts since start")),
+      card("Dead letters", "dead", "whole wheel")),
     h("section", { class: "panel" },
       h("div", { class: "panel-head" },
         h("h2", {}, "Due per minute"),
@@ -112,8 +121,8 @@ export function render(root) {
       if (note !== undefined) document.getElementById(`${id}-note`).textContent = note;
     };
     set("in-flight", String(stats.in_flight));
-    set("dead", String(stats.dead_letters));
-    set("failures", `${stats.callbacks.failed} / ${stats.callbacks.retried}`);
+    set("dead", String(stats.dead_letters), `whole wheel; attempts here since start: ` +
+      `${stats.callbacks.failed} failed, ${stats.callbacks.retried} retried`);
     const first = stats.lateness.first;
     const same = previous && previous.process === stats.process;
     const dt = same ? (Date.parse(stats.now) - Date.parse(previous.now)) / 1000 : 0;
@@ -130,7 +139,7 @@ export function render(root) {
         note = `first attempts, last ${Math.round(dt)} s`;
       }
     }
-    set("lateness", `${showQuantile(quantile(hist, 0.5))} / ${showQuantile(quantile(hist, 0.99))}`,
+    set("lateness", showPair(quantile(hist, 0.5), quantile(hist, 0.99)),
       hist && hist.count ? `${note} (${hist.count})` : "no callbacks yet");
     footnote.textContent = `Callbacks, in flight and lateness: the process that answered ` +
       `(${stats.process}), since it started. Due load and dead letters: the whole wheel. ` +

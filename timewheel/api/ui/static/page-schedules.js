@@ -44,8 +44,8 @@ export function render(root) {
         h("button", { type: "button", class: schedule.paused ? "" : "secondary",
           onclick: () => attempt(() => toggle(schedule), load) },
         schedule.paused ? "Resume" : "Pause"),
-        h("a", { href: `#/tasks?status=scheduled&prefix=${encodeURIComponent(`${schedule.id}.`)}` },
-          "occurrences"))));
+        h("a", { title: "its occurrences, as tasks", href: `#/tasks?status=scheduled&prefix=${encodeURIComponent(`${schedule.id}.`)}` },
+          "tasks"))));
   }
 
   function draw() {
