@@ -18,13 +18,10 @@ from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+expect = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'").expect
 
 MINUTE_MS = 60_000
-
-
-def expect() -> Any:
-    from playwright.sync_api import expect as playwright_expect
-    return playwright_expect
 
 
 def uid() -> str:
@@ -43,7 +40,7 @@ def open_ui(page: Any, service: Service, fragment: str = "") -> None:
 
 def enter_token(page: Any, token: str) -> None:
     dialog = page.locator("#token-dialog")
-    expect()(dialog).to_be_visible()
+    expect(dialog).to_be_visible()
     page.fill("#token-input", token)
     page.click("#token-save")
 
@@ -82,22 +79,22 @@ def test_overview_shows_the_seeded_due_load(page: Any, service: Service, api: ht
 
     page.goto(f"{service.base_url}/ui")
     enter_token(page, "not-the-token")
-    expect()(page.locator("#token-reason")).to_contain_text("refused")
+    expect(page.locator("#token-reason")).to_contain_text("refused")
     enter_token(page, TOKEN)
-    expect()(page.locator("#token-dialog")).to_be_hidden()
+    expect(page.locator("#token-dialog")).to_be_hidden()
 
     bar = page.locator(f'#due-chart rect[data-minute="{iso_minute(busy)}"]')
-    expect()(bar).to_have_attribute("data-due", "7")
-    expect()(page.locator(f'#due-chart rect[data-minute="{iso_minute(quiet)}"]')
+    expect(bar).to_have_attribute("data-due", "7")
+    expect(page.locator(f'#due-chart rect[data-minute="{iso_minute(quiet)}"]')
              ).to_have_attribute("data-due", "3")
     assert bar.bounding_box()["height"] > page.locator(
         f'#due-chart rect[data-minute="{iso_minute(quiet)}"]').bounding_box()["height"]
-    expect()(page.locator("#due-summary")).to_contain_text("tasks due in the next 180 minutes")
+    expect(page.locator("#due-summary")).to_contain_text("tasks due in the next 180 minutes")
     assert int(page.locator("#due-hour").inner_text()) >= 10
-    expect()(page.locator("#dead")).to_have_text(str(api.get("/stats").json()["dead_letters"]))
-    expect()(page.locator("#in-flight")).to_have_text("0")
+    expect(page.locator("#dead")).to_have_text(str(api.get("/stats").json()["dead_letters"]))
+    expect(page.locator("#in-flight")).to_have_text("0")
     # The token button shows that a token is set; the token is in session storage only.
-    expect()(page.locator("#token-button")).to_have_text("Token ✓")
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
     assert page.evaluate("sessionStorage.getItem('timewheel.token')") == TOKEN
     assert page.evaluate("localStorage.length") == 0
     shot("overview")
@@ -121,7 +118,7 @@ def test_find_a_scheduled_task_by_prefix_and_cancel_it(
     page.fill("#prefix", f"find-{tag}-")
     page.click("#task-search button[type=submit]")
     rows = page.locator("#task-results tbody tr")
-    expect()(rows).to_have_count(3)
+    expect(rows).to_have_count(3)
     assert [rows.nth(i).get_attribute("data-key") for i in range(3)] == [
         f"find-{tag}-b", f"find-{tag}-a", f"find-{tag}-c"]
     shot("tasks-by-prefix")
@@ -129,10 +126,10 @@ def test_find_a_scheduled_task_by_prefix_and_cancel_it(
     row = page.locator(f'#task-results tr[data-key="find-{tag}-a"]')
     row.get_by_role("button", name="Cancel").click()
     row.get_by_role("button", name="Yes").click()
-    expect()(page.locator("#notice")).to_contain_text(f"Cancelled find-{tag}-a")
+    expect(page.locator("#notice")).to_contain_text(f"Cancelled find-{tag}-a")
     assert status_of(api, f"find-{tag}-a") == "cancelled"
     assert status_of(api, f"find-{tag}-b") == "scheduled"
-    expect()(rows).to_have_count(2)
+    expect(rows).to_have_count(2)
 
 
 def test_open_a_task_and_cancel_it(page: Any, service: Service, api: httpx.Client,
@@ -145,19 +142,19 @@ def test_open_a_task_and_cancel_it(page: Any, service: Service, api: httpx.Clien
     page.fill("#open-key", key)
     page.click("#task-open button[type=submit]")
     detail = page.locator("#task-detail")
-    expect()(detail.locator(".badge")).to_have_text("scheduled")
-    expect()(page.locator("#last-outcome")).to_have_text("No attempt yet.")
-    expect()(detail).to_contain_text("0 of 4")
-    expect()(detail).to_contain_text(f"POST {receiver.url('/cancel')}")
+    expect(detail.locator(".badge")).to_have_text("scheduled")
+    expect(page.locator("#last-outcome")).to_have_text("No attempt yet.")
+    expect(detail).to_contain_text("0 of 4")
+    expect(detail).to_contain_text(f"POST {receiver.url('/cancel')}")
     shot("task-scheduled")
 
     detail.get_by_role("button", name="Cancel").click()
     detail.get_by_role("button", name="Yes").click()
-    expect()(detail.locator(".badge")).to_have_text("cancelled")
-    expect()(page.locator("#notice")).to_contain_text(f"Cancelled {key}")
+    expect(detail.locator(".badge")).to_have_text("cancelled")
+    expect(page.locator("#notice")).to_contain_text(f"Cancelled {key}")
     assert status_of(api, key) == "cancelled"
     assert api.delete(f"/tasks/{key}").status_code == 409  # it really is finished
-    expect()(detail.get_by_role("button", name="Replay")).to_be_visible()
+    expect(detail.get_by_role("button", name="Replay")).to_be_visible()
     shot("task-cancelled")
 
 
@@ -176,16 +173,16 @@ def test_replay_dead_letters(page: Any, service: Service, api: httpx.Client,
     open_ui(page, service, "#/dead-letters")
     rows = page.locator("#dead-results tbody tr")
     for key in keys.values():
-        expect()(page.locator(f'#dead-results tr[data-key="{key}"]')).to_contain_text("400")
+        expect(page.locator(f'#dead-results tr[data-key="{key}"]')).to_contain_text("400")
     shot("dead-letters")
 
     page.locator(f'#dead-results tr[data-key="{keys["a"]}"] input.pick').check()
-    expect()(page.locator("#replay-selected")).to_have_text("Replay selected (1)")
+    expect(page.locator("#replay-selected")).to_have_text("Replay selected (1)")
     page.click("#replay-selected")
-    expect()(page.locator("#notice")).to_contain_text(f"Replayed 1 task: {keys['a']}")
+    expect(page.locator("#notice")).to_contain_text(f"Replayed 1 task: {keys['a']}")
     page.locator(f'#dead-results tr[data-key="{keys["c"]}"]').get_by_role(
         "button", name="Replay").click()
-    expect()(page.locator("#notice")).to_contain_text(f"Replayed 1 task: {keys['c']}")
+    expect(page.locator("#notice")).to_contain_text(f"Replayed 1 task: {keys['c']}")
 
     for name in ("a", "c"):
         wait_until(lambda name=name: status_of(api, keys[name]) == "succeeded",
@@ -194,8 +191,8 @@ def test_replay_dead_letters(page: Any, service: Service, api: httpx.Client,
     assert status_of(api, keys["b"]) == "failed"
     assert len(receiver.arrivals_for(f"/dead-{tag}-b")) == 1
     page.click("text=Refresh")
-    expect()(page.locator(f'#dead-results tr[data-key="{keys["a"]}"]')).to_have_count(0)
-    expect()(page.locator(f'#dead-results tr[data-key="{keys["b"]}"]')).to_have_count(1)
+    expect(page.locator(f'#dead-results tr[data-key="{keys["a"]}"]')).to_have_count(0)
+    expect(page.locator(f'#dead-results tr[data-key="{keys["b"]}"]')).to_have_count(1)
     assert rows.count() >= 1
 
 
@@ -207,14 +204,14 @@ def test_change_flow_limits(page: Any, service: Service, api: httpx.Client,
 
     open_ui(page, service, "#/flows")
     row = page.locator(f'#flow-results tr[data-key="{edited}"]')
-    expect()(row.locator(".parallelism")).to_have_text("5")
+    expect(row.locator(".parallelism")).to_have_text("5")
     row.get_by_role("button", name="Edit").click()
     row.locator(".edit-parallelism").fill("7")
     row.locator(".edit-rate").fill("2.5")
     shot("flows-editing")
     row.get_by_role("button", name="Save").click()
-    expect()(row.locator(".parallelism")).to_have_text("7")
-    expect()(row.locator(".rate")).to_have_text("2.5")
+    expect(row.locator(".parallelism")).to_have_text("7")
+    expect(row.locator(".rate")).to_have_text("2.5")
     listed = {f["key"]: f for f in api.get("/flows").json()["flows"]}
     assert listed[edited] == {"key": edited, "parallelism": 7, "rate": 2.5, "in_flight": 0,
                               "waiting": 0}
@@ -222,18 +219,18 @@ def test_change_flow_limits(page: Any, service: Service, api: httpx.Client,
     page.fill("#flow-key", added)
     page.fill("#flow-parallelism", "3")
     page.click("#flow-form button[type=submit]")
-    expect()(page.locator(f'#flow-results tr[data-key="{added}"] .parallelism')).to_have_text("3")
+    expect(page.locator(f'#flow-results tr[data-key="{added}"] .parallelism')).to_have_text("3")
     assert api.get(f"/flows/{added}").json()["parallelism"] == 3
     assert api.get(f"/flows/{added}").json()["rate"] is None
 
     page.fill("#flow-rate", "many")  # refused in the page, nothing sent
     page.click("#flow-form button[type=submit]")
-    expect()(page.locator("#notice")).to_contain_text("is not a number")
+    expect(page.locator("#notice")).to_contain_text("is not a number")
     shot("flows")
 
     row.get_by_role("button", name="Reset").click()
     row.get_by_role("button", name="Yes").click()
-    expect()(row).to_have_count(0)
+    expect(row).to_have_count(0)
     assert edited not in {f["key"] for f in api.get("/flows").json()["flows"]}
 
 
@@ -248,17 +245,17 @@ def test_pause_and_resume_a_schedule(page: Any, service: Service, api: httpx.Cli
 
     open_ui(page, service, "#/schedules")
     row = page.locator(f'#schedule-results tr[data-id="{schedule}"]')
-    expect()(row).to_contain_text("every 3600 s")
-    expect()(row.locator(".next-run time")).to_have_attribute("datetime", next_run)
+    expect(row).to_contain_text("every 3600 s")
+    expect(row.locator(".next-run time")).to_have_attribute("datetime", next_run)
     row.get_by_role("button", name="Pause").click()
-    expect()(row.locator(".badge")).to_have_text("paused")
+    expect(row.locator(".badge")).to_have_text("paused")
     view = api.get(f"/schedules/{schedule}").json()
     assert view["paused"] is True and view["next_run_at"] is None
     shot("schedules-paused")
 
     row.get_by_role("button", name="Resume").click()
-    expect()(row.locator(".badge")).to_have_text("active")
+    expect(row.locator(".badge")).to_have_text("active")
     view = api.get(f"/schedules/{schedule}").json()
     assert view["paused"] is False and view["next_run_at"] is not None
-    expect()(row.locator(".next-run time")).to_have_attribute("datetime", view["next_run_at"])
+    expect(row.locator(".next-run time")).to_have_attribute("datetime", view["next_run_at"])
     shot("schedules")
