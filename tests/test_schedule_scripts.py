@@ -12,9 +12,13 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
+from timewheel.models import TaskStatus, format_ms
+from timewheel.store import CONFLICT, CREATED, Store
+from timewheel.store.schedule_store import ScheduleStore, occurrence_task
 from timewheel.store.scripts import source
 
 NOW = START_MS
+URL = "http://127.0.0.1:9/cb"
 P = "{tw:3}:"
 LEASE = 2000
 RET = 7 * 86_400_000
@@ -37,12 +41,14 @@ async def seed(redis: Redis, state: dict[str, Any]) -> None:
             await redis.zadd(P + short, value)
 
 
-async def dump(redis: Redis) -> dict[str, Any]:
-    """Every key in Redis; all of them must be in bucket 3."""
+async def dump(redis: Redis, records: bool = True) -> dict[str, Any]:
+    """Every key in Redis (without task records: ``records=False``); all in bucket 3."""
     out: dict[str, Any] = {}
     async for raw in redis.scan_iter(match="*"):
         name = raw.decode()
         assert name.startswith(P), f"key outside the bucket: {name}"
+        if not records and name.startswith(P + "t:"):
+            continue
         if (await redis.type(raw)).decode() == "hash":
             value: Any = {k.decode(): v.decode() for k, v in (await redis.hgetall(raw)).items()}
         else:
@@ -238,22 +244,34 @@ async def test_delete_marks_deleted_keeps_hi_and_hands_back_outstanding(redis: R
 
 
 # -- sched_tombstone ----------------------------------------------------------------------------
+# Through ScheduleStore.tombstone and the task store's own reader: the task record's layout is
+# the task store's business, the tombstone's contract is what a reader and a create see.
 
-async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(redis: Redis) -> None:
-    fields = ["url", "http://x/", "method", "POST", "exec", NOW, "max", 5]
-    assert await run(redis, "sched_tombstone", "a.1", NOW, RET, "tombstone", *fields) == 1
-    assert await dump(redis) == {"t:a.1": {
-        "status": "cancelled", "finished": str(NOW), "created": str(NOW), "attempts": "0",
-        "fp": "tombstone", "url": "http://x/", "method": "POST", "exec": str(NOW), "max": "5"}}
-    assert RET - 60_000 < await redis.pttl(P + "t:a.1") <= RET
+async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
+        store: Store, redis: Redis) -> None:
+    schedules = ScheduleStore(store, default_timeout=10.0)
+    task = occurrence_task("a", NOW, {"callback_url": URL}, default_timeout=10.0)
+    assert await schedules.tombstone(task, now_ms=NOW + 5) is True
+    view = await store.get(task.key)
+    assert view is not None
+    assert (view.status, view.callback_url, view.attempts) == (TaskStatus.CANCELLED, URL, 0)
+    assert view.execute_at == format_ms(NOW) and view.finished_at == format_ms(NOW + 5)
+    assert RET - 60_000 < await redis.pttl(store.keys.task(task.key)) <= RET
+    # The late create of the same occurrence is refused; so is a second tombstone.
+    assert await store.schedule(task, replace=False, now_ms=NOW + 6) == CONFLICT
+    assert await schedules.tombstone(task, now_ms=NOW + 7) is False
+    assert await store.get(task.key) == view
 
 
-async def test_tombstone_leaves_an_existing_task_alone(redis: Redis) -> None:
-    seeded = {"t:a.1": {"status": "scheduled", "fp": "f"}}
-    await seed(redis, seeded)
-    assert await run(redis, "sched_tombstone", "a.1", NOW, RET, "tombstone", "url", "u") == 0
-    assert await dump(redis) == seeded
-    assert await redis.pttl(P + "t:a.1") == -1
+async def test_tombstone_leaves_an_existing_task_alone(store: Store, redis: Redis) -> None:
+    schedules = ScheduleStore(store, default_timeout=10.0)
+    task = occurrence_task("a", NOW, {"callback_url": URL}, default_timeout=10.0)
+    assert await store.schedule(task, replace=False, now_ms=NOW) == CREATED
+    before = await store.get(task.key)
+    assert await schedules.tombstone(task, now_ms=NOW + 5) is False
+    assert await store.get(task.key) == before
+    assert before is not None and before.status == TaskStatus.SCHEDULED
+    assert await redis.pttl(store.keys.task(task.key)) == -1
 
 
 # -- the read-only ones -------------------------------------------------------------------------
