@@ -14,6 +14,7 @@ import respx
 from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.flow_gate import UNPARK_START_MS
 from timewheel.engine.ticker import claim_tokens
 from timewheel.store import Store
 from timewheel.store.flow_store import StoredLimits
@@ -229,6 +230,10 @@ async def test_any_process_takes_back_tasks_another_parked(
             assert await store.park(task.bucket, [(task.key, task.token)]) == [1]
         assert await store.parked_count(FLOW) == 2
         await second.dispatcher.poll_flows()
+        # Whether the flow has a rate is not known yet to the second process: a task taken
+        # back from Redis then starts UNPARK_START_MS after its permit, as for a rated flow.
+        await asyncio.sleep(0.05)
+        fake_clock.advance(UNPARK_START_MS)
         await wait_until(lambda: _true(route.call_count == 2), "both sent by the second")
         await second.settle()
         assert await statuses(second, ["a", "b"]) == [("succeeded", 1)] * 2

@@ -25,7 +25,7 @@ FlowKey = Annotated[str, Path(description="the flow key: 1-200 chars of [A-Za-z0
 
 
 def _checked(flow_key: str) -> str:
-    if not _KEY.match(flow_key):
+    if not _KEY.fullmatch(flow_key):
         raise RequestValidationError([{
             "type": "string_pattern_mismatch", "loc": ("path", "flow_key"),
             "msg": f"String should match pattern '{KEY_PATTERN}'", "input": flow_key}])

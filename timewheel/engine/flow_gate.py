@@ -68,7 +68,10 @@ class _Flow:
     running: asyncio.Task[None] | None = None
     dirty: bool = False
     alarm_ms: float | None = None  # the earliest alarm set for this flow
-    rated: bool = False  # the flow had a rate at the last permits call
+    parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
+    # The flow had a rate at the last permits call. True until a call says otherwise: a
+    # permit is handed on without Redis only for a flow known to have no rate.
+    rated: bool = True
     room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
 
     @property
@@ -98,6 +101,7 @@ class FlowGate:
         self._states: dict[str, _Flow] = {}
         self._waiting = 0
         self._to_park: list[Waiter] = []
+        self._stopping = False  # drained: start nothing new (no hand-over, no unpark)
         self._closed = False
         self._expiry: dict[str, float] = {}  # permit -> its lease expiry, while in use here
         # Park deadlines and rate windows reopening, on the wheel's clock.
@@ -133,12 +137,15 @@ class FlowGate:
         flow here takes it over when that is safe, else it goes back to Redis."""
         state = self._flow(flow)
         expiry = self._expiry.pop(permit, None)
-        if expiry is not None and state.queue and not state.rated and state.room >= 0:
+        if (expiry is not None and state.queue and not state.rated and state.room >= 0
+                and not self._stopping
+                and not (state.parked_buckets and state.parked_due < state.queue[0].task.due_ms)):
             waiter = state.queue[0]
             now = self._clock.now_ms()
             # Not for a rated flow: every start must be logged in Redis. Not when the flow
-            # holds more than its (lowered) parallelism. Only if the lease outlasts the whole
-            # attempt with its margin, as a fresh one would.
+            # holds more than its (lowered) parallelism, nor when older tasks of it are
+            # parked. Only if the lease outlasts the whole attempt with its margin, as a fresh
+            # one would.
             if expiry - now >= waiter.task.timeout_ms + self._lease_margin_ms:
                 state.queue.popleft()
                 waiter.gone = True  # its own permit, if a reply grants it, goes back
@@ -149,9 +156,11 @@ class FlowGate:
         state.releases.append(permit)
         self._kick(state)
 
-    def parked(self, flow: str, bucket: int) -> None:
-        """A task of ``flow`` was parked in ``bucket``: take it back when there is room."""
+    def parked(self, flow: str, bucket: int, due_ms: float = float("inf")) -> None:
+        """A task of ``flow`` due at ``due_ms`` was parked in ``bucket``: take it back when
+        there is room."""
         state = self._flow(flow)
+        state.parked_due = min(state.parked_due, due_ms)
         if bucket not in state.parked_buckets:
             state.parked_buckets.add(bucket)
             self._kick(state)  # there may be room already (a permit came back meanwhile)
@@ -161,8 +170,8 @@ class FlowGate:
         found = await asyncio.gather(*(self._store.parked_flows(bucket, SCAN_FLOWS)
                                        for bucket in range(self._store.keys.buckets)))
         for bucket, rows in enumerate(found):
-            for flow, _ in rows:
-                self.parked(flow, bucket)
+            for flow, due in rows:
+                self.parked(flow, bucket, due)
         for key, state in list(self._states.items()):
             if state.idle:
                 del self._states[key]
@@ -172,6 +181,7 @@ class FlowGate:
     def drain(self) -> list[Waiter]:
         """Shutdown: take every waiter out (the caller hands their claims back); a permit
         granted to one of them meanwhile is given back."""
+        self._stopping = True
         waiters = []
         for state in self._states.values():
             for waiter in state.queue:
@@ -227,30 +237,13 @@ class FlowGate:
             state.running = None
 
     async def _exchange_once(self, state: _Flow) -> None:
-        """One permits call: give back what finished, then ask for the waiters here or, when
-        none wait here, for parked tasks of the flow (then taken back from Redis)."""
+        """One permits call: give back what finished, then ask for the waiters here or for
+        parked tasks of the flow (then taken back from Redis), whichever are older."""
         releases, state.releases = state.releases, []
-        # Ask for what can be had: the room left last time plus what is given back now (one
-        # more, to notice a limit raised meanwhile), not a whole queue each time.
-        asked = min(MAX_WANT, max(0, state.room) + len(releases) + 1)
-        waiters = list(itertools.islice(state.queue, asked))
-        unparking = not waiters and bool(state.parked_buckets)
-        if not releases and not waiters and not unparking:
+        waiters, unparking, want, lease = self._wanted(state, len(releases))
+        if not releases and not want:
             return
         now = self._clock.now_ms()
-        if waiters:
-            # Waiters are handed over a few ms before they are due and start at their due
-            # time: the rate log must count them when they start, not when let through.
-            starts = [max(now, w.task.due_ms) for w in waiters]
-            want = [(w.permit, start) for w, start in zip(waiters, starts, strict=True)]
-            lease = (self._lease_margin_ms + PERMIT_REUSE_MS
-                     + max(w.task.timeout_ms for w in waiters))
-        elif unparking:
-            start = now + UNPARK_START_MS if state.rated else now
-            want = [(new_permit_id(), start) for _ in range(min(UNPARK_BATCH, asked))]
-            lease = self._max_lease_ms
-        else:
-            want, lease = [], self._max_lease_ms
         try:
             reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease,
                                               release=releases, want=want)
@@ -263,12 +256,38 @@ class FlowGate:
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1])
+        if reply.room > 0 and (state.queue or (state.parked_buckets and not self._stopping)):
+            state.dirty = True  # room left for more than was asked: go round again
         if reply.wait_ms > 0 and (state.queue or state.parked_buckets):
             self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)  # rate window
         if state.queue:
             # Waiters come in due order, so the head's deadline is (about) the earliest; an
             # alarm parks every waiter whose deadline has come.
             self._alarm_at(state, state.queue[0].park_by_ms)
+
+    def _wanted(self, state: _Flow, releasing: int
+                ) -> tuple[list[Waiter], bool, list[tuple[str, int]], int]:
+        """What to ask for: (waiters asked for, or unparking), the (permit, start) pairs and
+        the lease. Asks for what can be had: the room left last time plus what is given back
+        now (one more, to notice a limit raised meanwhile), not a whole queue each time."""
+        asked = min(MAX_WANT, max(0, state.room) + releasing + 1)
+        waiters = list(itertools.islice(state.queue, asked))
+        # Parked tasks go first when they are older than the waiters here (a flow overloaded
+        # for long must not keep its oldest tasks in Redis while newer ones go out).
+        unparking = bool(state.parked_buckets) and not self._stopping and (
+            not waiters or state.parked_due < waiters[0].task.due_ms)
+        now = self._clock.now_ms()
+        if unparking:
+            start = now + UNPARK_START_MS if state.rated else now
+            return ([], True, [(new_permit_id(), start) for _ in range(min(UNPARK_BATCH, asked))],
+                    self._max_lease_ms)
+        if not waiters:
+            return [], False, [], self._max_lease_ms
+        # Waiters are handed over a few ms before they are due and start at their due time:
+        # the rate log must count them when they start, not when let through.
+        want = [(w.permit, max(now, w.task.due_ms)) for w in waiters]
+        return (waiters, False, want, self._lease_margin_ms + PERMIT_REUSE_MS
+                + max(w.task.timeout_ms for w in waiters))
 
     def _hand_over(self, state: _Flow, waiters: list[Waiter], granted: list[tuple[str, int]],
                    expiry: float) -> None:
@@ -303,6 +322,8 @@ class FlowGate:
         for bucket, dues in zip(buckets, peeks, strict=True):
             if not dues:
                 state.parked_buckets.discard(bucket)
+        rest = sorted(due for dues in peeks for due in dues)[len(held):]
+        state.parked_due = rest[0] if rest else float("inf")
         results = await asyncio.gather(*(
             self._store.unpark(bucket, state.key, limit=count, token=next(self._tokens),
                                now_ms=now) for bucket, count in wanted.items()))

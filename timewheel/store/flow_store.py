@@ -71,20 +71,16 @@ class FlowStore:
                           float(values[1]) if values[1] else None)
 
     async def set_limits(self, flow: str, limits: StoredLimits) -> None:
-        """Store the limits (read by every permits call: in force at once)."""
-        key = self.keys.flow(flow) + "cfg"
-        fields: dict[Any, Any] = {
-            name: value for name, value in (("p", limits.parallelism), ("r", limits.rate))
-            if value is not None}
-        unset = [name for name in ("p", "r") if name not in fields]
+        """Store the limits (read by every permits call: in force at once). One script, so
+        two PUTs racing each other leave one of them whole."""
         async with redis_errors("set flow limits"):
-            # New limits first, then the ones dropped: in between, a permits call sees both,
-            # which is only ever stricter than either.
-            if fields:
-                await self.redis.hset(key, mapping=fields)
-            if unset:
-                await self.redis.hdel(key, *unset)
-            if fields:
+            limited = int(await self.scripts.flow_limits(
+                keys=[self.keys.flow(flow)],
+                args=["" if limits.parallelism is None else limits.parallelism,
+                      "" if limits.rate is None else repr(float(limits.rate))]))
+            # The registry of configured flows lives in another slot: a hint for listings
+            # and metrics, written after the limits themselves.
+            if limited:
                 await self.redis.sadd(self.keys.configured_flows, flow)
             else:
                 await self.redis.srem(self.keys.configured_flows, flow)

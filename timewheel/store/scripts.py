@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay", "park",
-         "unpark", "permits")
+         "unpark", "permits", "flow_limits")
 
 
 def lua_dir() -> Path:
@@ -56,3 +56,4 @@ class Scripts:
         self.park: AsyncScript = registered["park"]
         self.unpark: AsyncScript = registered["unpark"]
         self.permits: AsyncScript = registered["permits"]
+        self.flow_limits: AsyncScript = registered["flow_limits"]
