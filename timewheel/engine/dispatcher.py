@@ -49,6 +49,7 @@ START_SAFETY_MS = 1000  # an attempt must start this long before its lease can r
 START_LEAD_MS = 5.0  # the claim check runs this much before the due time, off the critical path
 MAX_ERROR_CHARS = 500
 PARK_LEAD_MS = 100  # a task waiting for a permit is parked this long before its start deadline
+RATE_SLACK_MS = 20  # a rated flow's attempt starts at most this long after its logged start
 
 
 class Dispatcher:
@@ -142,7 +143,7 @@ class Dispatcher:
                 log.warning("could not park %s; its lease will hand it back: %s",
                             waiter.task.key, result)
             elif result:
-                self._gate.parked(waiter.task.flow, waiter.task.bucket)
+                self._gate.parked(waiter.task.flow, waiter.task.bucket, waiter.task.due_ms)
                 self._metrics.flow_parked.inc()
 
     def _start_by(self, task: ClaimedTask, claimed_at_ms: int) -> int:
@@ -156,7 +157,14 @@ class Dispatcher:
         me = asyncio.current_task()
         assert me is not None
         while self._ready:
-            (task, claimed_at_ms, deadline_ms), permit, start_ms = self._ready.popleft()
+            entry = self._ready.popleft()
+            (task, claimed_at_ms, deadline_ms), permit, start_ms = entry
+            if self._clock.now_ms() > start_ms + RATE_SLACK_MS and self._gate.rated(task.flow):
+                # Its start was logged in the flow's rate window for start_ms, and it has
+                # waited for a worker since: sent now, it could overrun the rate. Ask again.
+                self._gate.give_back(task.flow, permit)
+                self._launch(entry[0])
+                continue
             self._holding[me] = task
             try:
                 await self._deliver(me, task, claimed_at_ms, deadline_ms, start_ms)
@@ -312,11 +320,12 @@ class Dispatcher:
         ``grace_seconds`` to finish and be recorded; abandon the rest to their leases."""
         unlaunched = [entry[0] for entry in self._timeline.drain()]
         await self._timeline.close()
-        for (task, _, _), permit, _ in self._ready:
+        # Drain the gate first: from then on a permit given back is not handed on.
+        unlaunched += [waiter.task for waiter in self._gate.drain()]
+        ready, self._ready = list(self._ready), deque()
+        for (task, _, _), permit, _ in ready:
             unlaunched.append(task)
             self._gate.give_back(task.flow, permit)
-        self._ready.clear()
-        unlaunched += [waiter.task for waiter in self._gate.drain()]
         holders = dict(self._holding)
         for worker in holders:
             worker.cancel()  # each gives its permit back on the way out

@@ -107,6 +107,11 @@ class FlowGate:
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
 
+    def rated(self, flow: str) -> bool:
+        """Whether the flow had a rate at its last permits call (True when not known)."""
+        state = self._states.get(flow)
+        return state is None or state.rated
+
     @property
     def waiting(self) -> int:
         """Tasks waiting in this process for a permit."""
