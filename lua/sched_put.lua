@@ -40,8 +40,10 @@ local code = live and 1 or 0
 local out = {code}
 if ARGV[4] == '1' or (old[1] and not live) then outstanding(out) end
 
--- All checks are done; writes follow.
-local ver = (tonumber(old[1]) or 0) + 1
+-- All checks are done; writes follow. The version is never below now_ms: a schedule deleted,
+-- expired and created again must not repeat a version that a process may still have cached
+-- with the old spec.
+local ver = math.max((tonumber(old[1]) or 0) + 1, tonumber(ARGV[6]))
 local created = ARGV[6]
 if live then created = old[3] end
 redis.call('DEL', rkey)

@@ -73,7 +73,7 @@ def outstanding(*occs: int, schedule: str = "a", at: int = NOW + LEASE,
 async def test_put_creates_a_running_schedule(redis: Redis) -> None:
     assert await run(redis, "sched_put", "a", "", SPEC, "0", NOW + 60_000, NOW, "r1") == [0]
     assert await dump(redis) == {
-        "s:a": {"spec": SPEC, "paused": "0", "ver": "1", "created": str(NOW),
+        "s:a": {"spec": SPEC, "paused": "0", "ver": str(NOW), "created": str(NOW),
                 "next": str(NOW + 60_000), "op": "r1", "opc": "0"},
         "sdue": {"a": NOW + 60_000}, "sids": {"a": 0}}
 
@@ -83,7 +83,7 @@ async def test_put_replaces_keeping_created_hi_and_outstanding(redis: Redis) -> 
                        **outstanding(NOW)})
     assert await run(redis, "sched_put", "a", "3", "{}", "0", NOW + 120_000, NOW, "r2") == [1]
     assert await dump(redis) == {
-        "s:a": {"spec": "{}", "paused": "0", "ver": "4", "created": str(NOW - 600_000),
+        "s:a": {"spec": "{}", "paused": "0", "ver": str(NOW), "created": str(NOW - 600_000),
                 "next": str(NOW + 120_000), "hi": str(NOW), "op": "r2", "opc": "1"},
         "sdue": {"a": NOW + 120_000}, "sids": {"a": 0}, **outstanding(NOW)}
 
@@ -94,7 +94,7 @@ async def test_put_paused_hands_back_outstanding_occurrences(redis: Redis) -> No
     reply = await run(redis, "sched_put", "a", "3", SPEC, "1", "", NOW, "r2")
     assert reply == [1, NOW, NOW + 1000]  # not a.b's
     state = await dump(redis)
-    assert state["s:a"] == {"spec": SPEC, "paused": "1", "ver": "4",
+    assert state["s:a"] == {"spec": SPEC, "paused": "1", "ver": str(NOW),
                             "created": str(NOW - 600_000), "hi": str(NOW), "op": "r2",
                             "opc": "1"}
     assert "sdue" not in state  # left for the caller to cancel, then drop
@@ -119,12 +119,17 @@ async def test_put_resent_answers_as_the_first_call(redis: Redis) -> None:
 
 
 async def test_put_over_a_deleted_record_creates_and_keeps_hi(redis: Redis) -> None:
+    """A schedule created again over its deleted record gets a version never used before
+    (at least now_ms): a process holding the old spec cached by (id, version) must not
+    take the new schedule for the old one, as it could if the record had expired and the
+    version started again at 1."""
     await seed(redis, {"s:a": record(state="deleted", paused="1", next=None, op="d1"),
                        **outstanding(NOW)})
     assert await run(redis, "sched_put", "a", "", SPEC, "0", NOW + 60_000, NOW + 5, "r2") == [
         0, NOW]
     state = await dump(redis)
-    assert state["s:a"] == {"spec": SPEC, "paused": "0", "ver": "4", "created": str(NOW + 5),
+    assert state["s:a"] == {"spec": SPEC, "paused": "0", "ver": str(NOW + 5),
+                            "created": str(NOW + 5),
                             "next": str(NOW + 60_000), "hi": str(NOW), "op": "r2", "opc": "0"}
     assert state["sdue"] == {"a": NOW + 60_000} and state["sids"] == {"a": 0}
     assert await redis.pttl(P + "s:a") == -1
