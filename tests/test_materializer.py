@@ -149,6 +149,21 @@ async def test_a_late_tick_within_grace_skips_nothing(store: Store, redis: Redis
     assert m.skipped == 0
 
 
+async def test_a_slow_pass_while_another_process_runs_skips_nothing(store: Store,
+                                                                   redis: Redis) -> None:
+    """One process's pass comes 5 s late (a stall, a Redis blip) while another process kept
+    passing: the wheel was up, so no occurrence is skipped (only a wheel that was down as a
+    whole skips to the latest missed one)."""
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    slow, other = materializer(store), materializer(store)
+    await slow.tick(NOW)
+    await schedules.mark_pass(NOW + 5000)  # the other process's passes went on meanwhile
+    await slow.tick(NOW + 5500)
+    assert await task_keys(redis) == [f"a.{NOW + s * 1000}" for s in range(1, 8)]
+    assert slow.skipped == 0 and other.skipped == 0
+
+
 async def test_ten_thousand_schedules_are_bounded_per_tick(store: Store, redis: Redis) -> None:
     schedules = schedules_of(store)
     # Seeded through one pipeline of sched_put calls, as PUT /schedules would store them.

@@ -64,7 +64,9 @@ class Materializer:
         self._clock = clock
         self.tick_ms = tick_ms
         self.ahead_ms = 2 * tick_ms  # the ticker claims one tick (plus a margin) ahead
-        self.grace_ms = 2 * tick_ms  # a due next older than this means every process was down
+        # A due next older than this, with no pass of any process for as long, means every
+        # process was down: only the latest missed occurrence fires.
+        self.grace_ms = 2 * tick_ms
         self.lease_ms = 2 * tick_ms  # a reservation not settled by then is created again
         self.settle_ms = settle_ms
         self.recheck_ms = recheck_ms
@@ -89,6 +91,10 @@ class Materializer:
         and Python overlap. Returns how many schedules were reserved."""
         buckets = self._store.keys.buckets
         share = max(1, self.max_per_tick // buckets)
+        # Whether the wheel was down: the previous pass of any process is older than grace.
+        # A slow pass or a Redis blip while processes run must not skip occurrences.
+        previous = await self._schedules.mark_pass(now_ms)
+        was_down = previous is None or previous < now_ms - self.grace_ms
 
         async def materialize(bucket: int) -> int:
             made, left = 0, share
@@ -96,7 +102,7 @@ class Materializer:
                 full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
                                                       limit=min(self.batch, left))
                 left -= len(due)
-                made += await self._materialize(bucket, due, now_ms)
+                made += await self._materialize(bucket, due, now_ms, was_down)
                 if not full or not due:
                     break
             return made
@@ -115,7 +121,8 @@ class Materializer:
         await asyncio.gather(*(settle(b) for b in range(buckets)))
         return sum(reserved)
 
-    async def _materialize(self, bucket: int, due: list[Due], now_ms: int) -> int:
+    async def _materialize(self, bucket: int, due: list[Due], now_ms: int,
+                           was_down: bool = True) -> int:
         if not due:
             return 0
         specs = await self._specs_of(bucket, [(d.id, d.version) for d in due])
@@ -123,7 +130,7 @@ class Materializer:
         for d in due:
             spec = specs.get((d.id, d.version))
             if spec is not None:
-                reservations.append(self._plan(d, spec.recurrence, now_ms))
+                reservations.append(self._plan(d, spec.recurrence, now_ms, was_down))
         taken = await self._schedules.reserve(bucket, reservations, now_ms=now_ms,
                                               lease_ms=self.lease_ms)
         work = [(r.id, occ, specs[(r.id, r.version)].task)
@@ -135,10 +142,11 @@ class Materializer:
             for (i, occ, _), ok in zip(work, created, strict=True) if ok])
         return sum(taken)
 
-    def _plan(self, due: Due, rec: Recurrence, now_ms: int) -> Reservation:
+    def _plan(self, due: Due, rec: Recurrence, now_ms: int, was_down: bool = True
+              ) -> Reservation:
         """The occurrences to reserve for a due schedule, and its next one after them."""
         first: int | None = due.next_ms
-        if due.next_ms < now_ms - self.grace_ms:
+        if was_down and due.next_ms < now_ms - self.grace_ms:
             # Every process was down past this occurrence: fire only the latest missed one.
             latest = rec.latest_at_or_before(now_ms)
             if latest is not None and latest > due.next_ms:

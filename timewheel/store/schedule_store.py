@@ -159,6 +159,14 @@ class ScheduleStore:
     def buckets(self) -> int:
         return self.store.keys.buckets
 
+    async def mark_pass(self, now_ms: int) -> int | None:
+        """Record a materializer pass at ``now_ms``; returns the previous pass's time (any
+        process's), or None. The key expires a day after the last pass."""
+        async with redis_errors("mark pass"):
+            previous: Any = await self.redis.set(f"{self.store.keys.key_prefix}:sched:pass", now_ms,
+                                                 px=86_400_000, get=True)
+        return int(previous) if previous is not None else None
+
     async def _run(self, name: str, bucket: int, args: Sequence[str | int | bytes]) -> Any:
         async with redis_errors(name):
             return await self.scripts[name](keys=[self.prefix(bucket)], args=list(args))
