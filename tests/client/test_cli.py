@@ -307,3 +307,14 @@ def test_a_malformed_token_is_a_usage_error(router: respx.MockRouter,
     assert out == "" and err.startswith("timewheel: the token (TIMEWHEEL_TOKEN) must be")
     assert "SECRET" not in err
     assert route.call_count == 0
+
+
+@pytest.mark.parametrize("args", [["--delay", "nan"], ["--delay", "inf"], ["--body", "NaN"],
+                                  ["--body", "[Infinity]"]])
+def test_non_finite_numbers_are_usage_errors(args: list[str],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON has no NaN or Infinity: refused as usage errors (exit 2), not a traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tasks", "add", "http://127.0.0.1:9/x", *args])
+    assert exit_info.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err

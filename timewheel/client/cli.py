@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,9 +82,12 @@ def _number(text: str) -> int | float:
     except ValueError:
         pass
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):  # JSON has no NaN or Infinity
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def _execute_at(text: str) -> str | int | float:
@@ -99,9 +103,13 @@ def _execute_at(text: str) -> str | int | float:
     return value
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _json(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constants)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); quote a string as "
                                          "'\"text\"'") from None
