@@ -225,7 +225,7 @@ def sample_costs(url: str, keys: Sequence[str]) -> dict[str, Any]:
     with sync_redis.Redis.from_url(url) as client:
         records = [int(client.memory_usage(f"{{tw:{zlib.crc32(k.encode()) % 16}}}:t:{k}",
                                            samples=0) or 0) for k in keys[:20]]
-        slices = sorted(k.decode() for k in client.scan_iter(match="{tw:0}:m:*", count=10_000))
+        slices = sorted(k.decode() for k in client.scan_iter(match="{tw:0}:ms:*", count=10_000))
         slice_key = slices[len(slices) // 2] if slices else None
         slice_bytes = int(client.memory_usage(slice_key, samples=0) or 0) if slice_key else 0
         slice_card = int(client.zcard(slice_key)) if slice_key else 0

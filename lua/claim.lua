@@ -1,4 +1,4 @@
--- lib: claiming
+-- lib: record, slices, claiming
 -- claim: take up to `limit` tasks due at or before horizon_ms, under a lease.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -8,27 +8,31 @@
 -- ARGV[4]  token, unique per call: the claim is recorded under it, so a retried call returns
 --          the same tasks instead of claiming others
 -- ARGV[5]  lease_margin_ms: lease = max(due, now) + task timeout + margin
--- ARGV[6]  max_minutes, most minute slices scanned per call (bounds the script after an outage)
--- ARGV[7]  retention_ms: dead letters older than this are dropped from the index
+-- ARGV[6]  max_minutes, most minute slices read per call (bounds the script after an outage)
+-- ARGV[7]  retention_ms: finished-task index entries older than this are dropped
 --
--- Reply: {more, n, then n times: key, due, and the CLAIM_FIELDS of lua/lib/claiming.lua}
+-- Reply: {more, n, old, then n times: key, and the record's head, flow and url}
 --   more = 1 when the caller should call again (limit reached, a read window came back full,
---   or minutes left to scan).
+--   or slices left to read); old = 1 when the bucket still has keys of the v1 layout (its
+--   cursor), which a process then migrates (timewheel/store/migrate.py).
 --
 -- Order: expired leases first (their process died: re-deliver), then the slices from the
--- cursor onwards. A slice entry is dropped without claiming when its key is in the minute's
--- delete-set or its record no longer points at this minute (cancelled, replaced, expired).
--- Past slices that drain are deleted with their delete-sets and the cursor moves past them.
+-- cursor onwards, found through the minute index `mn`, so empty minutes cost nothing. A slice
+-- entry is dropped without claiming when its key is in the minute's delete-set or its record
+-- is not pending in this minute (cancelled, replaced, expired). Past slices that drain are
+-- deleted with their delete-sets and index entry, and the cursor moves to the oldest minute
+-- left. Nothing here reads more entries than it takes, plus those it drops for good.
 local P = KEYS[1]
 local now, horizon, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local token, margin = ARGV[4], tonumber(ARGV[5])
 local budget, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
-local record = P .. 'c:' .. token
-local out = {0, 0}
+local record = P .. 'cl:' .. token
+local claim = digest(token)
+local out = {0, 0, redis.call('EXISTS', P .. 'cursor')}
 
 -- A retry of a call whose reply was lost: hand back what it claimed and still holds.
 if redis.call('EXISTS', record) == 1 then
-  replay_claim(P, record, token, out)
+  replay_claim(P, record, claim, out)
   out[1] = 1
   return out
 end
@@ -37,55 +41,61 @@ end
 local more = 0
 
 -- 1. Leases that ran out: their holder died or stalled. Claim them again.
-local expired = redis.call('ZRANGEBYSCORE', P .. 'lease', '-inf', now, 'LIMIT', 0, limit)
+local expired = redis.call('ZRANGEBYSCORE', P .. 'ls', '-inf', now, 'LIMIT', 0, limit)
 if #expired == limit then more = 1 end
 for _, key in ipairs(expired) do
   local tkey = P .. 't:' .. key
-  local st = redis.call('HMGET', tkey, 'status', 'due')
-  if st[1] == 'delivering' then
-    take(P, key, tonumber(st[2]), now, margin, token, record, out)
+  local h = head(tkey)
+  if h and h[ST] == 'd' then
+    take(P, key, tkey, h, now, margin, claim, record, out)
   else
-    redis.call('ZREM', P .. 'lease', key)
+    redis.call('ZREM', P .. 'ls', key)
   end
 end
 
 -- 2. The slices, oldest first.
-local cursor = tonumber(redis.call('GET', P .. 'cursor'))
+local cursor = cursor_of(P)
 if cursor then
   local now_minute = math.floor(now / 60000)
-  local last = math.floor(horizon / 60000)
-  local m = cursor
-  local scanned = 0
-  while m <= last and out[2] < limit do
-    if scanned >= budget then more = 1; break end
-    scanned = scanned + 1
-    local zkey, dkey = P .. 'm:' .. m, P .. 'd:' .. m
+  local minutes = redis.call('ZRANGEBYSCORE', P .. 'mn', cursor, math.floor(horizon / 60000),
+    'LIMIT', 0, budget + 1)
+  if #minutes > budget then more = 1 end
+  for i = 1, math.min(#minutes, budget) do
+    if out[2] >= limit then break end
+    local m = tonumber(minutes[i])
+    local zkey, dkey = P .. 'ms:' .. m, P .. 'md:' .. m
     local window = limit - out[2]
-    local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, window)
-    if #entries == 2 * window then more = 1 end
-    for i = 1, #entries, 2 do
-      local key = entries[i]
+    local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'LIMIT', 0, window)
+    if #entries == window then more = 1 end
+    for _, key in ipairs(entries) do
       local tkey = P .. 't:' .. key
+      local h = head(tkey)
       redis.call('ZREM', zkey, key)
-      if redis.call('SISMEMBER', dkey, key) == 0 then
-        local st = redis.call('HMGET', tkey, 'status', 'minute')
-        if (st[1] == 'scheduled' or st[1] == 'retrying') and tonumber(st[2]) == m then
-          take(P, key, tonumber(entries[i + 1]), now, margin, token, record, out)
-        end
+      if redis.call('SISMEMBER', dkey, key) == 0 and h and PENDING[h[ST]]
+        and pending_minute(h[DUE], cursor) == m then
+        take(P, key, tkey, h, now, margin, claim, record, out)
       end
     end
     -- Only a past minute can be complete: nothing new is ever placed before the cursor.
     if m < now_minute and redis.call('EXISTS', zkey) == 0 then
       redis.call('DEL', dkey)
-      if m == cursor then cursor = m + 1 end
+      redis.call('ZREM', P .. 'mn', m)
     end
-    m = m + 1
   end
   if out[2] >= limit then more = 1 end
-  redis.call('SET', P .. 'cursor', cursor)
+  -- The oldest minute that may still hold entries, but never past now's minute (later
+  -- tasks must still find the cursor at or before their own minute).
+  local first = redis.call('ZRANGEBYSCORE', P .. 'mn', cursor, '+inf', 'LIMIT', 0, 1)[1]
+  redis.call('SET', P .. 'cur', math.max(cursor, math.min(tonumber(first) or now_minute,
+    now_minute)))
 end
 
 if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end
-redis.call('ZREMRANGEBYSCORE', P .. 'dead', '-inf', now - retention)
+-- Finished-task indexes: entries older than the retention go with their records, at most
+-- 1000 per index and call so that a long outage does not make one call long.
+for _, name in ipairs({'fs', 'ff', 'fc'}) do
+  local old = redis.call('ZCOUNT', P .. name, '-inf', now - retention)
+  if old > 0 then redis.call('ZREMRANGEBYRANK', P .. name, 0, math.min(old, 1000) - 1) end
+end
 out[1] = more
 return out

@@ -1,7 +1,8 @@
+-- lib: record
 -- park: set claimed tasks aside until their flow has room (lua/permits.lua said no).
 --
 -- A parked task holds no lease and sits in no minute slice, so neither the claim path nor a
--- lease running out touches it: waiting costs one sorted-set entry, however long it lasts.
+-- lease running out touches it: waiting costs two sorted-set entries, however long it lasts.
 -- lua/unpark.lua takes it back once a permit is free.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -10,24 +11,27 @@
 -- Reply: one number per pair: 1 parked, 0 not the caller's claim any more or already started
 --        (cancelled, replaced, re-claimed): nothing written.
 --
--- Keys: w:<flow> (zset task key -> due_ms, the flow's waiting tasks of this bucket, in due
--- order), wf (zset flow -> due_ms of its earliest waiting task in this bucket).
+-- Keys: pw:<flow> (zset task key -> due_ms, the flow's parked tasks of this bucket, in due
+-- order), pf (zset flow -> due_ms of its earliest parked task in this bucket), pa (zset task
+-- key -> due_ms, every parked task of the bucket: the listings read it).
 local P = KEYS[1]
 local out = {}
 for i = 1, #ARGV, 2 do
-  local key, token = ARGV[i], ARGV[i + 1]
+  local key = ARGV[i]
   local tkey = P .. 't:' .. key
-  local st = redis.call('HMGET', tkey, 'claim', 'status', 'started', 'due', 'flow')
-  if st[1] ~= token or st[2] ~= 'delivering' or st[3] then
+  local h = head(tkey)
+  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) or h[STARTED] == 1 then
     out[#out + 1] = 0
   else
-    local wkey = P .. 'w:' .. st[5]
-    redis.call('ZREM', P .. 'lease', key)
-    redis.call('HDEL', tkey, 'claim')
-    redis.call('HSET', tkey, 'status', 'waiting')
-    redis.call('ZADD', wkey, tonumber(st[4]), key)
-    local head = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-    redis.call('ZADD', P .. 'wf', tonumber(head[2]), st[5])
+    local flow = flow_of(tkey, h)
+    local wkey = P .. 'pw:' .. flow
+    redis.call('ZREM', P .. 'ls', key)
+    h[ST], h[CLAIM] = 'w', NONE
+    put_head(tkey, h)
+    redis.call('ZADD', wkey, h[DUE], key)
+    redis.call('ZADD', P .. 'pa', h[DUE], key)
+    local first = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+    redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
     out[#out + 1] = 1
   end
 end

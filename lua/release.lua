@@ -1,4 +1,4 @@
--- lib: slices
+-- lib: record, slices
 -- release: hand claims back that were never started (shutdown, or a start deadline missed),
 -- so any process can claim them at once instead of after their lease.
 --
@@ -10,21 +10,18 @@
 local P = KEYS[1]
 local out = {}
 for i = 1, #ARGV, 2 do
-  local key, token = ARGV[i], ARGV[i + 1]
+  local key = ARGV[i]
   local tkey = P .. 't:' .. key
-  local st = redis.call('HMGET', tkey, 'claim', 'status', 'started', 'due', 'attempts')
-  if st[1] ~= token or st[2] ~= 'delivering' or st[3] then
+  local h = head(tkey)
+  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) or h[STARTED] == 1 then
     out[#out + 1] = 0
   else
-    local due = tonumber(st[4])
-    local minute = slice_minute(P, due, due)
-    local status = 'retrying'
-    if tonumber(st[5]) == 0 then status = 'scheduled' end
-    redis.call('ZREM', P .. 'lease', key)
-    redis.call('HDEL', tkey, 'claim')
-    redis.call('HSET', tkey, 'status', status, 'minute', minute)
-    redis.call('ZADD', P .. 'm:' .. minute, due, key)
-    redis.call('SREM', P .. 'd:' .. minute, key)
+    local minute = slice_minute(P, h[DUE], h[DUE])
+    redis.call('ZREM', P .. 'ls', key)
+    h[ST] = h[ATT] == 0 and 's' or 'r'
+    h[CLAIM] = NONE
+    put_head(tkey, h)
+    into_slice(P, key, h[DUE], minute)
     out[#out + 1] = 1
   end
 end

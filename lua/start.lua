@@ -1,27 +1,38 @@
--- start: mark attempts as begun, just before they are sent. Only a caller that still holds
--- the claim may start: a task cancelled or replaced after it was claimed is not sent.
+-- lib: record
+-- start: mark attempts as begun, just before they are sent, and hand over what they send.
+-- Only a caller that still holds the claim may start: a task cancelled or replaced after it
+-- was claimed is not sent. Headers and body are read here, not at claim time, so a claim
+-- reply and the tasks a process holds cost a few hundred bytes each whatever the body.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1]  now_ms
+-- ARGV[1]  now_ms (unused since layout 2 keeps a started flag, not a time; kept so callers
+--          need not change)
 -- ARGV[2..] key, token pairs
 --
--- Reply: one number per pair: the attempt number (1, 2, ...), or 0 when the claim is not the
---        caller's any more (do not send). Idempotent: starting a started attempt again (a
---        retried call) returns the same number.
+-- Reply: three values per pair: the attempt number (1, 2, ...), the headers and the body as
+--        stored (timewheel/store/layout.py); or 0, "", "" when the claim is not the caller's
+--        any more (do not send). Idempotent: starting a started attempt again (a retried
+--        call) returns the same number.
 local P = KEYS[1]
-local now = tonumber(ARGV[1])
 local out = {}
+local tokens = {}
 for i = 2, #ARGV, 2 do
-  local tkey = P .. 't:' .. ARGV[i]
-  local st = redis.call('HMGET', tkey, 'claim', 'status', 'attempts', 'started')
-  if st[1] == ARGV[i + 1] and st[2] == 'delivering' and st[4] then
-    out[#out + 1] = tonumber(st[3])
-  elseif st[1] == ARGV[i + 1] and st[2] == 'delivering' then
-    local attempt = tonumber(st[3]) + 1
-    redis.call('HSET', tkey, 'attempts', attempt, 'started', now)
-    out[#out + 1] = attempt
+  local tkey, token = P .. 't:' .. ARGV[i], ARGV[i + 1]
+  tokens[token] = tokens[token] or digest(token)
+  local h = head(tkey)
+  if h and h[ST] == 'd' and h[CLAIM] == tokens[token] then
+    if h[STARTED] == 0 then
+      h[ATT], h[STARTED] = h[ATT] + 1, 1
+      put_head(tkey, h)
+    end
+    local at = headers_at(h)
+    out[#out + 1] = h[ATT]
+    out[#out + 1] = part(tkey, at, h[HL])
+    out[#out + 1] = part(tkey, at + h[HL], h[BL])
   else
     out[#out + 1] = 0
+    out[#out + 1] = ''
+    out[#out + 1] = ''
   end
 end
 return out

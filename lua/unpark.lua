@@ -1,4 +1,4 @@
--- lib: claiming
+-- lib: record, claiming
 -- unpark: claim the earliest parked tasks of one flow (lua/park.lua) once permits are free.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -8,35 +8,38 @@
 -- ARGV[4]  token, unique per call (as in lua/claim.lua: a re-sent call returns the same tasks)
 -- ARGV[5]  lease_margin_ms: lease = max(due, now) + task timeout + margin
 --
--- Reply: as lua/claim.lua: {more, n, then n times: key, due, and the claim fields}; more = 1
---        when the flow has more parked tasks in this bucket.
+-- Reply: as lua/claim.lua: {more, n, 0, then n times: key and the record's head, flow, url};
+--        more = 1 when the flow has more parked tasks in this bucket.
 local P = KEYS[1]
 local now, flow, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local token, margin = ARGV[4], tonumber(ARGV[5])
-local record, wkey = P .. 'c:' .. token, P .. 'w:' .. flow
-local out = {0, 0}
+local record, wkey = P .. 'cl:' .. token, P .. 'pw:' .. flow
+local claim = digest(token)
+local out = {0, 0, 0}
 
 if redis.call('EXISTS', record) == 1 then
-  replay_claim(P, record, token, out)
+  replay_claim(P, record, claim, out)
   return out
 end
 
-local entries = redis.call('ZRANGE', wkey, 0, limit - 1, 'WITHSCORES')
-for i = 1, #entries, 2 do
-  local key = entries[i]
+local entries = redis.call('ZRANGE', wkey, 0, limit - 1)
+for _, key in ipairs(entries) do
+  local tkey = P .. 't:' .. key
+  local h = head(tkey)
   redis.call('ZREM', wkey, key)
-  -- Cancel and replace take a parked task out of w:<flow> themselves; an entry left behind
+  -- Cancel and replace take a parked task out of pw:<flow> themselves; an entry left behind
   -- by an expired record is dropped here.
-  if redis.call('HGET', P .. 't:' .. key, 'status') == 'waiting' then
-    take(P, key, tonumber(entries[i + 1]), now, margin, token, record, out)
+  if h and h[ST] == 'w' then
+    redis.call('ZREM', P .. 'pa', key)
+    take(P, key, tkey, h, now, margin, claim, record, out)
   end
 end
 
-local head = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-if #head == 0 then
-  redis.call('ZREM', P .. 'wf', flow)
+local first = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
+if #first == 0 then
+  redis.call('ZREM', P .. 'pf', flow)
 else
-  redis.call('ZADD', P .. 'wf', tonumber(head[2]), flow)
+  redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
   out[1] = 1
 end
 if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end

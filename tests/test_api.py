@@ -186,7 +186,8 @@ async def fail_due(store: Store, now_ms: int, kind: str = "fail") -> list[str]:
         if not tasks:
             continue
         claims = [(t.key, token) for t in tasks]
-        assert await store.start(bucket, now_ms=now_ms, claims=claims) == [1] * len(tasks)
+        started = await store.start(bucket, now_ms=now_ms, claims=claims)
+        assert [s.attempt for s in started] == [1] * len(tasks)
         outcomes = [Outcome(t.key, token, kind, status_code=400, error="HTTP 400",  # type: ignore[arg-type]
                             started_ms=now_ms) for t in tasks]
         assert await store.complete(bucket, now_ms=now_ms, outcomes=outcomes) == [1] * len(tasks)
@@ -237,7 +238,8 @@ async def test_dead_letters_paginate_newest_first(client: httpx.AsyncClient, sto
     {"status": "failed", "limit": 1001}, {"status": "failed", "cursor": "nope"},
 ])
 async def test_list_bad_query(client: httpx.AsyncClient, params: dict[str, Any]) -> None:
-    """Only status=failed, limit 1..1000 and a well-formed cursor are accepted."""
+    """A known status, limit 1..1000 and a cursor of this listing are required
+    (tests/test_api_list.py has the rest)."""
     r = await client.get("/tasks", params=params)
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"][0] == "query"
@@ -389,8 +391,8 @@ async def test_body_over_one_mib_encoded_is_413(client: httpx.AsyncClient, redis
     r = await client.post("/tasks", json={"key": "fits", "callback_url": URL,
                                           "body": "x" * (MAX_BODY_BYTES - 2)})
     assert r.status_code == 201
-    stored = await redis.hget(store.keys.task("fits"), "body")
-    assert stored is not None and len(stored) == MAX_BODY_BYTES
+    record = await store.record("fits")
+    assert record is not None and len(stored := record["body"]) == MAX_BODY_BYTES
     assert json.loads(stored) == "x" * (MAX_BODY_BYTES - 2)
 
 

@@ -47,8 +47,8 @@ async def test_in_flight_and_waiting(client: httpx.AsyncClient, redis: Redis) ->
     prefix = "{tw:f:" + FLOW + "}:"
     await redis.zadd(prefix + "held", {"p1": START_MS + 60_000, "p2": START_MS + 60_000,
                                        "gone": START_MS - 1})
-    await redis.zadd("{tw:3}:w:" + FLOW, {"t1": START_MS, "t2": START_MS})
-    await redis.zadd("{tw:7}:w:" + FLOW, {"t3": START_MS})
+    await redis.zadd("{tw:3}:pw:" + FLOW, {"t1": START_MS, "t2": START_MS})
+    await redis.zadd("{tw:7}:pw:" + FLOW, {"t3": START_MS})
     body = (await client.get(f"/flows/{FLOW}")).json()
     assert (body["in_flight"], body["waiting"]) == (2, 3)
 
@@ -83,7 +83,7 @@ async def test_task_flow_key_is_validated(client: httpx.AsyncClient, redis: Redi
     response = await client.post("/tasks", json={"callback_url": url, "flow_key": "tenant-7",
                                                  "key": "k1"})
     assert response.status_code == 201
-    assert await redis.hget("{tw:" + str(_bucket("k1")) + "}:t:k1", "flow") == b"tenant-7"
+    assert await _flow(redis, "k1") == b"tenant-7"
 
 
 @pytest.mark.parametrize(("url", "flow"), [
@@ -96,7 +96,7 @@ async def test_default_flow_is_the_destination(client: httpx.AsyncClient, redis:
                                                url: str, flow: str) -> None:
     response = await client.post("/tasks", json={"callback_url": url, "key": "k1"})
     assert response.status_code == 201, response.text
-    assert await redis.hget("{tw:" + str(_bucket("k1")) + "}:t:k1", "flow") == flow.encode()
+    assert await _flow(redis, "k1") == flow.encode()
 
 
 async def test_metrics_only_for_configured_flows(client: httpx.AsyncClient) -> None:
@@ -113,3 +113,10 @@ async def test_metrics_only_for_configured_flows(client: httpx.AsyncClient) -> N
 def _bucket(key: str) -> int:
     import zlib
     return zlib.crc32(key.encode()) % 16
+
+
+async def _flow(redis: Redis, key: str) -> bytes:
+    """The flow stored in a task's record (timewheel/store/layout.py)."""
+    from timewheel.store import layout
+    raw = await redis.get("{tw:" + str(_bucket(key)) + "}:t:" + key)
+    return bytes(layout.decode(raw)["flow"])

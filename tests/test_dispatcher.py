@@ -29,9 +29,10 @@ from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
-from timewheel.models import TaskFields, TaskView
-from timewheel.store import Store
+from timewheel.models import TaskFields, TaskStatus, TaskView
+from timewheel.store import Store, layout
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask, prepare
 
 URL = "http://127.0.0.1:9/hooks/fire"  # respx answers; nothing ever dials it
@@ -108,15 +109,25 @@ class Harness:
         return view
 
     async def raw(self, key: str = "job-1") -> dict[str, str]:
-        fields = await self.store.redis.hgetall(self.store.keys.task(key))
-        return {k.decode(): v.decode() for k, v in fields.items() if k != b"body"}
+        """The stored record's state (timewheel/store/layout.py): status, attempts and due as
+        text; claim (the token's digest, hex) and started only while set."""
+        record = await self.store.record(key)
+        assert record is not None
+        raw = {"status": layout.STATUS_NAMES[record["st"]], "attempts": str(record["att"]),
+               "due": str(record["due"])}
+        if record["claim"] != layout.NONE:
+            raw["claim"] = record["claim"].hex()
+        if record["started"]:
+            raw["started"] = "1"
+        return raw
 
     async def lease(self, key: str = "job-1") -> list[bytes]:
         return await self.store.redis.zrange(
             self.store.keys.lease(self.store.keys.bucket_of(key)), 0, -1)
 
     async def dead(self) -> list[str]:
-        views, _ = await self.store.list_failed(100, None)
+        views, _ = await list_tasks(self.store, TaskStatus.FAILED, key_prefix="", limit=100,
+                                    cursor=None)
         return [v.key for v in views]
 
     def counter(self, name: str, **labels: str) -> float:

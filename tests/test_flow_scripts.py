@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tests.test_scripts import (
+from tests.support.bucket_state import (
+    FLOW,
     M0,
     MIN,
     NOW,
@@ -17,6 +18,7 @@ from tests.test_scripts import (
     claim,
     delivering,
     dump,
+    minutes,
     rec,
     run,
     schedule,
@@ -24,7 +26,6 @@ from tests.test_scripts import (
 )
 from timewheel.store import Store
 
-FLOW = "127.0.0.1:9"
 F = "{tw:f:" + FLOW + "}:"
 
 
@@ -129,18 +130,19 @@ async def test_permits_room(store: Store, redis: Redis) -> None:
 # -- park and unpark ---------------------------------------------------------------------------
 
 async def test_park_sets_a_claimed_task_aside(store: Store, redis: Redis) -> None:
-    """No lease, no claim, status waiting, in the flow's waiting zset and the flows index."""
+    """No lease, no claim, status waiting, in the flow's parked zset, the flows index and the
+    bucket's parked index."""
     await seed(redis, {"t:a": delivering(due=NOW - 5), "t:b": delivering(due=NOW - 9),
-                       "lease": {"a": NOW + 15_000, "b": NOW + 15_000}, "cursor": str(M0)})
+                       "ls": {"a": NOW + 15_000, "b": NOW + 15_000}, "cur": str(M0)})
     assert await run(store, "park", "a", "tok", "b", "other") == [1, 0]
     assert await dump(redis) == {
         "t:a": rec("waiting", due=NOW - 5), "t:b": delivering(due=NOW - 9),
-        "lease": {"b": NOW + 15_000}, f"w:{FLOW}": {"a": NOW - 5}, "wf": {FLOW: NOW - 5},
-        "cursor": str(M0)}
+        "ls": {"b": NOW + 15_000}, f"pw:{FLOW}": {"a": NOW - 5}, "pf": {FLOW: NOW - 5},
+        "pa": {"a": NOW - 5}, "cur": str(M0)}
 
 
 async def test_park_refuses_a_started_attempt(store: Store, redis: Redis) -> None:
-    await seed(redis, {"t:a": delivering(started=NOW, attempts=1), "lease": {"a": NOW + 9}})
+    await seed(redis, {"t:a": delivering(started=True, attempts=1), "ls": {"a": NOW + 9}})
     before = await dump(redis)
     assert await run(store, "park", "a", "tok") == [0]
     assert await dump(redis) == before
@@ -148,32 +150,34 @@ async def test_park_refuses_a_started_attempt(store: Store, redis: Redis) -> Non
 
 async def test_unpark_claims_the_earliest(store: Store, redis: Redis) -> None:
     """The earliest parked tasks, claimed under the token with a lease; the index follows."""
+    parked = {"a": NOW - 5, "b": NOW - 9, "c": NOW - 1}
     await seed(redis, {"t:a": rec("waiting", due=NOW - 5), "t:b": rec("waiting", due=NOW - 9),
-                       "t:c": rec("waiting", due=NOW - 1),
-                       f"w:{FLOW}": {"a": NOW - 5, "b": NOW - 9, "c": NOW - 1},
-                       "wf": {FLOW: NOW - 9}, "cursor": str(M0)})
+                       "t:c": rec("waiting", due=NOW - 1), f"pw:{FLOW}": parked,
+                       "pa": {**parked, "other": NOW}, "pf": {FLOW: NOW - 9},
+                       "cur": str(M0)})
     more, tasks = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
     assert more and [t.key for t in tasks] == ["b", "a"]
     assert all(t.flow == FLOW and t.token == "u1" for t in tasks)
     lease = NOW + 10_000 + 5000
     assert await dump(redis) == {
         "t:a": delivering("u1", due=NOW - 5), "t:b": delivering("u1", due=NOW - 9),
-        "t:c": rec("waiting", due=NOW - 1), f"w:{FLOW}": {"c": NOW - 1},
-        "wf": {FLOW: NOW - 1}, "lease": {"a": lease, "b": lease}, "c:u1": ["b", "a"],
-        "cursor": str(M0)}
+        "t:c": rec("waiting", due=NOW - 1), f"pw:{FLOW}": {"c": NOW - 1},
+        "pf": {FLOW: NOW - 1}, "pa": {"c": NOW - 1, "other": NOW},
+        "ls": {"a": lease, "b": lease}, "cl:u1": ["b", "a"], "cur": str(M0)}
     # A re-sent call (its reply lost) returns the same tasks and takes no others.
     again = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
     assert [t.key for t in again[1]] == ["b", "a"]
     # The last one empties the flow's entry in the index.
     more, tasks = await store.unpark(3, FLOW, limit=5, token="u2", now_ms=NOW)
     assert not more and [t.key for t in tasks] == ["c"]
-    assert "wf" not in await dump(redis) and f"w:{FLOW}" not in await dump(redis)
+    state = await dump(redis)
+    assert "pf" not in state and f"pw:{FLOW}" not in state and state["pa"] == {"other": NOW}
 
 
 async def test_unpark_drops_entries_of_tasks_no_longer_waiting(store: Store,
                                                                redis: Redis) -> None:
-    await seed(redis, {"t:a": rec("cancelled", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5},
-                       "wf": {FLOW: NOW - 5}})
+    await seed(redis, {"t:a": rec("cancelled", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5},
+                       "pf": {FLOW: NOW - 5}})
     assert await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW) == (False, [])
     assert await dump(redis) == {"t:a": rec("cancelled", due=NOW - 5)}
 
@@ -181,21 +185,21 @@ async def test_unpark_drops_entries_of_tasks_no_longer_waiting(store: Store,
 # -- the task scripts and parked tasks --------------------------------------------------------
 
 async def test_cancel_parked(store: Store, redis: Redis) -> None:
-    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5, "b": 1},
-                       "wf": {FLOW: 1}})
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5, "b": 1},
+                       "pa": {"a": NOW - 5, "b": 1}, "pf": {FLOW: 1}})
     assert await run(store, "cancel", "a", NOW, RET, "r1") == 1
     assert await dump(redis) == {
-        "t:a": rec("cancelled", due=NOW - 5, finished=NOW, op="r1"), f"w:{FLOW}": {"b": 1},
-        "wf": {FLOW: 1}}
+        "t:a": rec("cancelled", due=NOW - 5, finished=NOW, op="r1"), f"pw:{FLOW}": {"b": 1},
+        "pa": {"b": 1}, "pf": {FLOW: 1}, "fc": {"a": NOW}}
 
 
 async def test_replace_parked(store: Store, redis: Redis) -> None:
-    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"w:{FLOW}": {"a": NOW - 5},
-                       "wf": {FLOW: NOW - 5}, "cursor": str(M0)})
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5},
+                       "pa": {"a": NOW - 5}, "pf": {FLOW: NOW - 5}, "cur": str(M0)})
     assert await schedule(store, "a", NOW + MIN, mode="replace") == 1
     assert await dump(redis) == {
-        "t:a": rec(due=NOW + MIN, op="r1=1"), f"m:{M0 + 1}": {"a": NOW + MIN},
-        "wf": {FLOW: NOW - 5}, "cursor": str(M0)}
+        "t:a": rec(due=NOW + MIN, op="r1", opr=1), f"ms:{M0 + 1}": {"a": NOW + MIN},
+        **minutes(M0 + 1), "pf": {FLOW: NOW - 5}, "cur": str(M0)}
 
 
 @pytest.mark.parametrize("between", ["claimed", "finished"])
@@ -230,3 +234,4 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
                                                         "c", NOW + 1000])
     assert [int(x) for x in reply] == [0, 500, 0, 0, 1]
     assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}
+

@@ -20,7 +20,8 @@ from tests.support.redis_server import RedisServer
 from timewheel.clock import FakeClock
 from timewheel.models import TaskStatus
 from timewheel.store import CREATED, REPLACED, Outcome, Store
-from timewheel.store.record import ClaimedTask, NewTask
+from timewheel.store.listing import list_tasks
+from timewheel.store.record import NOT_STARTED, ClaimedTask, NewTask
 
 MIN = 60_000
 LEASE = 10_000 + 5000  # the tasks' timeout + the store fixture's lease margin
@@ -60,7 +61,7 @@ async def schedule_all(store: Store, tasks: Iterable[NewTask], now: int) -> None
 
 
 async def keys_of(redis: Redis, kind: str) -> list[str]:
-    """Names of every ``m:`` or ``d:`` key in any bucket."""
+    """Names of every ``ms:`` (slice) or ``md:`` (delete-set) key in any bucket."""
     return sorted([k.decode() async for k in redis.scan_iter(match=f"{{tw:*}}:{kind}:*")])
 
 
@@ -71,13 +72,13 @@ async def test_cancelled_task_never_fires_and_drains(store: Store, redis: Redis,
     now = fake_clock.now_ms()
     await schedule_all(store, [task("doomed", now + 10 * MIN)], now)
     assert await store.cancel("doomed", now_ms=now) == 1
-    assert len(await keys_of(redis, "d")) == 1
+    assert len(await keys_of(redis, "md")) == 1
     while fake_clock.now_ms() <= now + 12 * MIN:
         fake_clock.advance(20_000)
         t = fake_clock.now_ms()
         assert await claim_all(store, t, t + 1250) == []
-    assert await keys_of(redis, "m") == []
-    assert await keys_of(redis, "d") == []
+    assert await keys_of(redis, "ms") == []
+    assert await keys_of(redis, "md") == []
     view = await store.get("doomed")
     assert view is not None and view.status is TaskStatus.CANCELLED and view.attempts == 0
 
@@ -129,7 +130,7 @@ async def test_one_hour_outage_claims_everything_once(store: Store, redis: Redis
     cancelled = {f"t-{i}" for i in range(5, 130, 13)}
     for key in cancelled:
         assert await store.cancel(key, now_ms=now) == 1
-    assert await keys_of(redis, "d") != []
+    assert await keys_of(redis, "md") != []
     fake_clock.advance(66 * MIN + 700)
     t = fake_clock.now_ms()
     claimed = await claim_all(store, t, t + 1250, limit=7)
@@ -137,8 +138,9 @@ async def test_one_hour_outage_claims_everything_once(store: Store, redis: Redis
     assert set(counts.values()) == {1}
     assert set(counts) == {x.key for x in tasks} - cancelled
     assert await claim_all(store, t, t + 1250) == []
-    assert await keys_of(redis, "m") == []
-    assert await keys_of(redis, "d") == []
+    assert await keys_of(redis, "ms") == []
+    assert await keys_of(redis, "md") == []
+    assert [await redis.zcard(store.keys.minutes(b)) for b in range(16)] == [0] * 16
     cursors = [await redis.get(store.keys.cursor(b)) for b in range(16)]
     assert cursors == [str(t // MIN).encode()] * 16
 
@@ -174,7 +176,8 @@ async def claimed_started_and_reclaimed(store: Store, clock: FakeClock
     now = clock.now_ms()
     await schedule_all(store, [task("crash", now)], now)
     [first] = await claim_all(store, now)
-    assert await store.start(first.bucket, now_ms=now, claims=[("crash", first.token)]) == [1]
+    assert [s.attempt for s in await store.start(first.bucket, now_ms=now,
+                                                 claims=[("crash", first.token)])] == [1]
     clock.advance(LEASE - 1)
     assert await claim_all(store, clock.now_ms()) == []
     clock.advance(1)
@@ -189,8 +192,10 @@ async def test_expired_lease_is_reclaimed(store: Store, fake_clock: FakeClock) -
     assert (second.key, second.attempts) == ("crash", 1)
     assert second.token != first.token
     now = fake_clock.now_ms()
-    assert await store.start(second.bucket, now_ms=now, claims=[("crash", first.token)]) == [0]
-    assert await store.start(second.bucket, now_ms=now, claims=[("crash", second.token)]) == [2]
+    assert await store.start(second.bucket, now_ms=now,
+                             claims=[("crash", first.token)]) == [NOT_STARTED]
+    [started] = await store.start(second.bucket, now_ms=now, claims=[("crash", second.token)])
+    assert started.attempt == 2
     view = await store.get("crash")
     assert view is not None and (view.status, view.attempts) == (TaskStatus.DELIVERING, 2)
 
@@ -202,10 +207,10 @@ async def test_stale_token_cannot_complete(store: Store, redis: Redis,
     first, second = await claimed_started_and_reclaimed(store, fake_clock)
     now = fake_clock.now_ms()
     tkey = store.keys.task("crash")
-    before = await redis.hgetall(tkey), await redis.zrange(store.keys.lease(first.bucket), 0, -1)
+    before = await redis.get(tkey), await redis.zrange(store.keys.lease(first.bucket), 0, -1)
     stale = Outcome("crash", first.token, "fail", status_code=404, started_ms=now - LEASE)
     assert await store.complete(first.bucket, now_ms=now, outcomes=[stale]) == [0]
-    after = await redis.hgetall(tkey), await redis.zrange(store.keys.lease(first.bucket), 0, -1)
+    after = await redis.get(tkey), await redis.zrange(store.keys.lease(first.bucket), 0, -1)
     assert after == before
     assert await store.complete(second.bucket, now_ms=now + 50, outcomes=[
         Outcome("crash", second.token, "ok", status_code=204, started_ms=now)]) == [1]
@@ -223,7 +228,8 @@ async def finish(store: Store, keys: list[str], now: int,
     claimed = {c.key: c for c in await claim_all(store, now)}
     for i, key in enumerate(keys):
         c = claimed[key]
-        assert await store.start(c.bucket, now_ms=now, claims=[(key, c.token)]) == [1]
+        [started] = await store.start(c.bucket, now_ms=now, claims=[(key, c.token)])
+        assert started.attempt == 1
         outcome = Outcome(key, c.token, kind, status_code=410, started_ms=now)
         assert await store.complete(c.bucket, now_ms=now + i * step, outcomes=[outcome]) == [1]
 
@@ -261,7 +267,8 @@ async def test_dead_letters_newest_first_paginated(store: Store, fake_clock: Fak
     expected = sorted(keys, key=lambda k: (int(k[5:]) * step, k), reverse=True)
     pages, cursor = [], None
     for _ in range(10):
-        views, cursor = await store.list_failed(10, cursor)
+        views, cursor = await list_tasks(store, TaskStatus.FAILED, key_prefix="", limit=10,
+                                         cursor=cursor)
         pages.append([v.key for v in views])
         assert all(v.status is TaskStatus.FAILED and v.last_status_code == 410 for v in views)
         if cursor is None:
@@ -275,7 +282,8 @@ async def test_retry_is_claimed_again_at_next_due(store: Store, fake_clock: Fake
     now = fake_clock.now_ms()
     await schedule_all(store, [task("again", now)], now)
     [c] = await claim_all(store, now)
-    assert await store.start(c.bucket, now_ms=now, claims=[("again", c.token)]) == [1]
+    [started] = await store.start(c.bucket, now_ms=now, claims=[("again", c.token)])
+    assert started.attempt == 1
     nxt = now + 95_000
     assert await store.complete(c.bucket, now_ms=now + 1000, outcomes=[
         Outcome("again", c.token, "retry", status_code=503, next_due_ms=nxt,

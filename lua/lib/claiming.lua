@@ -1,33 +1,27 @@
--- Claim replies: {more, n, then n times: key, due, and the CLAIM_FIELDS of the record}.
-local CLAIM_FIELDS = {'exec', 'attempts', 'max', 'backoff', 'timeout', 'url', 'method',
-  'headers', 'body', 'flow'}
+-- Claim replies: {more, n, old, then n times: key, and the record's head, flow and url}.
+-- (old: 1 when the bucket still holds keys of the v1 layout; claim.lua sets it.)
 
-local function emit(out, key, due, fields)
+local function emit(out, key, tkey, h)
   out[#out + 1] = key
-  out[#out + 1] = due
-  for i = 1, #CLAIM_FIELDS do out[#out + 1] = fields[i] end
+  out[#out + 1] = prefix_of(tkey, h)
   out[2] = out[2] + 1
 end
 
--- Lease a task to `token` until max(due, now) + its timeout + margin, and note it in the
--- call's record list (so a re-sent call returns the same tasks).
-local function take(P, key, due, now, margin, token, record, out)
-  local tkey = P .. 't:' .. key
-  local f = redis.call('HMGET', tkey, unpack(CLAIM_FIELDS))
-  redis.call('ZADD', P .. 'lease', math.max(due, now) + tonumber(f[5]) + margin, key)
-  redis.call('HSET', tkey, 'status', 'delivering', 'claim', token)
-  redis.call('HDEL', tkey, 'started')
+-- Lease a task to the call's token until max(due, now) + its timeout + margin, and note it in
+-- the call's record list (so a re-sent call returns the same tasks).
+local function take(P, key, tkey, h, now, margin, claim, record, out)
+  redis.call('ZADD', P .. 'ls', math.max(h[DUE], now) + h[TIMEOUT] + margin, key)
+  h[ST], h[CLAIM], h[STARTED] = 'd', claim, 0
+  put_head(tkey, h)
   redis.call('RPUSH', record, key)
-  emit(out, key, due, f)
+  emit(out, key, tkey, h)
 end
 
 -- A call re-sent after its reply was lost: hand back what it took and still holds.
-local function replay_claim(P, record, token, out)
+local function replay_claim(P, record, claim, out)
   for _, key in ipairs(redis.call('LRANGE', record, 0, -1)) do
     local tkey = P .. 't:' .. key
-    local st = redis.call('HMGET', tkey, 'claim', 'due')
-    if st[1] == token then
-      emit(out, key, tonumber(st[2]), redis.call('HMGET', tkey, unpack(CLAIM_FIELDS)))
-    end
+    local h = head(tkey)
+    if h and h[ST] == 'd' and h[CLAIM] == claim then emit(out, key, tkey, h) end
   end
 end

@@ -104,8 +104,6 @@ def test_cli_round_trip(start_service: Callable[..., Service],
     assert receiver.arrivals_for("/later") == []
 
 
-@pytest.mark.xfail(strict=True, reason="GET /tasks?status=scheduled (issue #9's listing) has "
-                   "not landed: the service answers 422 for any status but failed")
 def test_cli_lists_scheduled_tasks_by_prefix(start_service: Callable[..., Service],
                                              receiver: ThreadedReceiver) -> None:
     """`tasks list --status scheduled --prefix P`: the matching tasks, soonest first."""

@@ -1,8 +1,8 @@
-"""``/tasks``: schedule, replace, cancel, inspect, list dead letters, replay (API.md)."""
+"""``/tasks``: schedule, replace, cancel, inspect, list and search, replay (API.md)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
@@ -11,9 +11,11 @@ from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.delivery.netguard import BlockedAddress
 from timewheel.errors import TaskConflict, TaskNotFound
-from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskView
+from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskStatus, TaskView
 from timewheel.service import Wheel
 from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND
+from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor
+from timewheel.store.listing import list_tasks as list_page
 from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
@@ -115,17 +117,28 @@ async def get_task(key: TaskKey, wheel: WheelDep) -> TaskView:
 @router.get("", response_model=TaskList, responses=_CONFLICT_RESPONSES)
 async def list_tasks(
     wheel: WheelDep,
-    status: Annotated[Literal["failed"], Query(description="only `failed` (dead letters)")],
+    status: Annotated[TaskStatus, Query(description="the status to list (required)")],
+    key_prefix: Annotated[str, Query(max_length=200, description="only keys that start "
+                                     "with it")] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(max_length=300, pattern=r"^\d+:.+$")] = None,
+    cursor: Annotated[str | None, Query(max_length=400, description="`next_cursor` of the "
+                                        "previous page")] = None,
 ) -> TaskList:
-    """Dead letters: tasks that failed for good, newest first, cursor-paginated."""
+    """Tasks of one status, a page at a time: scheduled and retrying soonest due first,
+    delivering by lease, finished ones (failed: the dead letters) newest first. Each page reads
+    a bounded number of index entries, so a page may hold fewer than ``limit`` tasks (even
+    none) and still have a ``next_cursor``: follow it until it is null."""
     after = None
     if cursor is not None:
-        ms, _, key = cursor.partition(":")
-        after = (int(ms), key)
-    views, last = await wheel.store.list_failed(limit, after)
-    return TaskList(tasks=views, next_cursor=f"{last[0]}:{last[1]}" if last else None)
+        try:
+            after = decode_cursor(status, cursor)
+        except BadCursor as exc:
+            raise RequestValidationError([{"type": "value_error", "loc": ("query", "cursor"),
+                                           "msg": str(exc), "input": cursor}]) from exc
+    views, following = await list_page(wheel.store, status, key_prefix=key_prefix, limit=limit,
+                                       cursor=after)
+    return TaskList(tasks=views,
+                    next_cursor=encode_cursor(status, following) if following else None)
 
 
 @router.post("/{key}/replay", response_model=TaskView, responses=_CONFLICT_RESPONSES)

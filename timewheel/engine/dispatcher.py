@@ -36,7 +36,7 @@ from timewheel.metrics import Metrics
 from timewheel.models import format_ms
 from timewheel.store import Outcome, Store
 from timewheel.store.flow_store import FlowStore
-from timewheel.store.record import ClaimedTask
+from timewheel.store.record import ClaimedTask, Started
 from timewheel.tracing import Tracing, record_callback
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Dispatcher:
         self._tracing = tracing or Tracing(None)
         self._batch_deadline_ms = batch_deadline_ms
         self._max_workers = max_concurrency
-        self._starts: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._flush_starts)
+        self._starts: BucketBatcher[tuple[str, str], Started] = BucketBatcher(self._flush_starts)
         self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
         self._releases: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._store.release)
         self._parks: BucketBatcher[tuple[str, str], int] = BucketBatcher(self._store.park)
@@ -180,13 +180,13 @@ class Dispatcher:
             await self._release_late(task)
             return
         try:
-            attempt = await self._starts.submit(task.bucket, (task.key, task.token))
+            started = await self._starts.submit(task.bucket, (task.key, task.token))
         except StoreUnavailable as exc:
             # Cannot tell whether it was cancelled: do not send. The lease runs out and a
             # process re-claims it once Redis answers again.
             log.warning("cannot start %s, leaving it to its lease: %s", task.key, exc)
             return
-        if attempt == 0:
+        if started.attempt == 0:
             self._metrics.skipped.inc()  # cancelled or replaced since the claim
             return
         self._holding.pop(me, None)  # started: shutdown lets it finish instead of handing back
@@ -195,25 +195,28 @@ class Dispatcher:
         if timeout_ms <= 0:
             self._metrics.outcomes["abandoned"].inc()
             return  # the batch deadline passed while waiting; the lease re-sends it
-        outcome = await self._attempt(task, attempt, timeout_ms / 1000.0)
+        outcome = await self._attempt(task, started, timeout_ms / 1000.0)
         # Recorded in the background: the worker moves on to the next ready task.
         recorder = asyncio.create_task(self._record(task, outcome))
         self._recording.add(recorder)
         recorder.add_done_callback(self._recording.discard)
 
-    async def _attempt(self, task: ClaimedTask, attempt: int, timeout: float) -> Outcome:
+    async def _attempt(self, task: ClaimedTask, started: Started, timeout: float) -> Outcome:
+        """Send one attempt with the headers and body that ``start`` read (not the claim's:
+        claim replies carry no bodies, so what is sent is what is stored at start)."""
+        attempt = started.attempt
         started_ms = self._clock.wall_ms()
         lateness = (started_ms - task.due_ms) / 1000.0
         (self._metrics.lateness_first if attempt == 1
          else self._metrics.lateness_retry).observe(lateness)
-        headers = self._headers(task, attempt, int(started_ms // 1000))
+        headers = self._headers(task, started, int(started_ms // 1000))
         answer: Answer | None = None
         error: SendError | None = None
         with self._tracing.callback_span(task.key, attempt, task.method, task.url) as span:
             self._metrics.inflight.inc()
             try:
                 answer = await self._sender.send(task.method, task.url, headers,
-                                                 task.body or None, timeout)
+                                                 started.body or None, timeout)
             except SendError as exc:
                 error = exc
             finally:
@@ -225,16 +228,17 @@ class Dispatcher:
                             error=outcome.error)
         return outcome
 
-    def _headers(self, task: ClaimedTask, attempt: int, timestamp: int) -> list[tuple[str, str]]:
-        headers = [*task.headers,
+    def _headers(self, task: ClaimedTask, started: Started,
+                 timestamp: int) -> list[tuple[str, str]]:
+        headers = [*started.headers,
                    ("webhook-id", task.key),
                    ("webhook-timestamp", str(timestamp)),
-                   ("timewheel-attempt", str(attempt)),
+                   ("timewheel-attempt", str(started.attempt)),
                    ("timewheel-scheduled-at", format_ms(task.execute_at_ms) or ""),
                    ("User-Agent", USER_AGENT)]
         if self._signer is not None:
             headers.append(("webhook-signature",
-                            self._signer.sign(task.key, timestamp, task.body or b"")))
+                            self._signer.sign(task.key, timestamp, started.body)))
         return headers
 
     def _outcome(self, task: ClaimedTask, attempt: int, answer: Answer | None,
@@ -309,7 +313,8 @@ class Dispatcher:
         self._metrics.skipped.inc(len(tasks))
         log.info("handed back %d claims: %s", len(tasks) - failed, why)
 
-    async def _flush_starts(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
+    async def _flush_starts(self, bucket: int,
+                            claims: Sequence[tuple[str, str]]) -> list[Started]:
         return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
 
     async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]) -> list[int]:

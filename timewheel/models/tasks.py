@@ -200,5 +200,9 @@ class TaskView(BaseModel):
 
 
 class TaskList(BaseModel):
+    """A page of ``GET /tasks``. ``next_cursor`` is opaque; null means the listing ended. A
+    page read in bounded steps may hold fewer than ``limit`` tasks, even none, and still have
+    a cursor to follow."""
+
     tasks: list[TaskView]
     next_cursor: str | None

@@ -1,5 +1,5 @@
 """Many tasks at once (``POST /tasks/batch``): the ``schedule`` script pipelined, not one round
-trip per task, and the views of many tasks read in one pipeline.
+trip per task, and the views of many tasks read with one script call per bucket.
 
 - One pipeline of EVALSHA ``schedule`` per round, over every bucket: one round trip on a single
   Redis (packed by hiredis, see ``_exchange``); on a Redis Cluster, redis-py's cluster pipeline
@@ -20,6 +20,7 @@ trip per task, and the views of many tasks read in one pipeline.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from timewheel.models import TaskView
-from timewheel.store.record import VIEW_FIELDS, NewTask, view_from_fields
+from timewheel.store.record import NewTask
 from timewheel.store.task_store import Store, redis_errors
 
 
@@ -95,8 +96,9 @@ async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[A
     reply in its place): what redis-py's pipeline does, with the commands packed by hiredis.
 
     redis-py's asyncio client packs commands in Python, about 17 us for one schedule call's 28
-    arguments, a fifth of a batched task's whole cost in the service (bench/README.md); hiredis
-    packs the same bytes in C in about 5 us. Arguments are str (UTF-8, redis-py's default
+    arguments (layout 1; layout 2 sends 8, the record packed), a fifth of a batched task's
+    whole cost in the service (bench/README.md); hiredis packs the same bytes in C in about
+    5 us. Arguments are str (UTF-8, redis-py's default
     encoding), bytes or int, which both pack alike. Retries and their disconnects are the
     connection's own, as in redis-py's pipeline; a re-sent call answers as before (request id).
     """
@@ -128,12 +130,14 @@ async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[A
 
 
 async def get_many(store: Store, keys: Sequence[str]) -> list[TaskView | None]:
-    """The views of ``keys`` (None for an unknown key), read in one pipeline."""
+    """The views of ``keys`` (None for an unknown key): one lua/view.lua call per bucket, the
+    calls concurrent."""
     if not keys:
         return []
-    pipe: Any = store.redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hmget(store.keys.task(key), list(VIEW_FIELDS))
-    async with redis_errors("get_many"):
-        rows: list[Any] = await pipe.execute()
-    return [view_from_fields(key, row) for key, row in zip(keys, rows, strict=True)]
+    by_bucket: dict[int, list[str]] = {}
+    for key in dict.fromkeys(keys):
+        by_bucket.setdefault(store.keys.bucket_of(key), []).append(key)
+    groups = await asyncio.gather(*(store.views(b, ks) for b, ks in by_bucket.items()))
+    found = {key: view for ks, views in zip(by_bucket.values(), groups, strict=True)
+             for key, view in zip(ks, views, strict=True)}
+    return [found[key] for key in keys]

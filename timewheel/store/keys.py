@@ -3,17 +3,22 @@
     bucket = crc32(task key) % buckets       (buckets is fixed per wheel and stored in Redis)
     prefix = "{<key_prefix>:<bucket>}:"
 
-Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua):
+Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua), layout 2:
 
-    P t:<key>      hash   the task record
-    P m:<minute>   zset   the minute slice: task key -> due_ms
-    P d:<minute>   set    the minute's delete-set (cancelled or moved away)
-    P cursor       string oldest minute that may still hold entries
-    P lease        zset   claimed task key -> lease expiry ms
-    P dead         zset   failed task key -> finished ms (the dead letters)
-    P c:<token>    list   keys one claim call took (lets a retried call return the same)
-    P w:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
-    P wf           zset   flows with parked tasks -> due_ms of their earliest
+    P t:<key>       string the task record (timewheel/store/layout.py)
+    P ms:<minute>   zset   the minute slice: task key -> due_ms
+    P md:<minute>   set    the minute's delete-set (cancelled or moved away)
+    P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
+    P cur           string oldest minute that may still hold entries
+    P ls            zset   claimed task key -> lease expiry ms
+    P cl:<token>    list   keys one claim call took (lets a retried call return the same)
+    P pw:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
+    P pf            zset   flows with parked tasks -> due_ms of their earliest
+    P pa            zset   every parked task of the bucket -> due_ms (listings)
+    P fs, ff, fc    zset   succeeded, failed (the dead letters), cancelled: key -> finished ms
+
+Layout 1 used other names for every index (m:, d:, cursor, lease, c:, w:, wf, dead) and a hash
+per record: timewheel/store/migrate.py converts a wheel written by it.
 
 A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F below):
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import zlib
 
 DEFAULT_BUCKETS = 16
+FINISHED_INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
 
 class Keyspace:
@@ -55,25 +61,37 @@ class Keyspace:
         return f"{self.prefix(self.bucket_of(task_key))}t:{task_key}"
 
     def slice(self, bucket: int, minute: int) -> str:
-        return f"{self.prefix(bucket)}m:{minute}"
+        return f"{self.prefix(bucket)}ms:{minute}"
 
     def delete_set(self, bucket: int, minute: int) -> str:
-        return f"{self.prefix(bucket)}d:{minute}"
+        return f"{self.prefix(bucket)}md:{minute}"
+
+    def minutes(self, bucket: int) -> str:
+        return f"{self.prefix(bucket)}mn"
 
     def cursor(self, bucket: int) -> str:
-        return f"{self.prefix(bucket)}cursor"
+        return f"{self.prefix(bucket)}cur"
 
     def lease(self, bucket: int) -> str:
-        return f"{self.prefix(bucket)}lease"
+        return f"{self.prefix(bucket)}ls"
+
+    def finished(self, bucket: int, status: str) -> str:
+        """The index of finished tasks of one status (succeeded, failed or cancelled)."""
+        return f"{self.prefix(bucket)}{FINISHED_INDEX[status]}"
 
     def dead(self, bucket: int) -> str:
-        return f"{self.prefix(bucket)}dead"
+        """The dead letters: the failed tasks' index."""
+        return self.finished(bucket, "failed")
 
     def waiting(self, bucket: int, flow: str) -> str:
-        return f"{self.prefix(bucket)}w:{flow}"
+        return f"{self.prefix(bucket)}pw:{flow}"
 
     def waiting_flows(self, bucket: int) -> str:
-        return f"{self.prefix(bucket)}wf"
+        return f"{self.prefix(bucket)}pf"
+
+    def parked(self, bucket: int) -> str:
+        """Every parked task of the bucket, by due time (for listings)."""
+        return f"{self.prefix(bucket)}pa"
 
     def flow(self, flow: str) -> str:
         """The prefix of a flow's own keys: one hash slot per flow."""

@@ -1,7 +1,8 @@
 """The task record: what a request becomes in Redis, and what Redis gives back.
 
 ``prepare`` turns a validated request into the exact bytes that each attempt will send, so the
-dispatcher's hot path does no encoding and the signed body is the stored body.
+dispatcher's hot path does no encoding and the signed body is the stored body. The bytes of the
+stored record are timewheel/store/layout.py's.
 """
 
 from __future__ import annotations
@@ -21,13 +22,10 @@ from timewheel.models import (
     format_ms,
     parse_execute_at,
 )
+from timewheel.store import layout
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 PARKED = "waiting"  # the stored status of a task parked until its flow has room (lua/park.lua)
-
-# The hash fields a view reads, in this order (Store.get and Store.list_failed).
-VIEW_FIELDS = ("status", "exec", "due", "url", "method", "attempts", "max", "last_at",
-               "last_code", "last_err", "created", "finished")
 
 
 class BodyTooLarge(ValueError):
@@ -48,12 +46,16 @@ class NewTask:
     fingerprint: str
     flow: str
 
-    def fields(self) -> list[str | bytes | int]:
-        """Field/value pairs of the record for ``lua/schedule.lua`` (ARGV[7..])."""
-        return ["url", self.url, "method", self.method, "headers", json.dumps(self.headers),
-                "body", self.body if self.body is not None else b"", "exec", self.due_ms,
-                "max", self.max_attempts, "backoff", self.backoff_ms, "timeout", self.timeout_ms,
-                "flow", self.flow]
+    def record(self) -> bytes:
+        """The record as ``lua/schedule.lua`` takes it (layout.template)."""
+        return layout.template(
+            url=self.url, method=self.method, headers=self.headers, body=self.body,
+            due_ms=self.due_ms, timeout_ms=self.timeout_ms, max_attempts=self.max_attempts,
+            backoff_ms=self.backoff_ms, fingerprint=self.fingerprint, flow=self.flow)
+
+    def fields(self) -> list[bytes]:
+        """The record's part of a script's arguments (``lua/sched_tombstone.lua`` ARGV[5])."""
+        return [self.record()]
 
     def view(self, now_ms: int) -> TaskView:
         return TaskView(
@@ -66,7 +68,9 @@ class NewTask:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:
-    """A task this process claimed: everything needed to send its next attempt."""
+    """A task this process claimed: everything needed to time, route and record its next
+    attempt. Headers and body come with ``Store.start`` (``Started``), just before sending,
+    so a claimed task costs a few hundred bytes whatever its body."""
 
     key: str
     bucket: int
@@ -79,9 +83,20 @@ class ClaimedTask:
     timeout_ms: int
     url: str
     method: str
+    flow: str
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What ``Store.start`` answers for one claim: the attempt number (0: the claim is not the
+    caller's any more, do not send), and the headers and body to send, as stored now."""
+
+    attempt: int
     headers: list[tuple[str, str]]
     body: bytes
-    flow: str
+
+
+NOT_STARTED = Started(0, [], b"")
 
 
 def new_key() -> str:
@@ -160,31 +175,39 @@ def _fmt(ms: int) -> str:
     return text
 
 
-def _int(value: bytes | None) -> int | None:
-    return int(value) if value else None
+def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTask:
+    """A claim reply's task (its record's head, flow and url). Raises layout.BadRecord."""
+    head, flow, url = layout.split(prefix)
+    try:
+        return ClaimedTask(
+            key=key, bucket=bucket, token=token, due_ms=head["due"],
+            execute_at_ms=head["exec"], attempts=head["att"], max_attempts=head["max"],
+            backoff_ms=head["backoff"], timeout_ms=head["timeout"], url=url.decode(),
+            method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
+    except (KeyError, UnicodeDecodeError) as exc:
+        raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _str(value: bytes | None) -> str | None:
-    return value.decode() if value else None
-
-
-def view_from_fields(key: str, values: list[bytes | None]) -> TaskView | None:
-    """A view from the VIEW_FIELDS values of a record (None when the record does not exist)."""
-    row = dict(zip(VIEW_FIELDS, values, strict=True))
-    if row["status"] is None:
-        return None
-    stored = row["status"].decode()
-    attempts = _int(row["attempts"]) or 0
+def view_from_record(key: str, prefix: bytes, last_err: bytes) -> TaskView:
+    """The view of a task from its record's head, flow and url (lua/view.lua) and last_err.
+    Raises layout.BadRecord."""
+    head, _, url = layout.split(prefix)
+    try:
+        stored = layout.STATUS_NAMES[head["st"]]
+        method = layout.METHOD_NAMES[head["meth"]]
+        text = url.decode(), last_err.decode()
+    except (KeyError, UnicodeDecodeError) as exc:
+        raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
+    attempts = head["att"]
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
     status = TaskStatus(stored)
     waiting = status in (TaskStatus.SCHEDULED, TaskStatus.RETRYING)
     return TaskView(
-        key=key, status=status, execute_at=_fmt(int(row["exec"] or 0)),
-        callback_url=_str(row["url"]) or "", method=_str(row["method"]) or "",
-        attempts=attempts, max_attempts=_int(row["max"]) or 0,
-        next_attempt_at=format_ms(_int(row["due"])) if waiting else None,
-        last_attempt_at=format_ms(_int(row["last_at"])),
-        last_status_code=_int(row["last_code"]), last_error=_str(row["last_err"]),
-        created_at=_fmt(int(row["created"] or 0)), finished_at=format_ms(_int(row["finished"])),
+        key=key, status=status, execute_at=_fmt(head["exec"]), callback_url=text[0],
+        method=method, attempts=attempts, max_attempts=head["max"],
+        next_attempt_at=format_ms(head["due"]) if waiting else None,
+        last_attempt_at=format_ms(head["last_at"] or None),
+        last_status_code=head["last_code"] or None, last_error=text[1] or None,
+        created_at=_fmt(head["created"]), finished_at=format_ms(head["finished"] or None),
     )

@@ -7,7 +7,6 @@ and translate Redis failures into ``StoreUnavailable``, keeping the cause.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import AsyncIterator, Sequence
@@ -21,15 +20,23 @@ from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.models import TaskView
+from timewheel.store import layout
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
-from timewheel.store.record import VIEW_FIELDS, ClaimedTask, NewTask, view_from_fields
-from timewheel.store.scripts import Scripts
+from timewheel.store.record import (
+    NOT_STARTED,
+    ClaimedTask,
+    NewTask,
+    Started,
+    claimed_task,
+    view_from_record,
+)
+from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
 
 CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
 NOT_FOUND, NOT_ALLOWED = -1, -2
-_CLAIM_FIELDS = 12  # key, due, then the ten CLAIM_FIELDS of lua/lib/claiming.lua
+MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +72,13 @@ class Store:
         self.retention_ms = retention_ms
         self.lease_margin_ms = lease_margin_ms
         self.scripts = Scripts(redis)
+        # Read-only scripts (and the one-off migration) are the store's own, not Scripts'.
+        self.view_script = redis.register_script(source("view"))
+        self.list_script = redis.register_script(source("list"))
+        self.migrate_script = redis.register_script(source("migrate"))
         self.ready = False  # init() has read the bucket count
-
+        self._migration: asyncio.Task[int] | None = None
+        self._migrated_at = float("-inf")
 
     async def init(self) -> None:
         """Read (or fix, the first time) the wheel's bucket count; warn about eviction.
@@ -85,6 +97,9 @@ class Store:
             if buckets != self.keys.buckets:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
         self.ready = True
+        from timewheel.store.migrate import migrate_v1
+
+        await migrate_v1(self)
         try:
             policies = await self._eviction_policies()
         except RedisError:  # managed Redis often refuses CONFIG
@@ -130,8 +145,8 @@ class Store:
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
         """ARGV of ``lua/schedule.lua`` for one task (also used by batched creates)."""
-        return [task.key, "replace" if replace else "create", now_ms, task.due_ms,
-                task.fingerprint, request_id or secrets.token_hex(8), *task.fields()]
+        return [task.key, "replace" if replace else "create", now_ms,
+                request_id or secrets.token_hex(8), task.record()]
 
     async def cancel(self, key: str, *, now_ms: int) -> int:
         """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished). The request id makes a
@@ -150,41 +165,49 @@ class Store:
                 args=[key, now_ms, secrets.token_hex(8)]))
 
     async def get(self, key: str) -> TaskView | None:
-        async with redis_errors("get"):
-            values: list[Any] = await self.redis.hmget(self.keys.task(key), list(VIEW_FIELDS))
-        return view_from_fields(key, values)
+        return (await self.views(self.keys.bucket_of(key), [key]))[0]
 
-    async def list_failed(self, limit: int, cursor: tuple[int, str] | None
-                          ) -> tuple[list[TaskView], tuple[int, str] | None]:
-        """Dead letters, newest first, across every bucket. ``cursor`` is the (finished_ms, key)
-        of the last task of the previous page."""
-        async with redis_errors("list_failed"):
-            pages = await asyncio.gather(*(self._dead_page(bucket, limit, cursor)
-                                           for bucket in range(self.keys.buckets)))
-            rows = sorted((row for page in pages for row in page), reverse=True)
-            page = rows[:limit]
-            views = await asyncio.gather(*(self.get(key) for _, key in page))
-        more = len(rows) > limit
-        return [v for v in views if v is not None], (page[-1] if more and page else None)
+    async def views(self, bucket: int, keys: Sequence[str]) -> list[TaskView | None]:
+        """The views of tasks of one bucket (None: no such task), read by lua/view.lua without
+        their headers and bodies."""
+        if not keys:
+            return []
+        async with redis_errors("view"):
+            reply: list[Any] = await self.view_script(keys=[self.keys.prefix(bucket)],
+                                                      args=list(keys))
+        out: list[TaskView | None] = []
+        for i, key in enumerate(keys):
+            prefix, last_err = reply[2 * i], reply[2 * i + 1]
+            if not prefix:
+                out.append(None)
+                continue
+            if prefix == b"v1":
+                raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
+                                       "restart a timewheel process to migrate it")
+            try:
+                out.append(view_from_record(key, prefix, last_err))
+            except layout.BadRecord as exc:
+                raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
+        return out
 
-    async def _dead_page(self, bucket: int, limit: int, cursor: tuple[int, str] | None
-                         ) -> list[tuple[int, str]]:
-        """Up to ``limit`` dead letters of one bucket after the cursor, newest first."""
-        dead = self.keys.dead(bucket)
-        found: Any
-        if cursor is None:
-            found = await self.redis.zrevrangebyscore(dead, "+inf", "-inf", start=0, num=limit,
-                                                      withscores=True)
-        else:
-            # Ties on the cursor's millisecond come in descending key order, then older ones.
-            ties: list[Any] = await self.redis.zrangebyscore(dead, cursor[0], cursor[0],
-                                                             withscores=True)
-            found = [(member, score) for member, score in ties
-                     if member.decode() < cursor[1]]
-            older: list[Any] = await self.redis.zrevrangebyscore(
-                dead, f"({cursor[0]}", "-inf", start=0, num=limit, withscores=True)
-            found += older
-        return [(int(score), member.decode()) for member, score in found]
+    async def record(self, key: str) -> dict[str, Any] | None:
+        """The whole stored record of a task, decoded (layout.decode): for tests and
+        inspection, never the hot path."""
+        async with redis_errors("record"):
+            raw: Any = await self.redis.get(self.keys.task(key))
+        return None if raw is None else layout.decode(raw)
+
+    async def task_statuses(self, keys: Sequence[str]) -> list[str | None]:
+        """The stored status of each task ("scheduled", "waiting", ...; None: no such task),
+        one byte of each record read in one pipeline."""
+        if not keys:
+            return []
+        pipe: Any = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.getrange(self.keys.task(key), 1, 1)
+        async with redis_errors("task statuses"):
+            rows: list[Any] = await pipe.execute()
+        return [layout.STATUS_NAMES[row.decode()] if row else None for row in rows]
 
     # -- the ticker's and dispatcher's operations ----------------------------------------------
 
@@ -198,8 +221,9 @@ class Store:
                 args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
                       self.retention_ms],
             )
-        more, tasks = await self._claimed(bucket, token, reply, now_ms)
-        return more, tasks
+        if int(reply[2]):
+            self._migrate_soon(bucket, now_ms)
+        return await self._claimed(bucket, token, reply, now_ms)
 
     async def _claimed(self, bucket: int, token: str, reply: list[Any], now_ms: int
                        ) -> tuple[bool, list[ClaimedTask]]:
@@ -207,27 +231,65 @@ class Store:
         failed at once with the reason, instead of holding back the rest of its batch."""
         more, count = int(reply[0]), int(reply[1])
         tasks, bad = [], []
-        for i in range(2, 2 + count * _CLAIM_FIELDS, _CLAIM_FIELDS):
-            row = reply[i:i + _CLAIM_FIELDS]
+        for i in range(3, 3 + 2 * count, 2):
+            key = reply[i].decode(errors="replace")
             try:
-                tasks.append(_claimed_task(bucket, token, row))
-            except (ValueError, TypeError, AttributeError) as exc:
-                key = row[0].decode(errors="replace")
-                log.error("task %s has an undecodable record, failing it: %s", key, exc)
-                bad.append(Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
-                                   started_ms=now_ms))
+                tasks.append(claimed_task(key, bucket, token, reply[i + 1]))
+            except layout.BadRecord as exc:
+                bad.append(self._set_aside(key, token, exc, now_ms))
         if bad:
             await self.complete(bucket, now_ms=now_ms, outcomes=bad)
         return bool(more), tasks
 
+    @staticmethod
+    def _set_aside(key: str, token: str, exc: Exception, now_ms: int) -> Outcome:
+        log.error("task %s has an undecodable record, failing it: %s", key, exc)
+        return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
+                       started_ms=now_ms)
+
+    def _migrate_soon(self, bucket: int, now_ms: int) -> None:
+        """A claim found keys of the v1 layout (a v1 process still writes to this wheel):
+        migrate them in the background, at most once a minute per process."""
+        loop = asyncio.get_running_loop()
+        if self._migration is not None or loop.time() - self._migrated_at < MIGRATION_PAUSE_S:
+            return
+        from timewheel.store.migrate import migrate_v1
+
+        log.warning("bucket %d holds keys of the v1 layout (is a v1 process still running "
+                    "against this wheel?); migrating them", bucket)
+        self._migrated_at = loop.time()
+        self._migration = asyncio.create_task(migrate_v1(self, now_ms))
+
+        def done(task: asyncio.Task[int]) -> None:
+            self._migration = None
+            if not task.cancelled() and task.exception() is not None:
+                log.error("migrating v1 records failed: %s", task.exception())
+
+        self._migration.add_done_callback(done)
+
     async def start(self, bucket: int, *, now_ms: int,
-                    claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Begin attempts for (key, token) pairs: the attempt number each, or 0 (do not send)."""
+                    claims: Sequence[tuple[str, str]]) -> list[Started]:
+        """Begin attempts for (key, token) pairs: for each, the attempt number with the headers
+        and body to send, or NOT_STARTED (do not send). A record whose headers cannot be
+        decoded is failed at once, like an undecodable one at claim time."""
         async with redis_errors("start"):
             reply = await self.scripts.start(
                 keys=[self.keys.prefix(bucket)],
                 args=[now_ms, *(part for claim in claims for part in claim)])
-        return [int(x) for x in reply]
+        out, bad = [], []
+        for i, (key, token) in enumerate(claims):
+            attempt, headers, body = int(reply[3 * i]), reply[3 * i + 1], reply[3 * i + 2]
+            if not attempt:
+                out.append(NOT_STARTED)
+                continue
+            try:
+                out.append(Started(attempt, layout.decode_headers(headers), body))
+            except (layout.BadRecord, UnicodeDecodeError) as exc:
+                bad.append(self._set_aside(key, token, exc, now_ms))
+                out.append(NOT_STARTED)
+        if bad:
+            await self.complete(bucket, now_ms=now_ms, outcomes=bad)
+        return out
 
     async def complete(self, bucket: int, *, now_ms: int,
                        outcomes: Sequence[Outcome]) -> list[int]:
@@ -290,14 +352,3 @@ class Store:
                 args=[now_ms, flow, limit, token, self.lease_margin_ms])
         return await self._claimed(bucket, token, reply, now_ms)
 
-
-def _claimed_task(bucket: int, token: str, row: list[Any]) -> ClaimedTask:
-    (key, due, exec_ms, attempts, max_attempts, backoff, timeout, url, method, headers, body,
-     flow) = row
-    return ClaimedTask(
-        key=key.decode(), bucket=bucket, token=token, due_ms=int(due),
-        execute_at_ms=int(exec_ms), attempts=int(attempts), max_attempts=int(max_attempts),
-        backoff_ms=int(backoff), timeout_ms=int(timeout), url=url.decode(),
-        method=method.decode(),
-        headers=[(str(n), str(v)) for n, v in json.loads(headers)], body=body,
-        flow=flow.decode())

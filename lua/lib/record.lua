@@ -1,0 +1,70 @@
+-- The task record, layout 2 (timewheel/store/layout.py has the field list and why):
+--   head (fixed, HEAD bytes) | flow | url | headers | body | last_err
+-- A script reads the head with one GETRANGE and writes it back in place with SETRANGE, so
+-- state changes never copy the request.
+local HEAD_FMT = '>Bc1HBc1BI6I6I6I4I4I6HI6c6c6Bc12BHI4I4H'
+local HEAD = struct.size(HEAD_FMT)
+local NFIELDS = 23
+-- Positions in a head table.
+local ST, ATT, MAX, STARTED, DUE, EXEC = 2, 3, 4, 6, 7, 8
+local CREATED, TIMEOUT, LAST_AT, LAST_CODE, FINISHED = 9, 11, 12, 13, 14
+local CLAIM, OP, OPR, FP, FL, UL, HL, BL, EL = 15, 16, 17, 18, 19, 20, 21, 22, 23
+local NONE = string.rep('\0', 6)
+local PENDING = {s = true, r = true}
+local FINISHED_INDEX = {o = 'fs', f = 'ff', c = 'fc'}
+
+-- The 6 bytes kept for a claim token or request id: a SHA-1 prefix (layout.digest).
+local function digest(text)
+  local hex = string.sub(redis.sha1hex(text), 1, 12)
+  return (string.gsub(hex, '..', function(x) return string.char(tonumber(x, 16)) end))
+end
+
+local function unpack_head(raw)
+  local h = {struct.unpack(HEAD_FMT, raw)}
+  h[NFIELDS + 1] = nil  -- struct.unpack returns the next position last
+  return h
+end
+
+-- The head of a task's record as a table; nil when there is none. A key of another type (a
+-- record of the v1 layout, see timewheel/store/migrate.py) is no record either; the second
+-- value says so, for the scripts that must refuse rather than overlook it.
+local function head(tkey)
+  local raw = redis.pcall('GETRANGE', tkey, 0, HEAD - 1)
+  if type(raw) ~= 'string' then return nil, true end
+  if #raw < HEAD then return nil, false end
+  return unpack_head(raw), false
+end
+
+local function put_head(tkey, h)
+  redis.call('SETRANGE', tkey, 0, struct.pack(HEAD_FMT, unpack(h, 1, NFIELDS)))
+end
+
+local function part(tkey, at, len)
+  if len == 0 then return '' end
+  return redis.call('GETRANGE', tkey, at, at + len - 1)
+end
+
+local function flow_of(tkey, h) return part(tkey, HEAD, h[FL]) end
+
+-- Head, flow and url: what claim replies and views carry (never headers or body).
+local function prefix_of(tkey, h) return part(tkey, 0, HEAD + h[FL] + h[UL]) end
+
+local function headers_at(h) return HEAD + h[FL] + h[UL] end
+local function err_at(h) return headers_at(h) + h[HL] + h[BL] end
+local function err_of(tkey, h) return part(tkey, err_at(h), h[EL]) end
+
+-- Write the head with a new last_err: the record is rewritten (only when the text changes;
+-- SETRANGE cannot shrink a string, and growing one would over-allocate).
+local function put_with_err(tkey, h, err)
+  if h[EL] == #err and err_of(tkey, h) == err then return put_head(tkey, h) end
+  local middle = part(tkey, HEAD, err_at(h) - HEAD)
+  h[EL] = #err
+  redis.call('SET', tkey, struct.pack(HEAD_FMT, unpack(h, 1, NFIELDS)) .. middle .. err,
+    'KEEPTTL')
+end
+
+-- The refusal of a script that meets a record of the v1 layout (run before any write).
+local function old_layout(key)
+  return redis.error_reply('OLDLAYOUT task ' .. key .. ' has a record of the v1 layout; ' ..
+    'a starting timewheel process migrates them (timewheel/store/migrate.py)')
+end

@@ -1,0 +1,126 @@
+-- lib: record, slices
+-- list: one bucket's share of a page of GET /tasks: the next tasks of one status in one index,
+-- in the index's order, after a position. Read-only, and bounded: at most `budget` index
+-- entries (and minute slices) are looked at, however many are skipped.
+--
+-- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
+-- ARGV[1]  index: "slices" (the minute slices, through mn, in due order) or a zset of the
+--          bucket: "pa" (parked), "ls" (leases), "fs" / "ff" / "fc" (finished)
+-- ARGV[2]  order: "asc" or "desc" (by score, ties by key, as Redis orders a zset)
+-- ARGV[3]  status letter the record must have (timewheel/store/layout.py)
+-- ARGV[4]  attempts: "" any, "0" none yet, "+" at least one (parked tasks: scheduled or
+--          retrying)
+-- ARGV[5]  key prefix ("" for any)
+-- ARGV[6]  position to resume after: score ("" to start at the beginning)
+-- ARGV[7]  position to resume after: key
+-- ARGV[8]  limit, most tasks to return
+-- ARGV[9]  budget, most index entries and slices to look at
+--
+-- Reply: {done, score, key, then score, key of each task found}. done = 1 when the index
+-- was read to its end; score, key = the position of the last entry looked at ("" if none):
+-- every task of the listing up to there is in the reply, so the next call resumes after it.
+-- A slice entry counts only if its record is pending in that minute (entries of cancelled
+-- or moved tasks wait there for the claimer).
+local P = KEYS[1]
+local index, desc, want, rule, prefix = ARGV[1], ARGV[2] == 'desc', ARGV[3], ARGV[4], ARGV[5]
+local after, after_key = tonumber(ARGV[6]), ARGV[7]
+local limit, budget = tonumber(ARGV[8]), tonumber(ARGV[9])
+local found, seen = {}, 0
+local reached, reached_key = '', ''
+local RANGE = desc and 'ZREVRANGE' or 'ZRANGE'
+local cursor = cursor_of(P)
+
+-- Byte order, as Redis orders members (Lua's < follows the locale).
+local function lt(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function wanted(key, minute)
+  if string.sub(key, 1, #prefix) ~= prefix then return false end
+  local h = head(P .. 't:' .. key)
+  if not h or h[ST] ~= want or (minute and pending_minute(h[DUE], cursor) ~= minute) then
+    return false
+  end
+  if rule == '0' then return h[ATT] == 0 end
+  if rule == '+' then return h[ATT] > 0 end
+  return true
+end
+
+-- The rank (in the listing's order) of the first entry after the position.
+local function resume_rank(zkey)
+  if not after then return 0 end
+  local rank
+  if desc then rank = redis.call('ZREVRANK', zkey, after_key)
+  else rank = redis.call('ZRANK', zkey, after_key) end
+  if rank and tonumber(redis.call('ZSCORE', zkey, after_key)) == after then return rank + 1 end
+  -- The position's own entry is gone: bisect the entries tied on its score by key.
+  local lo, hi
+  if desc then
+    lo = redis.call('ZCOUNT', zkey, '(' .. after, '+inf')
+    hi = redis.call('ZCOUNT', zkey, after, '+inf')
+  else
+    lo = redis.call('ZCOUNT', zkey, '-inf', '(' .. after)
+    hi = redis.call('ZCOUNT', zkey, '-inf', after)
+  end
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local member = redis.call(RANGE, zkey, mid, mid)[1]
+    if (desc and lt(member, after_key)) or (not desc and lt(after_key, member)) then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
+-- Read one zset from the position on; true when it ran out of entries.
+local function walk(zkey, minute)
+  local rank = resume_rank(zkey)
+  while true do
+    -- Never stop before one entry was looked at: the next call must get further.
+    local window = math.min(budget - seen, 100)
+    if #found >= 2 * limit or (window <= 0 and reached ~= '') then return false end
+    window = math.max(window, 1)
+    local rows = redis.call(RANGE, zkey, rank, rank + window - 1, 'WITHSCORES')
+    for i = 1, #rows, 2 do
+      local key, score = rows[i], tonumber(rows[i + 1])
+      seen = seen + 1
+      reached, reached_key = score, key
+      if wanted(key, minute) then
+        found[#found + 1] = score
+        found[#found + 1] = key
+        if #found >= 2 * limit then return false end
+      end
+    end
+    if #rows < 2 * window then return true end
+    rank = rank + window
+  end
+end
+
+local done = true
+if index == 'slices' then
+  -- Minutes in order: every slice but the oldest holds only its own minute's due times (a
+  -- late task is put into the cursor's minute, the oldest slice), so this is due order.
+  local from = after and math.floor(after / 60000) or '-inf'
+  while done do
+    local minutes = redis.call('ZRANGEBYSCORE', P .. 'mn', from, '+inf', 'LIMIT', 0, 10)
+    for _, m in ipairs(minutes) do
+      if (seen >= budget and reached ~= '') or #found >= 2 * limit then done = false; break end
+      seen = seen + 1
+      if not walk(P .. 'ms:' .. m, tonumber(m)) then done = false; break end
+      from = '(' .. m
+    end
+    if #minutes < 10 then break end
+  end
+else
+  done = walk(P .. index, nil)
+end
+
+local out = {done and 1 or 0, reached, reached_key}
+for i = 1, #found do out[#out + 1] = found[i] end
+return out

@@ -1,0 +1,105 @@
+"""What the layout-2 record changes for claims and starts (issue #11): claim replies carry no
+headers or bodies, ``start`` hands over what is stored at that moment, and a record that cannot
+be decoded is failed with the reason instead of holding back the others."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import respx
+from redis.asyncio import Redis
+
+from tests.support.bucket_state import (
+    M0,
+    MARGIN,
+    NOW,
+    B,
+    dump,
+    minutes,
+    rec,
+    seed,
+)
+from tests.test_dispatcher import DUE_MS, URL, Harness, router, wheel
+from tests.test_store import claim_all, task
+from timewheel.models import MAX_BODY_BYTES, TaskStatus
+from timewheel.store import Store
+from timewheel.store.record import NOT_STARTED
+
+__all__ = ["router", "wheel"]  # fixtures of tests/test_dispatcher.py used here
+
+
+async def test_claim_replies_carry_no_bodies(store: Store, redis: Redis) -> None:
+    """Ten due tasks with 1 MiB bodies: the claim reply is a few hundred bytes per task (it
+    carried every body before layout 2); start hands each body over, byte for byte."""
+    body = b"b" * MAX_BODY_BYTES
+    keys = [f"big-{i}" for i in range(10)]
+    await seed(redis, {**{f"t:{k}": rec(due=NOW + i, body=body, headers="X-N:" + k)
+                          for i, k in enumerate(keys)},
+                       f"ms:{M0}": {k: NOW + i for i, k in enumerate(keys)}, **minutes(M0),
+                       "cur": str(M0)})
+    reply = await store.scripts.claim(keys=[store.keys.prefix(B)],
+                                      args=[NOW + 100, NOW + 100, 100, "tok", MARGIN, 10, 1])
+    assert reply[:3] == [0, 10, 0]
+    assert sum(len(part) for part in reply[3:]) < 10 * 200
+    started = await store.start(B, now_ms=NOW + 100, claims=[(k, "tok") for k in keys])
+    assert [(s.attempt, s.headers, s.body) for s in started] == [
+        (1, [("X-N", k)], body) for k in keys]
+
+
+async def test_start_reads_what_is_stored_at_start(store: Store) -> None:
+    """A PUT between claim and start (a new body): the old claim cannot start (as before
+    layout 2, when it held the old body from its claim reply); the new one is claimed and
+    started with the new body."""
+    await store.schedule(task("k", NOW), replace=False, now_ms=NOW)
+    [old] = await claim_all(store, NOW)
+    new = dataclasses.replace(task("k", NOW + 10), body=b"version 2")
+    assert await store.schedule(new, replace=True, now_ms=NOW + 1) == 1
+    assert await store.start(old.bucket, now_ms=NOW + 2, claims=[("k", old.token)]) == [
+        NOT_STARTED]
+    [fresh] = await claim_all(store, NOW + 10)
+    [started] = await store.start(fresh.bucket, now_ms=NOW + 10, claims=[("k", fresh.token)])
+    assert (started.attempt, started.body) == (1, b"version 2")
+
+
+async def test_dispatcher_sends_the_body_read_at_start(wheel: Harness,
+                                                       router: respx.MockRouter) -> None:
+    """End to end through the dispatcher: the task held since its claim is replaced (same due
+    time, new body) before it starts; only the new body is ever sent, once."""
+    route = router.post(URL).respond(200)
+    await wheel.add(body={"version": 1})
+    held = await wheel.claim()
+    wheel.dispatcher.submit(held, wheel.clock.now_ms())
+    await wheel.add(replace=True, body={"version": 2})
+    wheel.clock.set(DUE_MS)
+    await wheel.settle()
+    assert route.call_count == 0  # the old claim did not start
+    await wheel.fire()
+    assert [call.request.content for call in route.calls] == [b'{"version":2}']
+
+
+async def test_an_undecodable_record_is_failed_at_claim(store: Store, redis: Redis) -> None:
+    """A record whose url is not UTF-8 is failed with the reason; the others are claimed."""
+    await seed(redis, {"t:a": rec(due=NOW), "t:bad": rec(due=NOW + 1, url=b"http://\xff/"),
+                       "t:c": rec(due=NOW + 2),
+                       f"ms:{M0}": {"a": NOW, "bad": NOW + 1, "c": NOW + 2}, **minutes(M0),
+                       "cur": str(M0)})
+    _, tasks = await store.claim(B, now_ms=NOW + 5, horizon_ms=NOW + 5, limit=10, token="tok")
+    assert [t.key for t in tasks] == ["a", "c"]
+    bad = (await dump(redis))["t:bad"]
+    assert (bad["st"], bad["finished"]) == ("f", NOW + 5)
+    assert bad["last_err"].startswith(b"undecodable record: ")
+    assert (await dump(redis))["ff"] == {"bad": NOW + 5}
+
+
+async def test_undecodable_headers_are_failed_at_start(store: Store, redis: Redis) -> None:
+    """A record whose headers cannot be read is not sent and is failed with the reason; the
+    other attempts of the same start call go ahead."""
+    await seed(redis, {"t:a": rec("delivering", claim="tok"),
+                       "t:bad": rec("delivering", claim="tok", headers="no colon"),
+                       "ls": {"a": NOW + 9, "bad": NOW + 9}})
+    started = await store.start(B, now_ms=NOW, claims=[("a", "tok"), ("bad", "tok")])
+    assert [s.attempt for s in started] == [1, 0]
+    [view] = await store.views(B, ["bad"])
+    assert view is not None and view.status is TaskStatus.FAILED
+    assert view.last_error is not None and view.last_error.startswith("undecodable record: ")
+    assert (await dump(redis))["ls"] == {"a": NOW + 9}

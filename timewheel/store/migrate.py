@@ -1,0 +1,192 @@
+"""Upgrading a wheel written by layout 1 (a hash per task record) to layout 2.
+
+Layout 2 (timewheel/store/layout.py, keys.py) keeps a task's record under the same key, as a
+string, and uses other names for every index. So the two layouts never read each other's
+indexes, and a script of either layout that meets a record of the other fails on its type
+before writing anything (layout-2 write scripts answer ``OLDLAYOUT``; reads treat it as no
+record of theirs).
+
+``migrate_v1`` runs in ``Store.init``, before a process claims or serves anything, and again
+in the background whenever a claim finds a v1 cursor in its bucket (a v1 process still
+writing during a rolling upgrade). A bucket was written by layout 1 if and only if it has the
+v1 cursor (``cursor``: every v1 create set it, nothing v1 ever deleted it). For each such
+bucket:
+
+1. its v1 cursor is deleted first, so that a v1 process writing during the migration sets it
+   again and the bucket is migrated once more;
+2. every v1 record of the wheel is found by ``SCAN ... TYPE hash`` over the task keys, read,
+   rebuilt as a layout-2 record in Python (``from_v1``) and written by lua/migrate.lua, which
+   checks that the hash is still what was read and puts the task into the index of its state;
+3. the v1 indexes (slices, delete-sets, leases, dead letters, claim records, parked sets) are
+   deleted.
+
+Every step is idempotent, so processes starting together may all run it. Nothing is dropped:
+a record that cannot be rebuilt becomes a failed task (a dead letter) saying why. The scan
+reads the whole keyspace once (10 M keys: a minute or so of SCAN calls of 1,000 keys, each
+short, so Redis keeps serving meanwhile).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from timewheel.store import layout
+from timewheel.store.record import default_flow
+from timewheel.store.task_store import redis_errors
+
+if TYPE_CHECKING:
+    from timewheel.store.task_store import Store
+
+log = logging.getLogger(__name__)
+
+BATCH = 100  # records per script call
+V1_CURSOR = "cursor"
+V1_INDEXES = ("lease", "dead", "wf")  # plus the m:, d:, c: and w: families
+TOMBSTONE_FP = b"tombstone".ljust(12, b"\0")  # as lua/sched_tombstone.lua pads it
+
+
+def _glob(text: str) -> str:
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def _ms(fields: dict[str, bytes], name: str, lenient: bool) -> int:
+    try:
+        return int(fields.get(name) or 0)
+    except ValueError:
+        if lenient:
+            return 0
+        raise
+
+
+def from_v1(fields: dict[str, bytes], now_ms: int) -> bytes:
+    """The layout-2 record of a v1 record's fields. One that does not convert becomes a failed
+    task whose last_err says why (so it shows among the dead letters instead of vanishing)."""
+    try:
+        return _convert(fields)
+    except (KeyError, ValueError, TypeError) as exc:
+        log.error("a v1 task record does not convert; it becomes a failed task: %s", exc)
+        return _convert(fields, failed=f"could not migrate the v1 record: {exc}"[:500],
+                        now_ms=now_ms)
+
+
+def _convert(fields: dict[str, bytes], *, failed: str | None = None, now_ms: int = 0) -> bytes:
+    lenient = failed is not None
+    text = {name: value.decode(errors="replace" if lenient else "strict")
+            for name, value in fields.items() if name != "body"}
+    url = text.get("url", "")
+    try:
+        headers = [(str(n), str(v)) for n, v in json.loads(text.get("headers") or "[]")]
+        flow = text.get("flow") or default_flow(url)
+    except (ValueError, TypeError):
+        if not lenient:
+            raise
+        headers, flow = [], "migration"
+    method = text.get("method", "POST")
+    if method not in layout.METHOD_CODES:
+        if not lenient:
+            raise ValueError(f"method {method!r}")
+        method = "POST"
+    fp = text.get("fp", "")
+    ms = {name: _ms(fields, name, lenient) for name in (
+        "due", "attempts", "max", "exec", "created", "backoff", "timeout", "last_at",
+        "last_code", "finished")}
+    record: dict[str, Any] = {
+        "ver": layout.VERSION, "st": layout.STATUS_CODES[text["status"]] if not lenient else "f",
+        "att": ms["attempts"], "max": ms["max"] or 1,
+        "meth": layout.METHOD_CODES[method], "started": int("started" in fields),
+        "due": ms["due"], "exec": ms["exec"] or ms["due"],
+        "created": ms["created"], "backoff": ms["backoff"], "timeout": ms["timeout"] or 10_000,
+        "last_at": ms["last_at"], "last_code": ms["last_code"], "finished": ms["finished"],
+        "claim": layout.digest(text["claim"]) if "claim" in text else layout.NONE,
+        "op": layout.NONE, "opr": 0,
+        "fp": TOMBSTONE_FP if fp == "tombstone" else layout.fp_bytes(fp),
+        "flow": flow, "url": url, "headers": layout.encode_headers(headers),
+        "body": fields.get("body", b""), "last_err": failed or text.get("last_err", ""),
+    }
+    if lenient:
+        record["finished"] = record["finished"] or now_ms
+        record["claim"] = layout.NONE
+    return layout.encode(record)
+
+
+def _seen(row: dict[bytes, bytes]) -> str:
+    """What lua/migrate.lua compares: SHA-1 of HGETALL's fields and values joined by NUL."""
+    return hashlib.sha1(b"\0".join(part for item in row.items() for part in item),
+                        usedforsecurity=False).hexdigest()
+
+
+async def migrate_v1(store: Store, now_ms: int | None = None) -> int:
+    """Migrate every bucket that still has v1 keys; returns how many records were converted.
+    ``now_ms`` places overdue pending tasks (default: Redis's clock)."""
+    keys = store.keys
+    async with redis_errors("migrate"):
+        pipe: Any = store.redis.pipeline(transaction=False)
+        for bucket in range(keys.buckets):
+            pipe.exists(keys.prefix(bucket) + V1_CURSOR)
+        flags: list[Any] = await pipe.execute()
+        buckets = [b for b, flag in enumerate(flags) if int(flag)]
+        if not buckets:
+            return 0
+        log.warning("migrating %d buckets written by layout 1 to layout 2", len(buckets))
+        for bucket in buckets:
+            await store.redis.delete(keys.prefix(bucket) + V1_CURSOR)
+        migrated = await _records(store, now_ms)
+        for bucket in buckets:
+            await _drop_v1_indexes(store, bucket)
+    log.warning("migration to layout 2 done: %d task records converted", migrated)
+    return migrated
+
+
+async def _records(store: Store, now_ms: int | None) -> int:
+    pattern = _glob("{" + store.keys.key_prefix + ":") + "*}:t:*"
+    batches: defaultdict[int, list[str]] = defaultdict(list)
+    migrated = 0
+    async for name in store.redis.scan_iter(match=pattern, count=1000, _type="HASH"):
+        tag, _, key = name.decode().partition("}:t:")
+        bucket = int(tag.rpartition(":")[2])  # the bucket the key is stored in
+        batches[bucket].append(key)
+        if len(batches[bucket]) >= BATCH:
+            migrated += await _batch(store, bucket, batches.pop(bucket), now_ms)
+    for bucket, batch in batches.items():
+        migrated += await _batch(store, bucket, batch, now_ms)
+    return migrated
+
+
+async def _batch(store: Store, bucket: int, keys: list[str], now: int | None) -> int:
+    """Convert one bucket's records; a record changed between read and write is read again."""
+    done = 0
+    for _ in range(5):
+        pipe: Any = store.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(f"{store.keys.prefix(bucket)}t:{key}")
+        rows: list[dict[bytes, bytes]] = await pipe.execute()
+        now_ms = now if now is not None else int((await store.redis.time())[0]) * 1000
+        args: list[Any] = [now_ms]
+        present = [(key, row) for key, row in zip(keys, rows, strict=True) if row]
+        for key, row in present:
+            fields = {name.decode(): value for name, value in row.items()}
+            args += [key, _seen(row), from_v1(fields, now_ms)]
+        if not present:
+            return done
+        reply = await store.migrate_script(keys=[store.keys.prefix(bucket)], args=args)
+        done += sum(1 for code in reply if int(code) == 1)
+        keys = [key for (key, _), code in zip(present, reply, strict=True) if int(code) == -1]
+        if not keys:
+            return done
+    log.error("%d v1 records kept changing during the migration; they are left for the next "
+              "one", len(keys))
+    return done
+
+
+async def _drop_v1_indexes(store: Store, bucket: int) -> None:
+    prefix = store.keys.prefix(bucket)
+    names = [prefix + name for name in V1_INDEXES]
+    async for name in store.redis.scan_iter(match=_glob(prefix) + "[mdcw]:*", count=1000):
+        names.append(name.decode())
+    for i in range(0, len(names), 500):
+        await store.redis.delete(*names[i:i + 500])
