@@ -28,9 +28,11 @@ from timewheel.clock import FakeClock, RedisClock
 from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
+from timewheel.models import TaskStatus
 from timewheel.store import CREATED, REPLACED, Outcome, Store
 from timewheel.store.connection import make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask
 
 from .conftest import (
@@ -143,7 +145,8 @@ class Wheel:
             for bucket, tasks in by_bucket.items():
                 await self.deliver(bucket, tasks, now)
             if self.failed_now:
-                dead, _ = await store.list_failed(10, None)
+                dead, _ = await list_tasks(store, TaskStatus.FAILED, key_prefix="", limit=10,
+                                           cursor=None)
                 assert [(v.key, v.status.value) for v in dead] == [(s["fail"], "failed")]
                 assert await store.replay(s["fail"], now_ms=now) == 1
             self.clock.advance(1000)
@@ -155,7 +158,8 @@ class Wheel:
             "last_code": {k: v.last_status_code for k, v in views.items() if v},
             "claims": dict(self.claims),
             "not_started": self.not_started,
-            "dead": (await store.list_failed(10, None))[0],
+            "dead": (await list_tasks(store, TaskStatus.FAILED, key_prefix="", limit=10,
+                                      cursor=None))[0],
             "final_minute": self.clock.now_ms() // MINUTE,
         }
 
@@ -171,7 +175,8 @@ class Wheel:
         started = await self.store.start(bucket, now_ms=now,
                                          claims=[(t.key, t.token) for t in to_start])
         outcomes = []
-        for task, attempt in zip(to_start, started, strict=True):
+        for task, start in zip(to_start, started, strict=True):
+            attempt = start.attempt
             if attempt == 0:
                 self.not_started.append(task.key)
                 continue
@@ -228,13 +233,16 @@ async def test_every_script_runs_in_its_bucket_slot_with_single_redis_results(
 
     left = all_keys(nodes)
     tasks = {k: ttl for k, (_, ttl) in left.items() if ":t:" in k}
-    claim_records = {k: ttl for k, (_, ttl) in left.items() if ":c:" in k}
+    claim_records = {k: ttl for k, (_, ttl) in left.items() if ":cl:" in k}
     rest = {k for k in left if k not in tasks and k not in claim_records}
     assert set(tasks) == {store.keys.task(k) for k in keys}
     assert all(0 < ttl <= RETENTION_MS for ttl in tasks.values())  # finished: retention TTL
     assert claim_records and all(0 < ttl <= 300_000 for ttl in claim_records.values())
-    # No slice, delete-set, lease or dead key: only each bucket's cursor and the bucket count.
-    assert rest == {store.keys.cursor(b) for b in range(16)} | {"tw:buckets"}
+    # No slice, delete-set, lease or dead key: each bucket's cursor, the indexes of succeeded
+    # and cancelled tasks (pruned at the retention age) and the bucket count.
+    finished = {store.keys.finished(b, "succeeded") for b in range(16)} | {
+        store.keys.finished(store.keys.bucket_of(k), "cancelled") for k in cancelled}
+    assert rest == {store.keys.cursor(b) for b in range(16)} | finished | {"tw:buckets"}
     cursors = {b: int(left[k][0].get(k)) for b in range(16) if (k := store.keys.cursor(b))}
     assert cursors == dict.fromkeys(range(16), START_MINUTE + 3)  # past minutes all drained
 
