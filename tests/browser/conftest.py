@@ -29,9 +29,8 @@ TOKEN = "browser-test-token"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
-# Browser noise that is expected: the 401 that makes the page ask for the token, and the 422
-# of GET /tasks for a status the service cannot list yet (the page shows it).
-EXPECTED_CONSOLE = ("status of 401", "status of 422")
+# Browser noise that is expected: the 401 that makes the page ask for the token.
+EXPECTED_CONSOLE = ("status of 401",)
 
 
 def chromium_path() -> str | None:

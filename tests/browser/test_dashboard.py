@@ -100,8 +100,6 @@ def test_overview_shows_the_seeded_due_load(page: Any, service: Service, api: ht
     shot("overview")
 
 
-@pytest.mark.xfail(strict=True, reason="GET /tasks lists only status=failed until listing of "
-                   "the other statuses lands (API.md: list and search); the page answers 422")
 def test_find_a_scheduled_task_by_prefix_and_cancel_it(
         page: Any, service: Service, api: httpx.Client, receiver: ThreadedReceiver,
         shot: Callable[[str], Path]) -> None:

@@ -26,8 +26,9 @@ from timewheel.store.stats import MINUTE_MS, dead_letter_count, due_per_minute
 router = APIRouter(prefix="/stats", tags=["operations"], route_class=TaskRoute)
 
 MAX_MINUTES = 1440
-# Slice cells (bucket x minute) one request may count: each is a ZCARD (and an SCARD when the
-# slice has entries), about 20-40 us of this process's time each. With the default 16 buckets
+# Bucket-minute cells one request may cover. Only minutes that have a slice cost anything (a
+# ZCARD and an SCARD, about 10-40 us of this process's time each), but a busy wheel may have a
+# slice in every bucket and minute, so the bound is on the cells. With the default 16 buckets
 # every allowed ``minutes`` fits (16 x 1440 = 23,040); a wheel with very many buckets gets
 # fewer minutes per request (``clamped`` says so) instead of an unbounded read.
 MAX_CELLS = 25_000
@@ -82,11 +83,12 @@ async def due_load(
                                   description="how many minutes, from the current one")] = 180,
 ) -> DueLoad:
     """Tasks due per minute for the coming minutes, from the current minute on, summed over
-    every bucket: one ZCARD of the minute slice minus one SCARD of its delete-set per bucket and
-    minute, pipelined. Exact for minutes the wheel has not started claiming; the minute being
-    claimed now can read low (cancelled entries already dropped are still subtracted). Tasks in
-    flight or parked waiting for their flow's limits are not in any slice and not counted, and
-    neither are tasks still left in slices of past minutes after an outage."""
+    every bucket: for each bucket and minute that has a slice, the slice's size (ZCARD) minus
+    its delete-set's (SCARD), pipelined. Exact for minutes the wheel has not started claiming;
+    the minute being claimed now can read low (cancelled entries already dropped are still
+    subtracted). Tasks in flight or parked waiting for their flow's limits are not in any slice
+    and not counted, and neither are tasks still left in slices of past minutes after an
+    outage."""
     buckets = wheel.store.keys.buckets
     count = min(minutes, max(1, MAX_CELLS // buckets))
     first = wheel.clock.now_ms() // MINUTE_MS

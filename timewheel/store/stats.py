@@ -2,14 +2,16 @@
 dead-letter count. Nothing here writes, and every read is bounded by the caller's arguments.
 
 Due load: a task waiting for its first attempt or a retry sits in its bucket's minute slice
-``m:<minute>`` (timewheel/store/keys.py). Counting a minute is one ZCARD per bucket, minus the
-SCARD of the minute's delete-set ``d:<minute>``: cancel and replace are lazy (lua/cancel.lua),
-their slice entry stays until the claimer drains that minute, and the delete-set names exactly
-those stale entries. So for a minute the claimer has not reached yet the figure is exact. For
-the minute being drained it may be low: the claimer removes entries from the slice as it reads
-them but drops the delete-set only once the minute is past and empty, so stale entries already
-removed are still subtracted (clamped at zero). Tasks parked for their flow (``w:<flow>``) and
-tasks in flight are in no slice and are not counted.
+``ms:<minute>`` (timewheel/store/keys.py), and the bucket's ``mn`` index names the minutes that
+have a slice. Counting is, per bucket, one ZRANGEBYSCORE of ``mn`` over the window, then for each
+minute found a ZCARD of the slice minus the SCARD of its delete-set ``md:<minute>``: cancel and
+replace are lazy (lua/cancel.lua), their slice entry stays until the claimer drains that minute,
+and the delete-set names exactly those stale entries. So for a minute the claimer has not
+reached yet the figure is exact. For the minute being drained it may be low: the claimer
+removes entries from the slice as it reads them but drops the delete-set only once the minute
+is past and empty, so stale entries already removed are still subtracted (clamped at zero).
+Tasks parked for their flow (``pw:<flow>``) and tasks in flight are in no slice and are not
+counted.
 """
 
 from __future__ import annotations
@@ -26,33 +28,35 @@ CELLS_PER_ROUND = 2000
 
 async def due_per_minute(store: Store, first_minute: int, count: int) -> list[int]:
     """Tasks due in each of ``count`` minutes from ``first_minute`` (minutes since the epoch),
-    summed over every bucket: a ZCARD per bucket and minute, then an SCARD of the delete-set
-    only where the slice has entries (most cells of a sparse wheel are empty), pipelined in
-    rounds of ``CELLS_PER_ROUND``."""
+    summed over every bucket. Cost: one ZRANGEBYSCORE per bucket, then a ZCARD and an SCARD
+    per bucket and minute that has a slice (at most ``count x buckets``), pipelined in rounds
+    of ``CELLS_PER_ROUND`` commands."""
     keys = store.keys
-    cells = [(minute, bucket) for minute in range(first_minute, first_minute + count)
-             for bucket in range(keys.buckets)]
+    last = first_minute + count - 1
     totals = dict.fromkeys(range(first_minute, first_minute + count), 0)
     async with redis_errors("due_per_minute"):
-        entries = await _rounds(store, [keys.slice(b, m) for m, b in cells], "ZCARD")
-        filled = [(cell, n) for cell, n in zip(cells, entries, strict=True) if n]
-        stale = await _rounds(store, [keys.delete_set(b, m) for (m, b), _ in filled], "SCARD")
+        found = await _rounds(store, [("ZRANGEBYSCORE", keys.minutes(b), first_minute, last)
+                                      for b in range(keys.buckets)])
+        cells = [(int(minute), bucket) for bucket, minutes in enumerate(found)
+                 for minute in minutes if first_minute <= int(minute) <= last]
+        entries = await _rounds(store, [("ZCARD", keys.slice(b, m)) for m, b in cells])
+        filled = [(cell, int(n)) for cell, n in zip(cells, entries, strict=True) if n]
+        stale = await _rounds(store, [("SCARD", keys.delete_set(b, m)) for (m, b), _ in filled])
     for ((minute, _), n), gone in zip(filled, stale, strict=True):
-        totals[minute] += max(0, n - gone)
+        totals[minute] += max(0, n - int(gone))
     return [totals[minute] for minute in range(first_minute, first_minute + count)]
 
 
-async def _rounds(store: Store, names: list[str], command: str) -> list[int]:
-    """``command`` (ZCARD or SCARD) of each key, pipelined ``CELLS_PER_ROUND`` at a time.
+async def _rounds(store: Store, commands: list[tuple[str | int, ...]]) -> list[Any]:
+    """The replies of ``commands``, pipelined ``CELLS_PER_ROUND`` at a time.
     ``execute_command`` rather than ``pipe.zcard``: half the client time per command."""
-    counts: list[int] = []
-    for start in range(0, len(names), CELLS_PER_ROUND):
+    replies: list[Any] = []
+    for start in range(0, len(commands), CELLS_PER_ROUND):
         pipe: Any = store.redis.pipeline(transaction=False)
-        for name in names[start:start + CELLS_PER_ROUND]:
-            pipe.execute_command(command, name)
-        replies: list[Any] = await pipe.execute()
-        counts += [int(n) for n in replies]
-    return counts
+        for command in commands[start:start + CELLS_PER_ROUND]:
+            pipe.execute_command(*command)
+        replies += await pipe.execute()
+    return replies
 
 
 async def dead_letter_count(store: Store) -> int:
