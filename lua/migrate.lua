@@ -4,7 +4,7 @@
 -- finds the v1 records, builds the new records from them and deletes the v1 indexes after.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1]  now_ms
+-- ARGV[1]  now_ms, or "" for Redis's own clock (TIME)
 -- ARGV[2..] three values per task: key, the SHA-1 of its v1 hash as read (HGETALL's fields
 --          and values joined by NUL), the new record (timewheel/store/layout.py)
 --
@@ -17,6 +17,10 @@
 -- flow's parked set; a finished one keeps its expiry and joins its finished index.
 local P = KEYS[1]
 local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local out = {}
 for i = 2, #ARGV, 3 do
   local key, seen, new = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -46,6 +50,10 @@ for i = 2, #ARGV, 3 do
       local first = redis.call('ZRANGE', P .. 'pw:' .. flow, 0, 0, 'WITHSCORES')
       redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
     else
+      if h[FINISHED] == 0 then  -- a record that did not convert: failed now
+        h[FINISHED] = now
+        put_head(tkey, h)
+      end
       redis.call('ZADD', P .. FINISHED_INDEX[h[ST]], h[FINISHED], key)
     end
     if ttl > 0 then redis.call('PEXPIRE', tkey, ttl) end

@@ -137,3 +137,13 @@ async def test_a_record_changed_while_read_is_read_again(store: Store, redis: Re
     assert (await redis.type(P + "t:s")) == b"hash"
     assert await migrate_v1(store, now_ms=NOW) == 1
     assert (await dump(redis))["t:s"] == rec(due=NOW + 90_000)
+
+
+async def test_at_start_the_migration_takes_redis_time(store: Store, redis: Redis) -> None:
+    """Store.init passes no time: lua/migrate.lua reads Redis's clock for what needs one."""
+    await seed_v1(redis, {"t:bad": v1(url=None, headers="not json"), "cursor": str(M0)})
+    assert await migrate_v1(store) == 1
+    seconds, micros = await redis.time()
+    now = seconds * 1000 + micros // 1000
+    bad = (await dump(redis))["t:bad"]
+    assert now - 60_000 < bad["finished"] <= now

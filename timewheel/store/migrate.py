@@ -63,9 +63,10 @@ def _ms(fields: dict[str, bytes], name: str, lenient: bool) -> int:
         raise
 
 
-def from_v1(fields: dict[str, bytes], now_ms: int) -> bytes:
+def from_v1(fields: dict[str, bytes], now_ms: int | None) -> bytes:
     """The layout-2 record of a v1 record's fields. One that does not convert becomes a failed
-    task whose last_err says why (so it shows among the dead letters instead of vanishing)."""
+    task whose last_err says why (so it shows among the dead letters instead of vanishing);
+    its finished time is ``now_ms``, or lua/migrate.lua's when None."""
     try:
         return _convert(fields)
     except (KeyError, ValueError, TypeError) as exc:
@@ -74,7 +75,8 @@ def from_v1(fields: dict[str, bytes], now_ms: int) -> bytes:
                         now_ms=now_ms)
 
 
-def _convert(fields: dict[str, bytes], *, failed: str | None = None, now_ms: int = 0) -> bytes:
+def _convert(fields: dict[str, bytes], *, failed: str | None = None,
+             now_ms: int | None = None) -> bytes:
     lenient = failed is not None
     text = {name: value.decode(errors="replace" if lenient else "strict")
             for name, value in fields.items() if name != "body"}
@@ -109,7 +111,7 @@ def _convert(fields: dict[str, bytes], *, failed: str | None = None, now_ms: int
         "body": fields.get("body", b""), "last_err": failed or text.get("last_err", ""),
     }
     if lenient:
-        record["finished"] = record["finished"] or now_ms
+        record["finished"] = record["finished"] or now_ms or 0  # 0: migrate.lua sets now
         record["claim"] = layout.NONE
     return layout.encode(record)
 
@@ -165,12 +167,12 @@ async def _batch(store: Store, bucket: int, keys: list[str], now: int | None) ->
         for key in keys:
             pipe.hgetall(f"{store.keys.prefix(bucket)}t:{key}")
         rows: list[dict[bytes, bytes]] = await pipe.execute()
-        now_ms = now if now is not None else int((await store.redis.time())[0]) * 1000
-        args: list[Any] = [now_ms]
+        # Without a caller's time, lua/migrate.lua reads Redis's clock (the wheel's clock).
+        args: list[Any] = ["" if now is None else now]
         present = [(key, row) for key, row in zip(keys, rows, strict=True) if row]
         for key, row in present:
             fields = {name.decode(): value for name, value in row.items()}
-            args += [key, _seen(row), from_v1(fields, now_ms)]
+            args += [key, _seen(row), from_v1(fields, now)]
         if not present:
             return done
         reply = await store.migrate_script(keys=[store.keys.prefix(bucket)], args=args)
