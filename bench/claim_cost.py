@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -126,7 +127,42 @@ async def measure(url: str, sizes: Sequence[int], layout: str, due: int,
                   f"({claimed} in {c} calls)", flush=True)
             if claimed != due:
                 raise SystemExit(f"bench: claimed {claimed} of {due} due tasks")
+            row.update(await listing_cost(store, url))
+            print(f"            listing: {row['list_ms_per_page_100']} ms per page of 100, "
+                  f"{row['list_ms_per_page_1000']} ms per page of 1000, "
+                  f"{row['list_ms_per_page_no_match']} ms per page matching nothing; script "
+                  f"{row['list_script_us_per_call']:.0f} µs per call (max "
+                  f"{row['list_script_us_max']} µs)", flush=True)
     return rows
+
+
+async def listing_cost(store: Any, url: str, pages: int = 5) -> dict[str, Any]:
+    """GET /tasks?status=scheduled through the store: ms per page (five pages followed by
+    their cursors) for limits 100 and 1000, and for a prefix that matches nothing (every call
+    runs to its budget). The script's mean and max µs per call (SLOWLOG, threshold 0) bound
+    how long one listing call can hold the ticker's claim behind it."""
+    from timewheel.models import TaskStatus
+    from timewheel.store.listing import list_tasks
+
+    out: dict[str, Any] = {}
+    with sync_redis.Redis.from_url(url) as client:
+        client.config_set("slowlog-log-slower-than", 0)
+        client.config_set("slowlog-max-len", 100_000)
+        client.slowlog_reset()
+        evalsha_stats(url, reset=True)
+        for name, limit, prefix in (("100", 100, ""), ("1000", 1000, ""),
+                                    ("no_match", 100, "nothing-")):
+            cursor, t0 = None, time.perf_counter()
+            for _ in range(pages):
+                _, cursor = await list_tasks(store, TaskStatus.SCHEDULED, key_prefix=prefix,
+                                             limit=limit, cursor=cursor)
+            out[f"list_ms_per_page_{name}"] = round((time.perf_counter() - t0) / pages * 1000, 2)
+        out["list_script_us_per_call"] = evalsha_stats(url)["usec_per_call"]
+        entries: Any = client.slowlog_get(100_000)
+        out["list_script_us_max"] = max((int(e["duration"]) for e in entries
+                                         if e["command"].startswith(b"EVALSHA")), default=0)
+        client.config_set("slowlog-log-slower-than", 10_000)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-rounds", type=int, default=100,
                    help="ticker passes over every bucket with nothing due, per size")
     p.add_argument("--redis-server", default=None)
+    p.add_argument("--redis-args", default="", help="more redis-server arguments")
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
     facts = facts_for(args.redis_server)
@@ -146,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = []
     for layout in args.layout:
-        with dedicated_redis(args.redis_server) as url:
+        with dedicated_redis(args.redis_server, shlex.split(args.redis_args)) as url:
             print(f"redis   : dedicated {url} ({layout})")
             rows += run(measure(url, args.sizes, layout, args.due, args.idle_rounds))
     out = {"benchmark": "claim_cost", "started_at": stamp,

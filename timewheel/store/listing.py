@@ -37,7 +37,7 @@ from timewheel.store.task_store import redis_errors
 if TYPE_CHECKING:
     from timewheel.store.task_store import Store
 
-MAX_BUDGET = 500  # index entries one list call may look at (keeps each call short)
+MAX_BUDGET = 300  # index entries one list call may look at (keeps each call near 1 ms)
 _KEY = re.compile(KEY_PATTERN)
 
 
