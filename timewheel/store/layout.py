@@ -54,6 +54,7 @@ FIELDS = ("ver", "st", "att", "max", "meth", "started", "due", "exec", "created"
           "fl", "ul", "hl", "bl", "el")
 _MS = frozenset({"due", "exec", "created", "last_at", "finished"})  # 6-byte integers
 NONE = bytes(6)  # an empty claim or op
+_ZERO6 = bytes(6)  # a 6-byte time that is not set
 
 STATUS_NAMES = {"s": "scheduled", "r": "retrying", "d": "delivering", "w": "waiting",
                 "o": "succeeded", "f": "failed", "c": "cancelled"}
@@ -124,14 +125,14 @@ def template(*, url: str, method: str, headers: list[tuple[str, str]], body: byt
              fingerprint: str, flow: str) -> bytes:
     """A new task's record as lua/schedule.lua takes it: status scheduled, no attempt yet; the
     script fills in the minute, created time and request id."""
-    parts = [flow.encode(), url.encode(), encode_headers(headers), body or b""]
-    head = {"ver": VERSION, "st": "s", "att": 0, "max": max_attempts,
-            "meth": METHOD_CODES[method], "started": 0, "due": due_ms, "exec": due_ms,
-            "created": 0, "backoff": backoff_ms, "timeout": timeout_ms, "last_at": 0,
-            "last_code": 0, "finished": 0, "claim": NONE, "op": NONE, "opr": 0,
-            "fp": fp_bytes(fingerprint), "fl": len(parts[0]), "ul": len(parts[1]),
-            "hl": len(parts[2]), "bl": len(parts[3]), "el": 0}
-    return pack_head(head) + b"".join(parts)
+    parts = (flow.encode(), url.encode(), encode_headers(headers), body or b"")
+    # HEAD.pack directly (FIELDS order): this runs once per created task, batches included.
+    due = due_ms.to_bytes(6, "big")
+    head = HEAD.pack(VERSION, b"s", 0, max_attempts, METHOD_CODES[method].encode(), 0, due, due,
+                     _ZERO6, backoff_ms, timeout_ms, _ZERO6, 0, _ZERO6, NONE, NONE, 0,
+                     fp_bytes(fingerprint), len(parts[0]), len(parts[1]), len(parts[2]),
+                     len(parts[3]), 0)
+    return b"".join((head, *parts))
 
 
 def split(raw: bytes) -> tuple[dict[str, Any], bytes, bytes]:
