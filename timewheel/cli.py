@@ -66,7 +66,9 @@ def serve(settings: Settings, host: str, port: int) -> None:
     configure_logging(level, settings.log_format)
     app = create_app(settings)
     _tune_gc()
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools",
+    # log_config=None: uvicorn's own lines go through the handler configure_logging set up
+    # (JSON lines when TIMEWHEEL_LOG_FORMAT=json) instead of its own plain-text handlers.
+    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", log_config=None,
                 log_level=settings.log_level.lower(), access_log=False,
                 timeout_graceful_shutdown=int(settings.batch_deadline_seconds) + 5)
 
