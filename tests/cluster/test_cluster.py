@@ -72,13 +72,14 @@ def new_task(key: str, due_ms: int) -> NewTask:
     return NewTask(key=key, url=URL, method="POST",
                    headers=[("Content-Type", "application/json")], body=b'{"k":1}',
                    due_ms=due_ms, timeout_ms=1000, max_attempts=3, backoff_ms=1000,
-                   fingerprint=f"fp-{key}-{due_ms}")
+                   fingerprint=f"fp-{key}-{due_ms}", flow="127.0.0.1:9")
 
 
 class Collector:
     """Stands in for the Dispatcher under the real Ticker: keeps what each tick claimed."""
 
     in_flight = 0
+    holding = 0  # claims it holds: none, it hands each tick's claims straight back
 
     def __init__(self) -> None:
         self.tasks: list[ClaimedTask] = []
