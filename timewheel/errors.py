@@ -4,6 +4,7 @@
      +-- TaskNotFound          no such task (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
      +-- StoreUnavailable      Redis cannot be reached or answered with an error (503)
+     |    +-- NotReplicated    written on the master, but too few replicas confirmed it (503)
      +-- WheelMismatch         the settings disagree with the wheel stored in Redis (no start)
 """
 
@@ -33,6 +34,20 @@ class TaskConflict(TimeWheelError):
 
 class StoreUnavailable(TimeWheelError):
     """Redis is down, unreachable or refused the command; the caller may retry later."""
+
+
+class NotReplicated(StoreUnavailable):
+    """A change was applied on its Redis master, but fewer replicas than
+    TIMEWHEEL_REDIS_WAIT_REPLICAS confirmed it within TIMEWHEEL_REDIS_WAIT_TIMEOUT_MS: it may or
+    may not survive a failover of that master. The write is not undone (Redis cannot); the
+    client is told it was not acknowledged, and repeating the request is safe."""
+
+    def __init__(self, what: str, confirmed: int, wanted: int, timeout_ms: int) -> None:
+        super().__init__(f"{what}: {confirmed} of {wanted} replicas confirmed the write "
+                         f"within {timeout_ms} ms")
+        self.confirmed = confirmed
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
 
 
 class WheelMismatch(TimeWheelError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from timewheel.clock import Clock, RedisClock
 from timewheel.delivery.netguard import NetworkPolicy
@@ -22,7 +23,8 @@ from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
 from timewheel.settings import Settings
 from timewheel.store import Store
-from timewheel.store.connection import make_redis
+from timewheel.store.connection import bucket_spread, make_redis
+from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS
@@ -66,6 +68,9 @@ class Wheel:
                       retention_ms=int(settings.retention_seconds * 1000),
                       lease_margin_ms=int(settings.lease_margin_seconds * 1000),
                       buckets=settings.buckets)
+        durability = Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
+        if durability.enabled:  # before the flow and schedule stores take scripts from it
+            store.scripts.require_replicas(durability)
         clock = clock or RedisClock(redis)
         sender = sender or make_sender(settings.http_client, policy,
                                        max_connections=settings.max_concurrency)
@@ -92,6 +97,8 @@ class Wheel:
         try:
             await store.init()
             await clock.refresh()
+            if isinstance(redis, RedisCluster):
+                await _report_spread(redis, store)
         except StoreUnavailable as exc:
             # Stay up: the API answers 503 and the ticker retries until Redis is back.
             log.error("Redis unavailable at start-up: %s", exc)
@@ -118,3 +125,20 @@ class Wheel:
             await self.redis.aclose()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
+
+
+async def _report_spread(redis: RedisCluster, store: Store) -> None:
+    """Log how many buckets each master serves: a bucket is one hash slot, so this is how a
+    minute's due load is shared (docs/design.md, "Choosing the bucket count")."""
+    try:
+        spread = await bucket_spread(redis, store.keys)
+    except RedisError as exc:
+        raise StoreUnavailable(f"bucket spread: {exc}") from exc
+    shares = ", ".join(f"{node}={count}" for node, count in spread.items())
+    log.info("Redis Cluster: %d buckets over %d masters (buckets per master: %s)",
+             store.keys.buckets, len(spread), shares)
+    idle = [node for node, count in spread.items() if count == 0]
+    if idle:
+        log.warning("Redis Cluster masters %s serve no bucket and take no share of the due "
+                    "load; a new wheel with more buckets (TIMEWHEEL_BUCKETS) spreads it",
+                    ", ".join(idle))

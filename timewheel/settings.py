@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     metrics_public: bool = True
     docs_public: bool = True
     embedded_appendfsync: Literal["always", "everysec"] = "always"
+    # Durability on replicated Redis (docs/design.md, "Durability"): every change a client is
+    # told about WAITs for this many replicas to confirm it; 0 answers once the master has it.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    # How long that WAIT may take before the answer is 503. Below the client's 5 s socket
+    # timeout (timewheel/store/connection.py), which a blocked WAIT must not run into.
+    redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=4000)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (timewheel.logs)
 

@@ -21,7 +21,7 @@ from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
 from timewheel.clock import Clock
 from timewheel.delivery.senders import Sender
-from timewheel.errors import StoreUnavailable, TaskConflict, TaskNotFound
+from timewheel.errors import NotReplicated, StoreUnavailable, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
 from timewheel.models import MAX_BODY_BYTES
 from timewheel.service import Wheel
@@ -114,6 +114,18 @@ def _error_handlers(app: FastAPI) -> None:
     async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "Redis is unavailable; try again later"},
                             status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(NotReplicated)
+    async def not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
+        # The write is on the Redis master and cannot be taken back; the client must know that
+        # it was not acknowledged, and that repeating the request is safe.
+        return JSONResponse({"detail": (
+            f"not acknowledged: the change was written to the Redis master, but only "
+            f"{exc.confirmed} of the {exc.wanted} replicas required "
+            f"(TIMEWHEEL_REDIS_WAIT_REPLICAS) confirmed it within {exc.timeout_ms} ms, so it "
+            "may or may not survive a failover of that master. Repeating the same request is "
+            "safe; read the resource back to see its state.")},
+            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(BodyTooLarge)
     async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:

@@ -30,6 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from timewheel.models import TaskView
+from timewheel.store.durability import Call, DurableScript, run_acknowledged
 from timewheel.store.record import NewTask
 from timewheel.store.task_store import Store, redis_errors
 
@@ -74,7 +75,10 @@ async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[An
     script = store.scripts.schedule
     commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
     replies: list[Any]
-    if isinstance(store.redis, Redis):
+    if isinstance(script, DurableScript):  # acknowledged: WAIT on each connection that wrote
+        replies = await run_acknowledged(store.redis, script.durability, "schedule_many",
+                                         [Call(script, keys, args) for keys, args in calls])
+    elif isinstance(store.redis, Redis):
         replies = await _exchange(store.redis, commands)
     else:  # a cluster: redis-py's cluster pipeline sends each node its share
         pipe: Any = store.redis.pipeline(transaction=False)
@@ -85,7 +89,7 @@ async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[An
     for (keys, args), reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):
             reply = await script(keys=keys, args=args)
-        elif isinstance(reply, ResponseError):
+        elif isinstance(reply, Exception):  # also a cluster's "TTL exhausted" (a RedisError)
             raise reply
         codes.append(int(reply))
     return codes

@@ -1,12 +1,41 @@
-"""Builds the redis-py asyncio client: a single Redis or a Redis Cluster, from a URL."""
+"""Builds the redis-py asyncio client: a single Redis or a Redis Cluster, from a URL.
+
+On a cluster the client is ``WheelCluster``, redis-py's ``RedisCluster`` with three changes the
+wheel depends on (docs/design.md, "Durability" and "Redis Cluster"):
+
+- **Migration guard.** Every Lua script of the wheel takes one key, a bucket's (or flow's) key
+  prefix ``{tw:3}:``, and derives the keys it touches from it. That prefix is never itself a
+  key, so while its slot migrates the source node answers ASK to every call, and the importing
+  node would run the script (the client sends ASKING) over the half of the bucket that has
+  moved so far: a create would write a second record beside the one still on the source, a
+  cancel would answer 404. Each script call therefore carries a second key of the same slot
+  that never exists (``{tw:3}:~``). A call with several keys, some missing, is refused by the
+  importing node with TRYAGAIN instead: no script runs on a bucket while its keys are split
+  between two nodes. The client retries, and after ``CLUSTER SETSLOT ... NODE`` the MOVED
+  reply sends it to the new owner, which holds every key of the bucket.
+- **Bounded, not failing, concurrency.** redis-py's cluster nodes raise MaxConnectionsError when
+  their pool is exhausted (the single-Redis client uses a blocking pool instead); commands
+  wait for one of ``MAX_CONNECTIONS`` slots.
+- **Closing what redis-py drops.** ``RedisCluster.aclose`` does nothing while a re-initialisation
+  is pending (after any node error), and a refresh of the slot map drops nodes that left the
+  cluster without closing the connections in use; both leave sockets open. ``aclose`` here
+  closes every node the client ever used.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections import Counter
+from typing import Any
+
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, TimeoutError
+
+from timewheel.store.keys import Keyspace
 
 # Short timeouts: a dead Redis must turn into a quick 503, not a hung request. Retries are safe
 # for every script: claim is idempotent per token, start per token, and schedule, complete,
@@ -14,6 +43,12 @@ from redis.exceptions import ConnectionError, TimeoutError
 SOCKET_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 2.0
 MAX_CONNECTIONS = 64  # per process (per node on a cluster); calls are batched per bucket
+# A cluster node's pool is larger than the commands allowed at once: pipelines (batched
+# creates, durable writes) take their connection from the node directly, beside the commands.
+_NODE_CONNECTIONS = 2 * MAX_CONNECTIONS
+GUARD_SUFFIX = "~"  # appended to a script's prefix key: a key of the same slot that never exists
+_PREFIX_KEY = re.compile(rb"^\{[^{}]+\}:$")
+_SCRIPT_COMMANDS = (b"EVALSHA", b"EVAL", "EVALSHA", "EVAL")
 
 
 def _retry() -> Retry:
@@ -21,10 +56,77 @@ def _retry() -> Retry:
                  supported_errors=(ConnectionError, TimeoutError))
 
 
+def _as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def guarded(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A script call whose only key is a prefix ``{tag}:`` with the migration guard key added
+    (see the module docstring); any other command unchanged."""
+    if len(args) < 4 or args[0] not in _SCRIPT_COMMANDS or args[2] not in (1, "1", b"1"):
+        return args
+    key = args[3]
+    if not isinstance(key, str | bytes) or not _PREFIX_KEY.match(_as_bytes(key)):
+        return args
+    guard = f"{key}{GUARD_SUFFIX}" if isinstance(key, str) else key + GUARD_SUFFIX.encode()
+    return (args[0], args[1], 2, key, guard, *args[4:])
+
+
+class WheelPipeline(ClusterPipeline):
+    """A cluster pipeline whose script calls carry the migration guard key."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> ClusterPipeline:
+        return super().execute_command(*guarded(args), **kwargs)
+
+
+class WheelCluster(RedisCluster):
+    """redis-py's cluster client with the wheel's migration guard, bounded concurrency and a
+    complete ``aclose`` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._commands = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._retired: dict[int, ClusterNode] = {}  # nodes dropped from the slot map
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._commands:
+            return await super().execute_command(*guarded(args), **kwargs)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None
+                 ) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # refused by redis-py
+        return WheelPipeline(self, transaction)  # type: ignore[abstract]
+
+    def _known_nodes(self) -> list[ClusterNode]:
+        manager = self.nodes_manager
+        return [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        """Refresh the slot map; nodes it drops are kept to be closed (they may still have a
+        command in flight)."""
+        before = {id(node): node for node in self._known_nodes()}
+        try:
+            return await super().initialize(*args, **kwargs)
+        finally:
+            after = {id(node) for node in self._known_nodes()}
+            self._retired.update({k: n for k, n in before.items() if k not in after})
+
+    async def aclose(self) -> None:
+        """Close the connections of every node this client used: redis-py's ``aclose`` skips
+        them while a re-initialisation is pending, and never sees nodes it dropped."""
+        await super().aclose()
+        nodes = {id(node): node for node in self._known_nodes()}
+        nodes.update(self._retired)
+        self._retired = {}
+        await asyncio.gather(*(node.disconnect() for node in nodes.values()),
+                             return_exceptions=True)
+
+
 def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
     if cluster:
-        return RedisCluster.from_url(
-            url, max_connections=MAX_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
+        return WheelCluster.from_url(
+            url, max_connections=_NODE_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
             socket_connect_timeout=CONNECT_TIMEOUT,
             retry=_retry(), decode_responses=False)
     # A blocking pool: under a burst, callers queue for a connection instead of failing with
@@ -35,3 +137,15 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
         retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,
         health_check_interval=30)
     return Redis.from_pool(pool)
+
+
+async def bucket_spread(redis: RedisCluster, keys: Keyspace) -> dict[str, int]:
+    """Buckets per master ("host:port" -> count; every master listed, 0 for one that serves
+    none): each bucket is one hash slot, so this is how a minute's due load is shared."""
+    await redis.initialize()
+    counts: Counter[str] = Counter()
+    for bucket in range(keys.buckets):
+        node = redis.get_node_from_key(keys.prefix(bucket))
+        counts[node.name if node is not None else "none"] += 1
+    return {node.name: counts[node.name]
+            for node in sorted(redis.get_primaries(), key=lambda n: n.name)}

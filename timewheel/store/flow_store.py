@@ -86,9 +86,9 @@ class FlowStore:
                 await self.redis.srem(self.keys.configured_flows, flow)
 
     async def delete_limits(self, flow: str) -> None:
-        async with redis_errors("delete flow limits"):
-            await self.redis.delete(self.keys.flow(flow) + "cfg")
-            await self.redis.srem(self.keys.configured_flows, flow)
+        """Back to the defaults: the flow_limits script with no limits (acknowledged like a
+        PUT when replicas are required, see store/scripts.py)."""
+        await self.set_limits(flow, StoredLimits(None, None))
 
     async def in_flight(self, flow: str, *, now_ms: int) -> int:
         """Permits held and not expired, over every process."""

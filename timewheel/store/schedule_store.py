@@ -34,7 +34,6 @@ from timewheel.errors import StoreUnavailable
 from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
 from timewheel.store.batch import get_many
 from timewheel.store.record import NewTask, prepare
-from timewheel.store.scripts import source
 from timewheel.store.task_store import Store
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
@@ -147,7 +146,7 @@ class ScheduleStore:
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
         self.scripts: dict[str, AsyncScript] = {
-            name: store.redis.register_script(source(name)) for name in SCRIPTS}
+            name: store.scripts.register(name) for name in SCRIPTS}  # acknowledged: see there
 
     def bucket_of(self, schedule_id: str) -> int:
         return self.store.keys.bucket_of(schedule_id)

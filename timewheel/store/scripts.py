@@ -6,6 +6,17 @@ sent, libraries included.
 
 redis-py's ``register_script`` calls EVALSHA and falls back to loading the script on NOSCRIPT,
 so a Redis restart or failover that empties the script cache is handled transparently.
+
+Acknowledged writes: the scripts in ``ACKNOWLEDGED`` are those whose result a client is told
+(create, replace, cancel, replay, schedule and flow changes). With
+``TIMEWHEEL_REDIS_WAIT_REPLICAS`` > 0 they are registered as ``durability.DurableScript``,
+which WAITs for the replicas on the connection that ran the script; with 0 they are redis-py's
+own scripts and cost nothing more. Callers do not change: both are called as
+``await script(keys=[prefix], args=[...])``.
+
+Every script takes one key, KEYS[1] (a bucket's or flow's prefix), and must use no other: on a
+cluster the client adds a second key of the same slot to each call (the migration guard,
+``connection.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +28,13 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from timewheel.store.durability import NONE, Durability, DurableScript
+
 NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay", "park",
          "unpark", "permits", "flow_limits")
+# The scripts whose reply the API reports to a client: acknowledged once durable.
+ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "flow_limits", "sched_put",
+                          "sched_pause", "sched_resume", "sched_delete", "sched_tombstone"})
 
 
 def lua_dir() -> Path:
@@ -44,16 +60,36 @@ def source(name: str) -> str:
 class Scripts:
     """One registered script per operation, named like the Store method that calls it."""
 
-    def __init__(self, redis: Redis | RedisCluster) -> None:
-        registered = {name: redis.register_script(source(name)) for name in NAMES}
-        self.schedule: AsyncScript = registered["schedule"]
-        self.cancel: AsyncScript = registered["cancel"]
-        self.claim: AsyncScript = registered["claim"]
-        self.start: AsyncScript = registered["start"]
-        self.complete: AsyncScript = registered["complete"]
-        self.release: AsyncScript = registered["release"]
-        self.replay: AsyncScript = registered["replay"]
-        self.park: AsyncScript = registered["park"]
-        self.unpark: AsyncScript = registered["unpark"]
-        self.permits: AsyncScript = registered["permits"]
-        self.flow_limits: AsyncScript = registered["flow_limits"]
+    schedule: AsyncScript
+    cancel: AsyncScript
+    claim: AsyncScript
+    start: AsyncScript
+    complete: AsyncScript
+    release: AsyncScript
+    replay: AsyncScript
+    park: AsyncScript
+    unpark: AsyncScript
+    permits: AsyncScript
+    flow_limits: AsyncScript
+
+    def __init__(self, redis: Redis | RedisCluster, durability: Durability = NONE) -> None:
+        self.redis = redis
+        self.durability = durability
+        self._register_all()
+
+    def _register_all(self) -> None:
+        for name in NAMES:
+            setattr(self, name, self.register(name))
+
+    def register(self, name: str) -> AsyncScript:
+        """``lua/<name>.lua`` on this client: acknowledged (WAIT) when it is one of
+        ``ACKNOWLEDGED`` and replicas are required, else redis-py's script."""
+        if name in ACKNOWLEDGED and self.durability.enabled:
+            return DurableScript(self.redis, source(name), name, self.durability)
+        return self.redis.register_script(source(name))
+
+    def require_replicas(self, durability: Durability) -> None:
+        """Acknowledge writes with ``durability`` from now on. ``Wheel.open`` calls this once,
+        right after building the Store and before anything else registers scripts."""
+        self.durability = durability
+        self._register_all()

@@ -1,0 +1,237 @@
+"""Acknowledged writes (TIMEWHEEL_REDIS_WAIT_REPLICAS) on a real Redis with one real replica
+(``--replicaof``): a change is answered only once the replica has it; a replica that does not
+confirm in time turns the answer into NotReplicated (the API's 503 with its detail), while the
+change stays on the master, as Redis cannot undo it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from redis.asyncio import Redis
+
+from tests.conftest import START_MS
+from tests.support.redis_server import HOST, RedisServer
+from timewheel.errors import NotReplicated
+from timewheel.models import ScheduleCreate
+from timewheel.settings import Settings
+from timewheel.store import CREATED, EXISTS, Store
+from timewheel.store.batch import schedule_many
+from timewheel.store.durability import Durability, DurableScript, marker
+from timewheel.store.flow_store import FlowStore, StoredLimits
+from timewheel.store.record import NewTask
+from timewheel.store.schedule_store import ScheduleStore
+from timewheel.store.scripts import ACKNOWLEDGED, Scripts
+
+WAIT_MS = 300
+URL = "http://127.0.0.1:9/hook"
+
+
+class Replicated:
+    """A master and its replica, both real redis-server processes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.master = RedisServer(directory / "master")
+        self.replica: RedisServer | None = None
+        self.directory = directory
+
+    def start(self) -> Replicated:
+        self.master.start()
+        self.replica = RedisServer(self.directory / "replica", extra_args=[
+            "--replicaof", HOST, str(self.master.port)]).start()
+        deadline = time.monotonic() + 10
+        with self.master.client() as conn:
+            while conn.info("replication").get("connected_slaves") != 1 or not self.in_sync():
+                assert time.monotonic() < deadline, "the replica never synchronised"
+                time.sleep(0.02)
+        return self
+
+    def in_sync(self) -> bool:
+        assert self.replica is not None
+        with self.replica.client() as conn:
+            return conn.info("replication").get("master_link_status") == "up"
+
+    def replica_client(self) -> sync_redis.Redis:
+        assert self.replica is not None
+        return self.replica.client()
+
+    @contextmanager
+    def replica_stopped(self) -> Iterator[None]:
+        """SIGSTOP the replica: it neither applies nor confirms anything until SIGCONT."""
+        assert self.replica is not None and self.replica._proc is not None
+        pid = self.replica._proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.replica is not None:
+            self.replica.stop()
+        self.master.stop()
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicated]:
+    pair = Replicated(tmp_path_factory.mktemp("replicated")).start()
+    yield pair
+    pair.stop()
+
+
+@pytest.fixture
+async def master(replicated: Replicated) -> AsyncIterator[Redis]:
+    client = Redis.from_url(replicated.master.url)
+    await client.flushall()
+    await client.script_flush()
+    yield client
+    await client.aclose()
+
+
+async def durable_store(client: Redis, replicas: int = 1) -> Store:
+    store = Store(client, "tw", retention_ms=7 * 86_400_000, lease_margin_ms=5000)
+    store.scripts.require_replicas(Durability(replicas, WAIT_MS))
+    await store.init()
+    return store
+
+
+def new_task(key: str, due_ms: int = START_MS + 60_000) -> NewTask:
+    return NewTask(key=key, url=URL, method="POST", headers=[], body=b"{}", due_ms=due_ms,
+                   timeout_ms=1000, max_attempts=3, backoff_ms=1000,
+                   fingerprint=f"fp-{key}", flow="127.0.0.1:9")
+
+
+def on_replica(replicated: Replicated, store: Store, keys: list[str]) -> list[str]:
+    """Which of these tasks' records the replica holds, read at once (no waiting)."""
+    with replicated.replica_client() as conn:
+        return [k for k in keys if conn.exists(store.keys.task(k))]
+
+
+def test_only_acknowledged_scripts_wait_and_none_without_replicas(master: Redis) -> None:
+    """WAIT_REPLICAS=0 registers redis-py's own scripts: nothing more runs per call."""
+    plain, durable = Scripts(master), Scripts(master, Durability(1, WAIT_MS))
+    assert not any(isinstance(getattr(plain, n), DurableScript) for n in ("schedule", "cancel"))
+    assert {n for n in ("schedule", "cancel", "replay", "flow_limits", "claim", "start",
+                        "complete", "release", "park", "unpark", "permits")
+            if isinstance(getattr(durable, n), DurableScript)} == {
+        "schedule", "cancel", "replay", "flow_limits"}
+    assert {"sched_put", "sched_pause", "sched_resume", "sched_delete"} <= ACKNOWLEDGED
+    assert marker("{tw:3}:") == "{tw:3}~ack" and marker("tw:flows") == "{tw:flows}~ack"
+
+
+async def test_an_acknowledged_change_is_on_the_replica_when_it_returns(
+        replicated: Replicated, master: Redis) -> None:
+    """Create, cancel, replay and a batch create each return only once the replica holds
+    their result: it is read from the replica right after, without waiting."""
+    store = await durable_store(master)
+    assert await store.schedule(new_task("a"), replace=False, now_ms=START_MS) == CREATED
+    assert on_replica(replicated, store, ["a"]) == ["a"]
+    assert await store.cancel("a", now_ms=START_MS) == 1
+    with replicated.replica_client() as conn:
+        cancelled = conn.dump(store.keys.task("a"))
+    with replicated.master.client() as conn:
+        assert cancelled == conn.dump(store.keys.task("a"))  # the replica has the cancel
+    assert await store.replay("a", now_ms=START_MS) == 1
+    keys = [f"batch-{i}" for i in range(40)]
+    codes = await schedule_many(store, [new_task(k) for k in keys], START_MS)
+    assert codes == [CREATED] * 40
+    assert on_replica(replicated, store, keys) == keys
+
+
+async def test_a_replica_that_does_not_confirm_makes_it_not_replicated(
+        replicated: Replicated, master: Redis) -> None:
+    """The replica stopped: the create raises NotReplicated after the timeout, yet the record
+    is on the master (Redis cannot undo a write) and reaches the replica once it runs again."""
+    store = await durable_store(master)
+    with replicated.replica_stopped():
+        with pytest.raises(NotReplicated) as caught:
+            await store.schedule(new_task("late"), replace=False, now_ms=START_MS)
+        assert (caught.value.confirmed, caught.value.wanted) == (0, 1)
+        assert await master.exists(store.keys.task("late")) == 1
+    deadline = time.monotonic() + 10
+    while on_replica(replicated, store, ["late"]) != ["late"]:
+        assert time.monotonic() < deadline, "the replica never got the write"
+        time.sleep(0.02)
+
+
+async def test_a_repeated_create_is_not_acknowledged_before_the_first_write_is_replicated(
+        replicated: Replicated, master: Redis) -> None:
+    """The client retries a create that got NotReplicated. The repeat writes nothing (the task
+    exists), but it must not be answered "exists" while the replica still lacks the first
+    write, even from another process whose own last write was confirmed long ago (here a
+    second client). The marker SET before each WAIT (store/durability.py) moves the
+    connection's offset to the master's; Redis 6.2 happens to do so for any script call too,
+    so this pins the behaviour rather than the marker alone."""
+    store = await durable_store(master)
+    other_client = Redis.from_url(replicated.master.url)
+    try:
+        other = await durable_store(other_client)
+        # Its last write confirmed: without the marker, its WAIT would be satisfied at once.
+        assert await other.schedule(new_task("warm"), replace=False, now_ms=START_MS) == CREATED
+        with replicated.replica_stopped():
+            with pytest.raises(NotReplicated):
+                await store.schedule(new_task("again"), replace=False, now_ms=START_MS)
+            with pytest.raises(NotReplicated):
+                await other.schedule(new_task("again"), replace=False, now_ms=START_MS)
+        assert await other.schedule(new_task("again"), replace=False, now_ms=START_MS) == EXISTS
+        assert on_replica(replicated, store, ["again"]) == ["again"]
+    finally:
+        await other_client.aclose()
+
+
+async def test_schedule_and_flow_changes_are_acknowledged(
+        replicated: Replicated, master: Redis) -> None:
+    """PUT /schedules and PUT/DELETE /flows go through acknowledged scripts as well."""
+    store = await durable_store(master)
+    schedules = ScheduleStore(store, default_timeout=10.0)
+    flows = FlowStore(master, store.keys, store.scripts, default_parallelism=100)
+    spec = ScheduleCreate.model_validate({"every": 60, "task": {"callback_url": URL}})
+
+    def nxt(_spec: dict[str, Any], after: int) -> int:
+        return after + 60_000
+
+    with replicated.replica_stopped():
+        with pytest.raises(NotReplicated):
+            await schedules.put("s1", spec, now_ms=START_MS, next_after=nxt)
+        with pytest.raises(NotReplicated):
+            await flows.set_limits("f1", StoredLimits(3, None))
+        with pytest.raises(NotReplicated):
+            await flows.delete_limits("f1")
+    await flows.set_limits("f2", StoredLimits(None, 5.0))
+    with replicated.replica_client() as conn:
+        assert conn.hgetall(store.keys.flow("f2") + "cfg") == {b"r": b"5.0"}
+
+
+async def test_the_api_answers_503_with_what_it_means(
+        replicated: Replicated, master: Redis, make_client: Callable[..., Any],
+        tmp_path: Path) -> None:
+    """WAIT timeout → 503, Retry-After, and a detail that says the change may or may not
+    survive and that repeating the request is safe; the task is readable on the master."""
+    settings = Settings(redis_url=replicated.master.url, allow_private_networks=True,
+                        data_dir=tmp_path, redis_wait_replicas=1,
+                        redis_wait_timeout_ms=WAIT_MS)
+    async with make_client(settings) as client:
+        with replicated.replica_stopped():
+            reply = await client.post("/tasks", json={"key": "k1", "callback_url": URL,
+                                                       "delay": 60})
+            assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+            detail = reply.json()["detail"]
+            assert "0 of the 1 replicas" in detail and f"{WAIT_MS} ms" in detail
+            assert "may or may not survive a failover" in detail
+            assert "Repeating the same request is safe" in detail
+            batch = await client.post("/tasks/batch", json={"tasks": [
+                {"key": "k2", "callback_url": URL}]})
+            assert batch.status_code == 503
+            assert (await client.put("/flows/f", json={"parallelism": 2})).status_code == 503
+        assert (await client.get("/tasks/k1")).json()["status"] == "scheduled"
+        again = await client.post("/tasks", json={"key": "k1", "callback_url": URL,
+                                                   "delay": 60})
+        assert again.status_code == 200
+        assert (await client.delete("/tasks/k1")).status_code == 204
