@@ -18,6 +18,7 @@ import pytest
 from tests.e2e.conftest import Service
 from tests.support.receiver import Arrival, Reply, ThreadedReceiver
 from tests.support.redis_server import RedisServer
+from timewheel.store import layout
 from timewheel.store.keys import Keyspace
 
 pytestmark = pytest.mark.e2e
@@ -81,10 +82,20 @@ def by_key(arrivals: list[Arrival]) -> dict[str, list[Arrival]]:
 
 
 def raw_task(server: RedisServer, key: str) -> dict[str, str]:
-    """The task's record straight from Redis (for moments when no service is up)."""
+    """The task's record straight from Redis (for moments when no service is up), decoded
+    from its packed string (timewheel/store/layout.py): status, attempts, and claim and
+    started only while they are set."""
     with server.client() as conn:
-        fields = conn.hgetall(KEYS.task(key))
-    return {k.decode(): v.decode() for k, v in fields.items()}
+        raw = conn.get(KEYS.task(key))
+    assert raw is not None, key
+    record = layout.decode(raw)
+    st = record["st"].decode() if isinstance(record["st"], bytes) else record["st"]
+    out = {"status": layout.STATUS_NAMES[st], "attempts": str(record["att"])}
+    if record["claim"] != layout.NONE:
+        out["claim"] = record["claim"].hex()
+    if record["started"]:
+        out["started"] = "1"
+    return out
 
 
 def leased(server: RedisServer) -> dict[str, float]:
