@@ -206,14 +206,13 @@ class FlowGate:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        now = self._clock.now_ms()
         for state in self._states.values():
             if state.releases:
                 try:
-                    await self._flows.permits(state.key, now_ms=now, lease_ms=1,
-                                              release=state.releases)
+                    await self._flows.permits(state.key, now_ms=self._clock.now_ms(),
+                                              lease_ms=1, release=state.releases)
                 except StoreUnavailable:
-                    pass  # their leases give them back
+                    pass  # Redis (or its clock) unreachable: their leases give them back
         self._states.clear()
 
     # -- the per-flow exchange with Redis ---------------------------------------------------
