@@ -18,10 +18,13 @@ from timewheel.store.flow_store import StoredLimits
 router = APIRouter(prefix="/flows", tags=["flows"], route_class=TaskRoute)
 
 _KEY = re.compile(KEY_PATTERN)
-_RESPONSES: dict[int | str, dict[str, Any]] = {503: {"description": "Redis unavailable"}}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such path (a flow key with a line break)"},
+    503: {"description": "Redis unavailable"}}
 # ``:path`` so that a key with a slash reaches the check below (422) instead of matching no
 # route at all (404): the key is wrong, not the address.
-FlowKey = Annotated[str, Path(description="the flow key: 1-200 chars of [A-Za-z0-9._:-]")]
+FlowKey = Annotated[str, Path(pattern=KEY_PATTERN,
+                                description="the flow key: 1-200 chars of [A-Za-z0-9._:-]")]
 
 
 def _checked(flow_key: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
 MAX_PARALLELISM = 10_000
 MAX_RATE = 100_000
@@ -22,6 +22,15 @@ class FlowLimits(BaseModel):
 
     parallelism: Parallelism | None = None
     rate: Rate | None = None
+
+    @field_validator("parallelism", mode="before")
+    @classmethod
+    def _integral(cls, value: object) -> object:
+        """JSON does not tell 3 from 3.0: a whole number written as a float is an integer
+        (as JSON Schema's "integer" says); 2.5, "3" and true stay refused."""
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
 
 
 class FlowView(BaseModel):
