@@ -78,9 +78,14 @@ local function resume_rank(zkey)
   return lo
 end
 
--- Read one zset from the position on; true when it ran out of entries.
+-- Read one zset from the position on; true when it ran out of entries. A slice after the
+-- position's minute holds only later due times, so it is read from its start, except the
+-- oldest slice (the cursor's), where late tasks keep earlier due times.
 local function walk(zkey, minute)
-  local rank = resume_rank(zkey)
+  local rank = 0
+  if not minute or minute == cursor or minute == math.floor((after or 0) / 60000) then
+    rank = resume_rank(zkey)
+  end
   while true do
     -- Never stop before one entry was looked at: the next call must get further.
     local window = math.min(budget - seen, 100)
@@ -108,14 +113,14 @@ if index == 'slices' then
   -- late task is put into the cursor's minute, the oldest slice), so this is due order.
   local from = after and math.floor(after / 60000) or '-inf'
   while done do
-    local minutes = redis.call('ZRANGEBYSCORE', P .. 'mn', from, '+inf', 'LIMIT', 0, 10)
+    local minutes = redis.call('ZRANGEBYSCORE', P .. 'mn', from, '+inf', 'LIMIT', 0, 50)
     for _, m in ipairs(minutes) do
       if (seen >= budget and reached ~= '') or #found >= 2 * limit then done = false; break end
       seen = seen + 1
       if not walk(P .. 'ms:' .. m, tonumber(m)) then done = false; break end
       from = '(' .. m
     end
-    if #minutes < 10 then break end
+    if #minutes < 50 then break end
   end
 else
   done = walk(P .. index, nil)

@@ -44,6 +44,12 @@ async def test_slices_in_due_order_skipping_stale_entries(store: Store, redis: R
     # From a position: strictly after it, in every later slice.
     _, _, found = await page(store, "slices", "s", after=(NOW + 5, "a"))
     assert found == [(NOW + 7, "x-a"), (NOW + MIN, "b"), (NOW + 2 * MIN, "moved")]
+    # A position before the late task (minutes before the cursor's): the cursor's slice is
+    # read from the position, so the late task is not lost.
+    _, _, found = await page(store, "slices", "s", after=(late - 1, "z"))
+    assert found[:2] == [(late, "late"), (NOW + 5, "a")]
+    _, _, found = await page(store, "slices", "s", after=(late, "late"))
+    assert found[:1] == [(NOW + 5, "a")]
     assert await dump(redis) == state  # read-only
 
 
