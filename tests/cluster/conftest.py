@@ -1,5 +1,7 @@
 """Cluster fixtures and helpers: one real three-master Redis Cluster per test session (per
-xdist worker), emptied before every test, and `timewheel serve` processes pointed at it."""
+xdist worker), emptied before every test, and `timewheel serve` processes pointed at it; and
+for the tests that kill or move things, a cluster of the test's own in production shape
+(three masters with a replica each, ``replicated_cluster``)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import pytest
 import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
+from timewheel.models import parse_execute_at
 from timewheel.store import Store
 from timewheel.store.connection import make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
@@ -141,3 +145,64 @@ def start_cluster_service(tmp_path: Path, cluster: RedisCluster
     yield start
     for service in started:
         service.kill()
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
+    """Three masters, each with one replica, of this test alone (it may kill or move nodes)."""
+    with ReplicatedCluster(tmp_path / "replicated") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def start_replicated_service(tmp_path: Path, replicated_cluster: ReplicatedCluster
+                             ) -> Iterator[Callable[..., Service]]:
+    """``start_replicated_service(**settings)``: one more `timewheel serve` on the test's
+    replicated cluster (seed: its first master). Killed at the end."""
+    started: list[Service] = []
+
+    def start(**settings: str) -> Service:
+        service = Service(tmp_path / f"serve{len(started)}", replicated_cluster.seed_url,
+                          redis_cluster="true", **settings)
+        started.append(service)
+        return service.start()
+
+    yield start
+    for service in started:
+        service.kill()
+
+
+def keys_in_buckets(buckets: set[int], count: int, prefix: str) -> list[str]:
+    """``count`` task keys ``<prefix>-<n>`` whose buckets are in ``buckets``."""
+    keyspace, found, n = Keyspace("tw"), [], 0
+    while len(found) < count:
+        key, n = f"{prefix}-{n}", n + 1
+        if keyspace.bucket_of(key) in buckets:
+            found.append(key)
+    return found
+
+
+def buckets_of(cluster: ReplicatedCluster, master_port: int) -> set[int]:
+    """The buckets whose slot ``master_port`` serves now."""
+    keyspace = Keyspace("tw")
+    return {b for b in range(DEFAULT_BUCKETS) if cluster.owner(keyspace.prefix(b)) == master_port}
+
+
+def post_batch(service: Service, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """POST /tasks/batch; the per-item results."""
+    with service.client() as http:
+        reply = http.post("/tasks/batch", json={"tasks": tasks})
+    assert reply.status_code == 200, reply.text
+    results: list[dict[str, Any]] = reply.json()["results"]
+    return results
+
+
+def early_arrivals(receiver: ThreadedReceiver, path: str) -> list[tuple[str, float, str]]:
+    """Arrivals before their task's execute_at (timewheel-scheduled-at): must be none."""
+    early = []
+    for arrival in receiver.arrivals_for(path):
+        due_ms = parse_execute_at(arrival.headers["timewheel-scheduled-at"])
+        if arrival.received_at * 1000 < due_ms:
+            early.append((arrival.headers["webhook-id"], arrival.received_at,
+                          arrival.headers["timewheel-scheduled-at"]))
+    return early

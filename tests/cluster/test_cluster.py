@@ -10,7 +10,6 @@ import asyncio
 import gc
 import logging
 import time
-import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from redis.asyncio.cluster import ClusterNode
 
 from tests.conftest import START_MS
 from tests.e2e.conftest import Service
@@ -333,6 +333,11 @@ def test_serve_on_a_cluster_delivers_each_task_once(
     service = start_cluster_service()
     health = httpx.get(f"{service.base_url}/healthz", timeout=10)
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    # The slot-to-master spread is logged at start-up, as Redis itself reports it.
+    counts = Counter(slot_owners(cluster).values())
+    shares = ", ".join(f"127.0.0.1:{port}={counts[port]}"
+                       for port in sorted(node.port for node in cluster.nodes))
+    assert f"16 buckets over 3 masters (buckets per master: {shares})" in service.log()
 
     post_tasks(service, ["cancelled-0"], receiver.url("/cancelled"), 3)
     with service.client() as http:
@@ -383,31 +388,37 @@ def test_two_serve_processes_on_a_cluster_split_the_work(
 
 async def test_health_check_sees_a_master_down(tmp_path: Path) -> None:
     """With a master dead and the cluster in state fail, every task operation is refused
-    (StoreUnavailable, the API's 503), and so is the health check (API.md: 503 then)."""
+    (StoreUnavailable, the API's 503), and so is the health check (API.md: 503 then). Closing
+    the client then closes every connection it opened, to the dead node and to nodes redis-py
+    dropped from its table included: nothing is left to the garbage collector."""
     with RedisCluster(tmp_path / "own-cluster") as own:
-        client = make_redis(own.seed_url, cluster=True)
-        try:
-            store = Store(client, "tw", retention_ms=RETENTION_MS, lease_margin_ms=5000)
-            await store.init()
-            await client.initialize()
-            default_port = client.get_default_node().port
-            victim = next(node for node in own.nodes if node.port != default_port)
-            victim.kill()
-            survivor = next(n for n in own.nodes if n is not victim)
-            deadline = time.monotonic() + 15
-            with survivor.client() as conn:
-                while cluster_state(conn) != "fail":
-                    assert time.monotonic() < deadline, "cluster never noticed the dead master"
-                    await asyncio.sleep(0.1)
-            with pytest.raises(StoreUnavailable):
-                await store.schedule(new_task("k", START_MS), replace=False, now_ms=START_MS)
-            with pytest.raises(StoreUnavailable):
-                await store.ping()
-        finally:
-            await client.aclose()
-            # After a node failure redis-py re-initialises its node table and drops the old
-            # ClusterNode objects without closing them; collect them here, with their
-            # ResourceWarning silenced, rather than in whatever test runs next on this worker.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ResourceWarning)
-                gc.collect()
+        await refused_with_a_master_down(own)
+        ports = {node.port for node in own.nodes}
+    gc.collect()
+    open_nodes = [node for node in gc.get_objects()
+                  if isinstance(node, ClusterNode) and node.port in ports
+                  and any(conn.is_connected for conn in node._connections)]
+    assert open_nodes == []
+
+
+async def refused_with_a_master_down(own: RedisCluster) -> None:
+    client = make_redis(own.seed_url, cluster=True)
+    try:
+        store = Store(client, "tw", retention_ms=RETENTION_MS, lease_margin_ms=5000)
+        await store.init()
+        await client.initialize()
+        default_port = client.get_default_node().port
+        victim = next(node for node in own.nodes if node.port != default_port)
+        victim.kill()
+        survivor = next(n for n in own.nodes if n is not victim)
+        deadline = time.monotonic() + 15
+        with survivor.client() as conn:
+            while cluster_state(conn) != "fail":
+                assert time.monotonic() < deadline, "cluster never noticed the dead master"
+                await asyncio.sleep(0.1)
+        with pytest.raises(StoreUnavailable):
+            await store.schedule(new_task("k", START_MS), replace=False, now_ms=START_MS)
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+    finally:
+        await client.aclose()

@@ -18,13 +18,21 @@ wheel depends on (docs/design.md, "Durability" and "Redis Cluster"):
   wait for one of ``MAX_CONNECTIONS`` slots.
 - **Closing what redis-py drops.** ``RedisCluster.aclose`` does nothing while a re-initialisation
   is pending (after any node error), and a refresh of the slot map drops nodes that left the
-  cluster without closing the connections in use; both leave sockets open. ``aclose`` here
-  closes every node the client ever used.
+  cluster without closing the connections in use; both leave sockets open. The owner's
+  ``aclose`` here closes every node the client ever used. (redis-py also calls ``aclose``
+  itself, to reset after an error; that call keeps redis-py's meaning.)
+
+Two redis-py defaults are changed for the same reasons: ``reinitialize_steps=0`` (a MOVED
+patches the slot map; redis-py's default closes every connection of the client on every fifth
+MOVED, under the feet of concurrent commands, and a migration produces MOVED in bursts), and a
+``RuntimeError`` of a transport closed under a command (uvloop) is a ConnectionError, so that
+callers see StoreUnavailable rather than a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 from collections import Counter
 from typing import Any
@@ -49,6 +57,8 @@ _NODE_CONNECTIONS = 2 * MAX_CONNECTIONS
 GUARD_SUFFIX = "~"  # appended to a script's prefix key: a key of the same slot that never exists
 _PREFIX_KEY = re.compile(rb"^\{[^{}]+\}:$")
 _SCRIPT_COMMANDS = (b"EVALSHA", b"EVAL", "EVALSHA", "EVAL")
+# Set while redis-py runs a command or pipeline of ours: an ``aclose`` then is redis-py's reset.
+_in_call = contextvars.ContextVar("timewheel_in_redis_call", default=False)
 
 
 def _retry() -> Retry:
@@ -72,11 +82,25 @@ def guarded(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (args[0], args[1], 2, key, guard, *args[4:])
 
 
+def _closed_transport(exc: RuntimeError) -> ConnectionError:
+    return ConnectionError(f"connection closed during the command: {exc}")
+
+
 class WheelPipeline(ClusterPipeline):
     """A cluster pipeline whose script calls carry the migration guard key."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> ClusterPipeline:
         return super().execute_command(*guarded(args), **kwargs)
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True
+                      ) -> list[Any]:
+        token = _in_call.set(True)
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except RuntimeError as exc:
+            raise _closed_transport(exc) from exc
+        finally:
+            _in_call.reset(token)
 
 
 class WheelCluster(RedisCluster):
@@ -89,8 +113,14 @@ class WheelCluster(RedisCluster):
         self._retired: dict[int, ClusterNode] = {}  # nodes dropped from the slot map
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        async with self._commands:
-            return await super().execute_command(*guarded(args), **kwargs)
+        token = _in_call.set(True)
+        try:
+            async with self._commands:
+                return await super().execute_command(*guarded(args), **kwargs)
+        except RuntimeError as exc:
+            raise _closed_transport(exc) from exc
+        finally:
+            _in_call.reset(token)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None
                  ) -> ClusterPipeline:
@@ -113,9 +143,12 @@ class WheelCluster(RedisCluster):
             self._retired.update({k: n for k, n in before.items() if k not in after})
 
     async def aclose(self) -> None:
-        """Close the connections of every node this client used: redis-py's ``aclose`` skips
-        them while a re-initialisation is pending, and never sees nodes it dropped."""
+        """The owner's close: the connections of every node this client used, which redis-py's
+        ``aclose`` skips while a re-initialisation is pending and never sees once dropped.
+        Called by redis-py during a command (its reset after an error), it is redis-py's."""
         await super().aclose()
+        if _in_call.get():
+            return
         nodes = {id(node): node for node in self._known_nodes()}
         nodes.update(self._retired)
         self._retired = {}
@@ -127,7 +160,7 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
     if cluster:
         return WheelCluster.from_url(
             url, max_connections=_NODE_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT, reinitialize_steps=0,
             retry=_retry(), decode_responses=False)
     # A blocking pool: under a burst, callers queue for a connection instead of failing with
     # "Too many connections" (the default pool's behaviour at its 100-connection cap).

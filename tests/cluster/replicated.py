@@ -1,0 +1,201 @@
+"""A Redis Cluster in production shape for tests: three masters, each with one replica, real
+redis-server processes on loopback, and the operations the durability tests need (who serves a
+slot, a master's death and its replica's promotion, a live slot migration)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import redis
+
+from tests.support.redis_server import CLUSTER_TIMEOUT, HOST, RedisServer, redis_cli_binary
+
+# The replica of a dead master takes over whatever the age of its data (the default refuses
+# after node_timeout x 10 without the master; tests stop replicas for a moment on purpose).
+_CLUSTER_ARGS = ["--cluster-replica-validity-factor", "0"]
+
+
+def cluster_info(conn: redis.Redis) -> dict[str, str]:
+    text = conn.execute_command("CLUSTER INFO")
+    if isinstance(text, dict):  # some client versions parse the reply already
+        return {str(k): str(v) for k, v in text.items()}
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+
+@contextmanager
+def stopped(server: RedisServer) -> Iterator[None]:
+    """SIGSTOP ``server`` (it neither answers nor replicates) until the block ends."""
+    assert server._proc is not None, "not running"
+    pid = server._proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+class ReplicatedCluster:
+    """``size`` masters with one replica each. ``masters`` and ``replicas`` are the roles the
+    cluster was created with; ``roles()`` reads the current ones (a failover swaps them)."""
+
+    def __init__(self, directory: Path, *, size: int = 3) -> None:
+        self.directory = Path(directory)
+        self.size = size
+        self.masters: list[RedisServer] = []
+        self.replicas: list[RedisServer] = []
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [*self.masters, *self.replicas]
+
+    @property
+    def seed_url(self) -> str:
+        return self.masters[0].url
+
+    def server(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def start(self, attempts: int = 3) -> Self:
+        """Start the nodes, join the masters, attach a replica to each. Ports are probed, so
+        a parallel worker may take one first: then start over on new ports."""
+        for attempt in range(1, attempts + 1):
+            self.masters = self._new(f"a{attempt}-master")
+            self.replicas = self._new(f"a{attempt}-replica")
+            try:
+                for server in self.servers:
+                    server.start()
+                self._create()
+                self._attach_replicas()
+                self.wait_ok()
+                return self
+            except Exception:
+                self.stop()
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _new(self, name: str) -> list[RedisServer]:
+        return [RedisServer(self.directory / f"{name}{i}", cluster=True, extra_args=_CLUSTER_ARGS)
+                for i in range(self.size)]
+
+    def _create(self) -> None:
+        cmd = [redis_cli_binary(), "--cluster", "create",
+               *(f"{HOST}:{m.port}" for m in self.masters),
+               "--cluster-replicas", "0", "--cluster-yes"]
+        done = subprocess.run(cmd, capture_output=True, timeout=CLUSTER_TIMEOUT, check=False)
+        if done.returncode != 0:
+            out = (done.stdout + done.stderr).decode(errors="replace")
+            raise RuntimeError(f"redis-cli --cluster create failed ({done.returncode}):\n{out}")
+
+    def _attach_replicas(self) -> None:
+        """Replica i replicates master i: MEET, wait until it knows its master, REPLICATE."""
+        for master, replica in zip(self.masters, self.replicas, strict=True):
+            with master.client() as m, replica.client() as r:
+                master_id = m.execute_command("CLUSTER MYID").decode()
+                r.execute_command("CLUSTER MEET", HOST, master.port)
+                deadline = time.monotonic() + CLUSTER_TIMEOUT
+                while master_id not in r.execute_command("CLUSTER", "NODES").decode():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"replica {replica.port} never met {master.port}")
+                    time.sleep(0.05)
+                r.execute_command("CLUSTER REPLICATE", master_id)
+
+    def wait_ok(self, timeout: float = CLUSTER_TIMEOUT) -> None:
+        """Every live node: state ok, all slots served, every node known; every master that
+        has a replica attached sees it online."""
+        deadline = time.monotonic() + timeout
+        live = [s for s in self.servers if s.running]
+        while True:
+            states = {}
+            for server in live:
+                with server.client() as conn:
+                    info = cluster_info(conn)
+                    states[server.port] = (info.get("cluster_state"),
+                                           info.get("cluster_slots_ok"),
+                                           info.get("cluster_known_nodes"))
+            linked = all(self.replica_linked(r) for r in live if self.is_replica(r))
+            if linked and all(s == ("ok", "16384", str(len(self.servers)))
+                              for s in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not ready after {timeout}s: {states}")
+            time.sleep(0.05)
+
+    def is_replica(self, server: RedisServer) -> bool:
+        with server.client() as conn:
+            return conn.info("replication").get("role") == "slave"
+
+    def replica_linked(self, server: RedisServer) -> bool:
+        with server.client() as conn:
+            return conn.info("replication").get("master_link_status") == "up"
+
+    def roles(self) -> dict[int, int | None]:
+        """port -> the port of its master (None for a master), as a live node sees it now;
+        failed nodes are left out."""
+        live = next(s for s in self.servers if s.running)
+        with live.client() as conn:
+            text = conn.execute_command("CLUSTER", "NODES").decode()
+        ids, masters = {}, {}
+        for line in text.splitlines():
+            node_id, addr, flags, master_id = line.split()[:4]
+            port = int(re.split(r"[:@]", addr)[1])
+            ids[node_id] = port
+            if "fail" not in flags.split(",") and "fail?" not in flags.split(","):
+                masters[port] = None if "master" in flags else master_id
+        return {port: None if m is None else ids.get(m) for port, m in masters.items()}
+
+    def owner(self, key: str) -> int:
+        """Port of the master serving ``key``'s slot now."""
+        live = next(s for s in self.servers if s.running)
+        with live.client() as conn:
+            slot = int(conn.execute_command("CLUSTER KEYSLOT", key))
+            for row in conn.execute_command("CLUSTER SLOTS"):
+                if row[0] <= slot <= row[1]:
+                    return int(row[2][1])
+        raise LookupError(f"no node serves slot {slot}")
+
+    def replica_of(self, master_port: int) -> RedisServer:
+        return self.server(next(p for p, m in self.roles().items() if m == master_port))
+
+    def wait_promoted(self, dead_port: int, timeout: float = 30.0) -> int:
+        """After ``dead_port`` died: wait until its replica serves its slots and the cluster
+        is ok again on every live node; the new master's port."""
+        replica = self.replica_of(dead_port).port
+        deadline = time.monotonic() + timeout
+        while True:
+            roles = self.roles()
+            if roles.get(replica, 0) is None and self.state_ok():
+                return replica
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replica {replica} never took over from {dead_port}: {roles}")
+            time.sleep(0.1)
+
+    def state_ok(self) -> bool:
+        """cluster_state:ok on every live node."""
+        for server in self.servers:
+            if server.running:
+                with server.client() as conn:
+                    if cluster_info(conn).get("cluster_state") != "ok":
+                        return False
+        return True
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
