@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("control", "noisy"):
         r = res[name]
         lat = r["healthy_lateness_ms"]
-        print(f"== {name}: healthy lateness ms p50 {lat['p50_ms']} p99 {lat['p99_ms']} max {lat['max_ms']}"
+        print(f"== {name}: healthy lateness ms p50 {lat['p50_ms']} p99 {lat['p99_ms']}"
+              f" max {lat['max_ms']}"
               f"  lost {r['lost']} duplicates {r['duplicates']} early {r['early']}"
               f"  hung requests {r['hung_requests']} (at once at most {r['hung_peak_at_once']})")
     out = {"benchmark": "noisy", "command": "python -m bench.noisy " + " ".join(argv or []),
