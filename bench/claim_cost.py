@@ -27,6 +27,7 @@ leased (their leases run out after ``now``, so the next size's idle claims do no
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import shlex
@@ -128,12 +129,65 @@ async def measure(url: str, sizes: Sequence[int], layout: str, due: int,
             if claimed != due:
                 raise SystemExit(f"bench: claimed {claimed} of {due} due tasks")
             row.update(await listing_cost(store, url))
+            row.update(await passes_while_listing(store, url))
             print(f"            listing: {row['list_ms_per_page_100']} ms per page of 100, "
                   f"{row['list_ms_per_page_1000']} ms per page of 1000, "
                   f"{row['list_ms_per_page_no_match']} ms per page matching nothing; script "
                   f"{row['list_script_us_per_call']:.0f} µs per call (max "
                   f"{row['list_script_us_max']} µs)", flush=True)
+            print(f"            ticker pass (16 idle claims) p50/p99/max ms: alone "
+                  f"{row['pass_ms_alone']}, while another process lists "
+                  f"{row['pass_ms_listing']} ({row['pages_listed_meanwhile']} pages of 1000)",
+                  flush=True)
     return rows
+
+
+LISTER = """
+import asyncio, sys
+from timewheel.models import TaskStatus
+from timewheel.store.listing import list_tasks
+from bench.memory import new_store
+
+async def main():
+    store = new_store(sys.argv[1])
+    await store.init()
+    cursor = None
+    while True:
+        _, cursor = await list_tasks(store, TaskStatus.SCHEDULED, key_prefix="", limit=1000,
+                                     cursor=cursor)
+        print(1, flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def passes_while_listing(store: Any, url: str, passes: int = 200) -> dict[str, Any]:
+    """Does a listing slow the ticker? Idle ticker passes (one claim call per bucket, one after
+    another) timed alone, then while another process (as an API process of the wheel would)
+    pages through the scheduled listing, 1000 a page, without pause: p50 / p99 / max ms."""
+    async def timed(tag: str) -> list[float]:
+        times = []
+        for r in range(passes):
+            t0 = time.perf_counter()
+            await claim_round(store, f"{tag}.{r}")
+            times.append((time.perf_counter() - t0) * 1000)
+        return sorted(times)
+
+    def summary(times: list[float]) -> list[float]:
+        return [round(times[len(times) // 2], 2), round(times[int(len(times) * 0.99)], 2),
+                round(times[-1], 2)]
+
+    alone = await timed("alone")
+    lister = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", LISTER, url, stdout=asyncio.subprocess.PIPE)
+    assert lister.stdout is not None
+    await lister.stdout.readline()  # the first page is out: the lister is running
+    busy = await timed("busy")
+    lister.kill()
+    pages = (await lister.stdout.read()).count(b"1") + 1
+    await lister.wait()
+    return {"pass_ms_alone": summary(alone), "pass_ms_listing": summary(busy),
+            "pages_listed_meanwhile": pages}
 
 
 async def listing_cost(store: Any, url: str, pages: int = 5) -> dict[str, Any]:
