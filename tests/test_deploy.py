@@ -289,3 +289,32 @@ def test_systemd_unit_stop_timeout_outlasts_the_batch_deadline() -> None:
     env = dict(line.split("=", 1) for line in (DEPLOY / "timewheel.env").read_text().splitlines()
                if line.strip() and not line.startswith("#"))
     assert set(env) <= SETTING_NAMES
+
+
+# --- deploy/cluster: a Redis Cluster in production shape (issue #12) ----------------------------
+
+def test_cluster_compose_is_valid_and_its_nodes_run_the_documented_settings() -> None:
+    """deploy/cluster/compose.yaml is valid Compose; six nodes with the settings of
+    deploy/cluster/redis-cluster.conf; processes that acknowledge with WAIT on a cluster."""
+    cluster = yaml.safe_load((DEPLOY / "cluster" / "compose.yaml").read_text())
+    validator = jsonschema.Draft202012Validator(compose_schema())
+    assert [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(cluster)] == []
+    conf = dict(line.split(None, 1) for line in
+                (DEPLOY / "cluster" / "redis-cluster.conf").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+    nodes = {name: s for name, s in cluster["services"].items() if re.fullmatch(r"redis-\d", name)}
+    assert len(nodes) == 6
+    for node in nodes.values():
+        flags = dict(zip(node["command"][1::2], node["command"][2::2], strict=True))
+        assert {name: flags.get(f"--{name}") for name in conf} == {
+            name: value.strip() for name, value in conf.items()}
+    services = {n: s for n, s in cluster["services"].items() if n.startswith("timewheel")}
+    assert len(services) == 2
+    for service in services.values():
+        env = service["environment"]
+        assert set(env) <= SETTING_NAMES
+        assert env["TIMEWHEEL_REDIS_CLUSTER"] == "true"
+        assert int(env["TIMEWHEEL_REDIS_WAIT_REPLICAS"]) == 1
+        assert (DEPLOY / "cluster" / service["build"]["context"] /
+                service["build"]["dockerfile"]).is_file()
+        assert seconds(service["stop_grace_period"]) > configured_deadline(env)
