@@ -1,4 +1,4 @@
--- lib: record, slices
+-- lib: record, slices, parking
 -- cancel: stop a task that has not finished. Lazy: the slice entry stays for the claimer to drop.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -26,8 +26,7 @@ if h[ST] == 'd' then
   redis.call('ZREM', P .. 'ls', key)
 elseif h[ST] == 'w' then
   -- Parked until its flow has room (lua/park.lua): no claim to drop, no slice entry.
-  redis.call('ZREM', P .. 'pw:' .. flow_of(tkey, h), key)
-  redis.call('ZREM', P .. 'pa', key)
+  leave_parked(P, flow_of(tkey, h), key)
 else
   redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
 end

@@ -1,4 +1,4 @@
--- lib: record, slices
+-- lib: record, slices, parking
 -- migrate: replace task records of the v1 layout (one hash per task) by their layout-2
 -- records, and put each into the layout-2 index of its status. timewheel/store/migrate.py
 -- finds the v1 records, builds the new records from them and deletes the v1 indexes after.
@@ -47,8 +47,7 @@ for i = 2, #ARGV, 3 do
       local flow = flow_of(tkey, h)
       redis.call('ZADD', P .. 'pw:' .. flow, h[DUE], key)
       redis.call('ZADD', P .. 'pa', h[DUE], key)
-      local first = redis.call('ZRANGE', P .. 'pw:' .. flow, 0, 0, 'WITHSCORES')
-      redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
+      index_parked_flow(P, flow)
     else
       if h[FINISHED] == 0 then  -- a record that did not convert: failed now
         h[FINISHED] = now

@@ -1,4 +1,4 @@
--- lib: record
+-- lib: record, parking
 -- park: set claimed tasks aside until their flow has room (lua/permits.lua said no).
 --
 -- A parked task holds no lease and sits in no minute slice, so neither the claim path nor a
@@ -24,14 +24,12 @@ for i = 1, #ARGV, 2 do
     out[#out + 1] = 0
   else
     local flow = flow_of(tkey, h)
-    local wkey = P .. 'pw:' .. flow
     redis.call('ZREM', P .. 'ls', key)
     h[ST], h[CLAIM] = 'w', NONE
     put_head(tkey, h)
-    redis.call('ZADD', wkey, h[DUE], key)
+    redis.call('ZADD', P .. 'pw:' .. flow, h[DUE], key)
     redis.call('ZADD', P .. 'pa', h[DUE], key)
-    local first = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-    redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
+    index_parked_flow(P, flow)
     out[#out + 1] = 1
   end
 end

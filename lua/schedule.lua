@@ -1,4 +1,4 @@
--- lib: record, slices
+-- lib: record, slices, parking
 -- schedule: create a task, or replace one that has not finished.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:". Every key below is derived from it, so all of
@@ -42,9 +42,7 @@ if old and not finished then
     -- Claimed: the new record has no claim, so the holder's start and complete find none.
     redis.call('ZREM', P .. 'ls', key)
   elseif status == 'w' then
-    local flow = flow_of(tkey, old)
-    redis.call('ZREM', P .. 'pw:' .. flow, key)
-    redis.call('ZREM', P .. 'pa', key)
+    leave_parked(P, flow_of(tkey, old), key)
   else
     redis.call('SADD', P .. 'md:' .. pending_minute(old[DUE], cursor_of(P)), key)
   end

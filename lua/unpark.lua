@@ -1,4 +1,4 @@
--- lib: record, claiming
+-- lib: record, claiming, parking
 -- unpark: claim the earliest parked tasks of one flow (lua/park.lua) once permits are free.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -35,12 +35,6 @@ for _, key in ipairs(entries) do
   end
 end
 
-local first = redis.call('ZRANGE', wkey, 0, 0, 'WITHSCORES')
-if #first == 0 then
-  redis.call('ZREM', P .. 'pf', flow)
-else
-  redis.call('ZADD', P .. 'pf', tonumber(first[2]), flow)
-  out[1] = 1
-end
+if index_parked_flow(P, flow) then out[1] = 1 end
 if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end
 return out

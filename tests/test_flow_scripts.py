@@ -193,13 +193,27 @@ async def test_cancel_parked(store: Store, redis: Redis) -> None:
         "pa": {"b": 1}, "pf": {FLOW: 1}, "fc": {"a": NOW}}
 
 
+async def test_cancel_parked_keeps_the_flows_index_exact(store: Store, redis: Redis) -> None:
+    """pf follows the flow's earliest parked task, and loses the flow with its last one: a
+    stale entry would have every process ask for permits for nothing, every tick."""
+    parked = {"a": NOW - 9, "b": NOW - 5}
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 9), "t:b": rec("waiting", due=NOW - 5),
+                       f"pw:{FLOW}": parked, "pa": parked, "pf": {FLOW: NOW - 9}})
+    assert await run(store, "cancel", "a", NOW, RET, "r1") == 1
+    state = await dump(redis)
+    assert state["pf"] == {FLOW: NOW - 5} and state[f"pw:{FLOW}"] == {"b": NOW - 5}
+    assert await run(store, "cancel", "b", NOW, RET, "r2") == 1
+    state = await dump(redis)
+    assert "pf" not in state and f"pw:{FLOW}" not in state and "pa" not in state
+
+
 async def test_replace_parked(store: Store, redis: Redis) -> None:
     await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5},
                        "pa": {"a": NOW - 5}, "pf": {FLOW: NOW - 5}, "cur": str(M0)})
     assert await schedule(store, "a", NOW + MIN, mode="replace") == 1
     assert await dump(redis) == {
         "t:a": rec(due=NOW + MIN, op="r1", opr=1), f"ms:{M0 + 1}": {"a": NOW + MIN},
-        **minutes(M0 + 1), "pf": {FLOW: NOW - 5}, "cur": str(M0)}
+        **minutes(M0 + 1), "cur": str(M0)}
 
 
 @pytest.mark.parametrize("between", ["claimed", "finished"])
