@@ -47,11 +47,14 @@ Permitted = tuple[Entry, str, int]  # an entry, its flow's permit, no start befo
 
 USER_AGENT = f"timewheel/{__version__}"
 START_SAFETY_MS = 1000  # an attempt must start this long before its lease can run out
-# A task leaves the timeline this long before it is due: its flow's permit and the claim check
-# (two Redis round trips) happen off the critical path. Measured (bench/README.md, spread):
-# 5 ms gave p99 15-19 ms, 20 ms gave 3.7-5.3 ms. A permit so taken is idle until the due time,
-# only when the flow has room (a saturated flow's waiters are already due).
+# A task leaves the timeline this long before it is due, to ask its flow for a permit (a Redis
+# round trip, batched per flow) off the critical path: with 5 ms the permit was often still out
+# at the due time (bench/README.md, spread p99 15-19 ms; 3.7-5.3 ms with 20). A permit so taken
+# is idle until the due time only while the flow has room (a saturated flow's waiters are due).
 START_LEAD_MS = 20.0
+# The claim check waits until this long before the due time: from the check on the attempt
+# counts as started, and a DELETE after it can no longer stop it (API.md: "in flight").
+CHECK_LEAD_MS = 5.0
 MAX_ERROR_CHARS = 500
 PARK_LEAD_MS = 100  # a task waiting for a permit is parked this long before its start deadline
 RATE_SLACK_MS = 20  # a rated flow's attempt starts at most this long after its logged start
@@ -198,6 +201,7 @@ class Dispatcher:
         if self._clock.now_ms() > self._start_by(task, claimed_at_ms):
             await self._release_late(task)
             return
+        await self._clock.sleep_until(task.due_ms - CHECK_LEAD_MS)
         try:
             started = await self._starts.submit(task.bucket, (task.key, task.token))
         except StoreUnavailable as exc:
