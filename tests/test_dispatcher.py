@@ -440,6 +440,29 @@ async def test_task_cancelled_after_claim_is_never_sent(wheel: Harness,
     assert route.call_count == 0
 
 
+async def test_cancel_with_the_permit_already_granted_stops_the_attempt(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """The flow's permit is asked for 20 ms before the due time, the claim check only 5 ms
+    before: a DELETE in between still stops the attempt (before 5b1e073 the check ran with
+    the permit, 20 ms ahead, and the attempt went out)."""
+    route = router.post(URL).respond(200)
+    await wheel.add()
+    tasks = await wheel.claim()
+    wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+    wheel.clock.set(DUE_MS - 15)  # past the permit's lead, before the check's
+
+    async def permitted() -> bool:
+        return wheel.dispatcher.holding == 1 and not wheel.dispatcher._gate.waiting
+    await wait_until(permitted, "the permit")
+    await asyncio.sleep(0.05)  # every chance to run the check early
+    assert "started" not in await wheel.raw()
+    assert await wheel.store.cancel("job-1", now_ms=wheel.clock.now_ms()) == 1
+    wheel.clock.set(DUE_MS)
+    await wheel.settle()
+    assert route.call_count == 0
+    assert (await wheel.view()).attempts == 0
+
+
 async def test_task_replaced_after_claim_is_not_sent_under_the_old_claim(
         wheel: Harness, router: respx.MockRouter) -> None:
     """A PUT after the claim drops the old claim: nothing is sent at the old time; the new
