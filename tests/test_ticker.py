@@ -220,6 +220,38 @@ async def test_tick_stops_claiming_at_max_pending(store: Store, fake_clock: Fake
     assert await ticker.tick() == 48
 
 
+async def test_each_claim_call_reads_the_clock_afresh(store: Store,
+                                                      fake_clock: FakeClock) -> None:
+    """A slow pass (here each claim call takes 300 ms of the clock) must not claim later
+    buckets with the "now" of the first one: their tasks would be handed over as claimed
+    too early and miss their start deadline. Each call's now and horizon, and the claimed-at
+    the dispatcher gets, are the clock's when that call is made."""
+    class SlowStore(FlakyStore):
+        def __init__(self, inner: Store) -> None:
+            super().__init__(inner)
+            self.seen: list[tuple[int, int, int]] = []  # (clock, now_ms, horizon_ms)
+
+        async def claim(self, bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
+            self.seen.append((fake_clock.now_ms(), kwargs["now_ms"], kwargs["horizon_ms"]))
+            reply = await super().claim(bucket, **kwargs)
+            fake_clock.advance(300)
+            return reply
+
+    late = keys_in_bucket(store, store.keys.buckets - 1, 1)[0]
+    await add(store, late, START_MS + TICK_MS + LOOKAHEAD_MARGIN_MS + 2_000)
+    slow = SlowStore(store)
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(slow, fake_clock, dispatcher)
+    await ticker.tick()
+    assert len(slow.seen) == store.keys.buckets
+    assert all(now == clock and horizon == clock + TICK_MS + LOOKAHEAD_MARGIN_MS
+               for clock, now, horizon in slow.seen)
+    assert slow.seen[-1][1] == START_MS + 300 * (store.keys.buckets - 1)
+    # The last bucket's call came 4.5 s into the pass: its horizon reached the late task.
+    assert dispatcher.keys == [late]
+    assert dispatcher.calls[-1][1] == slow.seen[-1][0]
+
+
 # -- run() through an outage ---------------------------------------------------------------------
 
 
