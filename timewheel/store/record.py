@@ -28,6 +28,7 @@ from timewheel.models import (
     format_ms,
     parse_execute_at,
 )
+from timewheel.models.tasks import callback_url
 from timewheel.store import layout
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -112,6 +113,10 @@ def new_key() -> str:
 def default_flow(url: str) -> str:
     """The flow of a task that names none: its destination, ``host:port`` in lower case with
     the port always written, an IPv6 literal's colons as dashes (API.md ``flow_key``)."""
+    if type(url) is str:  # the parse validation made, for a valid callback URL
+        flow = callback_url(url).flow
+        if flow is not None:
+            return flow
     parts = urlsplit(url)
     host = (parts.hostname or "").lower().replace(":", "-")
     port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
