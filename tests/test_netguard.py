@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -619,3 +620,95 @@ def test_httpx_transport_keeps_settings_and_refuses_bypasses() -> None:
         guarded_httpx_transport(STRICT, proxy="http://proxy.internal:3128")
     with pytest.raises(ValueError, match="uds"):
         guarded_httpx_transport(STRICT, uds="/run/app.sock")
+
+
+# ---------------------------------------------------------------- remembered answers (issue #9)
+
+
+def _old_check_url_host(policy: NetworkPolicy, url: str) -> None:
+    """check_url_host as it was before it remembered answers, verbatim (do not edit)."""
+    import unicodedata
+    from urllib.parse import unquote, urlsplit
+
+    import yarl
+
+    hosts: set[str] = set()
+    with contextlib.suppress(ValueError, TypeError):
+        hosts.add(urlsplit(url).hostname or "")
+    with contextlib.suppress(ValueError, TypeError):
+        hosts.add(yarl.URL(url).raw_host or "")
+    hosts.discard("")
+    if not hosts:
+        raise ValueError(f"no host in URL {url!r}")
+    if policy.allow_private:
+        return
+    for host in hosts:
+        name = unicodedata.normalize("NFKC", unquote(host)).lower().rstrip(".")
+        if name == "localhost" or name.endswith(".localhost"):
+            raise BlockedAddress(host, "a loopback name")
+        ip = parse_ip_literal(host)
+        if ip is not None:
+            policy.check_ip(ip, host=host)
+
+
+def _answer(check: Any, *args: Any) -> Any:
+    try:
+        check(*args)
+    except Exception as exc:  # compared, not handled
+        return type(exc), str(exc), getattr(exc, "strerror", None), vars(exc)
+    return None
+
+
+GUARD_URLS = [
+    "https://example.com/hook", "http://127.0.0.1:9/hook", "http://127.1/", "http://[::1]/",
+    "http://localhost:8000/", "https://api.localhost/", "http://LOCALHOST./x",
+    "http://169.254.169.254/latest/meta-data/", "http://10.0.0.1:9000/", "http://10.1/",
+    "http://[::ffff:10.0.0.1]/", "http://[fd00::2]/", "http://[fc00::1]/", "http://8.8.8.8/",
+    "http://127.0.0.1#@example.com/", "http://example.com\\@127.0.0.1/", "http://%31%32%37.0.0.1/",
+    "http://\uff11\uff12\uff17.0.0.1/", "http://127\u30020\u30020\u30021/", "http://[fe80::1%25eth0]/",
+    "http://0/", "http://user:pw@127.0.0.1/", "/relative", "", "http://[::1/", "http://h:99999/",
+    "https://例え.jp/", "http://0x7f.1/", "http://2130706433/", "http://[2606:4700::1111]:8443/",
+]  # fmt: skip
+POLICIES = [STRICT, OPEN, NetworkPolicy(allowed_networks=(
+    ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8")))]
+
+
+@pytest.mark.parametrize("url", GUARD_URLS)
+def test_check_url_host_answers_as_before_also_when_remembered(url: str) -> None:
+    for template in POLICIES:
+        policy = dataclasses.replace(template)  # nothing remembered yet
+        expected = _answer(_old_check_url_host, policy, url)
+        for _ in range(3):  # first answer, then remembered ones
+            assert _answer(policy.check_url_host, url) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(GUARD_URLS), st.text(max_size=30), st.sampled_from(["", "/", "?", "#", "@"]))
+def test_check_url_host_generated_urls(base: str, noise: str, sep: str) -> None:
+    for url in (base + sep + noise, "http://" + noise + sep + "x/", noise):
+        for policy in POLICIES:
+            expected = _answer(_old_check_url_host, policy, url)
+            assert _answer(policy.check_url_host, url) == expected
+            assert _answer(policy.check_url_host, url) == expected
+
+
+def test_each_refusal_is_a_new_exception() -> None:
+    policy = NetworkPolicy()
+    errors = []
+    for _ in range(2):
+        with pytest.raises(BlockedAddress) as info:
+            policy.check_url_host("http://127.0.0.1/")
+        errors.append(info.value)
+    assert errors[0] is not errors[1]
+    assert str(errors[0]) == str(errors[1]) == "127.0.0.1 is loopback, not a public address"
+
+
+def test_remembered_answers_are_bounded_and_not_part_of_the_policy() -> None:
+    from timewheel.delivery import netguard
+
+    policy = NetworkPolicy()
+    for i in range(netguard._REMEMBERED + 10):
+        policy.check_url_host(f"https://example.com/{i}")
+    assert len(policy._url_answers) <= netguard._REMEMBERED
+    assert policy == NetworkPolicy() and hash(policy) == hash(NetworkPolicy())
+    assert "answers" not in repr(policy)

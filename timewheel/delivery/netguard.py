@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import socket
 import unicodedata
@@ -140,11 +141,29 @@ def parse_ip_literal(host: str) -> IPAddress | None:
         return None
 
 
+# What check_url_host answered for a URL or a host: None (it passes) or a builder of the very
+# exception it raised, made anew for each refusal (a raised exception keeps its traceback).
+Refusal = Callable[[], Exception]
+
+
+def _UNCHECKED() -> Exception:  # a sentinel: no answer kept yet
+    raise AssertionError("never called")
+
+
+_REMEMBERED = 2048  # URLs, and hosts, a policy keeps the answer for (then starts over)
+
+
 @dataclasses.dataclass(frozen=True)
 class NetworkPolicy:
     allow_private: bool = False
     # Operator-configured CIDRs allowed even though not public.
     allowed_networks: tuple[IPNetwork, ...] = ()
+    # check_url_host's answers by URL and by host: each is a pure function of this (frozen)
+    # policy and the text, and a batch of tasks mostly names a few hosts, often one URL.
+    _url_answers: dict[str, Refusal | None] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _host_answers: dict[str, Refusal | None] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def check_ip(self, ip: str | IPAddress, *, host: str | None = None) -> None:
         """Raise BlockedAddress unless `ip` is public (or allowed). `host` only
@@ -167,7 +186,17 @@ class NetworkPolicy:
     def check_url_host(self, url: str) -> None:
         """Early check at task creation: refuse IP literals that are not public and
         the names ``localhost``/``*.localhost``. Other names pass: they are checked
-        against what they resolve to at connect time."""
+        against what they resolve to at connect time. The answer for a URL (and for
+        a host) is remembered: a batch of 1000 tasks to one URL parses it once."""
+        answer = self._url_answers.get(url, _UNCHECKED) if type(url) is str else _UNCHECKED
+        if answer is _UNCHECKED:
+            answer = self._url_answer(url)
+            if type(url) is str:
+                _remember(self._url_answers, url, answer)
+        if answer is not None:
+            raise answer()
+
+    def _url_answer(self, url: str) -> Refusal | None:
         hosts: set[str] = set()
         # Both parsers, in case they disagree on a tricky URL.
         with contextlib.suppress(ValueError, TypeError):
@@ -176,16 +205,35 @@ class NetworkPolicy:
             hosts.add(yarl.URL(url).raw_host or "")
         hosts.discard("")
         if not hosts:
-            raise ValueError(f"no host in URL {url!r}")
+            return functools.partial(ValueError, f"no host in URL {url!r}")
         if self.allow_private:
-            return
+            return None
         for host in hosts:
-            name = unicodedata.normalize("NFKC", unquote(host)).lower().rstrip(".")
-            if name == "localhost" or name.endswith(".localhost"):
-                raise BlockedAddress(host, "a loopback name")
-            ip = parse_ip_literal(host)
-            if ip is not None:
+            answer = self._host_answers.get(host, _UNCHECKED)
+            if answer is _UNCHECKED:
+                answer = self._host_answer(host)
+                _remember(self._host_answers, host, answer)
+            if answer is not None:
+                return answer
+        return None
+
+    def _host_answer(self, host: str) -> Refusal | None:
+        name = unicodedata.normalize("NFKC", unquote(host)).lower().rstrip(".")
+        if name == "localhost" or name.endswith(".localhost"):
+            return functools.partial(BlockedAddress, host, "a loopback name")
+        ip = parse_ip_literal(host)
+        if ip is not None:
+            try:
                 self.check_ip(ip, host=host)
+            except BlockedAddress as exc:
+                return functools.partial(BlockedAddress, exc.address, exc.reason, host=exc.host)
+        return None
+
+
+def _remember(answers: dict[str, Refusal | None], key: str, answer: Refusal | None) -> None:
+    if len(answers) >= _REMEMBERED:
+        answers.clear()
+    answers[key] = answer
 
 
 def blocked_cause(exc: BaseException | None) -> BlockedAddress | None:
