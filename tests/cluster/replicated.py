@@ -125,11 +125,27 @@ class ReplicatedCluster:
                                            info.get("cluster_known_nodes"))
             linked = all(self.replica_linked(r) for r in live if self.is_replica(r))
             if linked and all(s == ("ok", "16384", str(len(self.servers)))
-                              for s in states.values()):
+                              for s in states.values()) and self._views_agree(live):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cluster not ready after {timeout}s: {states}")
             time.sleep(0.05)
+
+    def _views_agree(self, live: list[RedisServer]) -> bool:
+        """Every live node's table names as masters, among the live nodes, exactly those that
+        say they are masters (roles spread by gossip: right after CLUSTER REPLICATE a peer may
+        still list the replica as a master, and ``roles()`` / ``replica_of()`` read one node's
+        table). A dead node left in the tables (``master,fail``) is not compared."""
+        ports = {s.port for s in live}
+        masters = {s.port for s in live if not self.is_replica(s)}
+        for server in live:
+            with server.client() as conn:
+                text = conn.execute_command("CLUSTER", "NODES").decode()
+            seen = {int(re.split(r"[:@]", line.split()[1])[1]) for line in text.splitlines()
+                    if "master" in line.split()[2].split(",")}
+            if seen & ports != masters:
+                return False
+        return True
 
     def is_replica(self, server: RedisServer) -> bool:
         with server.client() as conn:
@@ -151,7 +167,7 @@ class ReplicatedCluster:
             port = int(re.split(r"[:@]", addr)[1])
             ids[node_id] = port
             if "fail" not in flags.split(",") and "fail?" not in flags.split(","):
-                masters[port] = None if "master" in flags else master_id
+                masters[port] = None if "master" in flags.split(",") else master_id
         return {port: None if m is None else ids.get(m) for port, m in masters.items()}
 
     def owner(self, key: str) -> int:

@@ -12,13 +12,16 @@ docs/design.md, "Durability", says what each setting promises.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
+import httpx
 import pytest
 
 from tests.cluster.replicated import ReplicatedCluster, stopped
+from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from timewheel.store.keys import Keyspace
 
@@ -27,6 +30,14 @@ from .conftest import buckets_of, early_arrivals, keys_in_buckets, post_batch, w
 pytestmark = pytest.mark.cluster
 
 KEYSPACE = Keyspace("tw")
+
+
+class Answer(NamedTuple):
+    key: str
+    sent: float
+    answered: float
+    status: int
+    detail: str
 
 
 def task(key: str, url: str, delay: float) -> dict[str, Any]:
@@ -39,13 +50,35 @@ def busiest_other_master(cluster: ReplicatedCluster) -> int:
     return max(ports, key=lambda port: len(buckets_of(cluster, port)))
 
 
+def create_until(service: Service, keys: list[str], url: str, answers: list[Answer],
+                 stop: threading.Event) -> None:
+    """Create ``keys`` one after another (due 4 s after each create) until ``stop``; each
+    answer recorded as (key, sent at, answered at, status or 0 with no answer, detail)."""
+    with service.client() as http:
+        for key in keys:
+            if stop.is_set():
+                return
+            sent = time.time()
+            try:
+                reply = http.post("/tasks", json=task(key, url, 4))
+                status, detail = reply.status_code, reply.text
+            except httpx.HTTPError as exc:
+                status, detail = 0, repr(exc)
+            answers.append(Answer(key, sent, time.time(), status, detail))
+            time.sleep(0.01)
+    raise AssertionError("create_until ran out of keys")
+
+
 def test_failover_with_wait_replicas_1_loses_no_acknowledged_task(
         replicated_cluster: ReplicatedCluster, start_replicated_service: Any,
         receiver: ThreadedReceiver) -> None:
     """240 tasks due over 18 s, two processes, WAIT_REPLICAS=1; the busiest master (not the
-    seed) is SIGKILLed 7 s in. Every task is delivered, none before its time, and a task is
-    delivered twice only if it lives on the dead master and its attempt was in flight around
-    the kill (its outcome, or its claim, had not reached the replica)."""
+    seed) is SIGKILLed 7 s in, while tasks of its buckets are being created one after another
+    through the kill and the promotion. Every task acknowledged with 201 (before the kill, in
+    the moments around it) is delivered, none before its time, and a task is delivered twice
+    only if it lives on the dead master and its attempt was in flight around the kill (its
+    outcome, or its claim, had not reached the replica). The promoted replica has no replica
+    of its own: from then on its creates are refused (503, WAIT timed out), not acknowledged."""
     cluster = replicated_cluster
     settings = {"redis_wait_replicas": "1", "redis_wait_timeout_ms": "2000"}
     services = [start_replicated_service(**settings) for _ in range(2)]
@@ -60,16 +93,41 @@ def test_failover_with_wait_replicas_1_loses_no_acknowledged_task(
     victim_buckets = buckets_of(cluster, victim)
     assert victim_buckets, "the victim serves no bucket: nothing would be tested"
 
-    time.sleep(7)  # a third of the tasks delivered, the rest due over the next ~14 s
-    assert 0 < len(receiver.arrivals_for("/fo")) < len(keys)
-    killed_at = time.time()
-    cluster.server(victim).kill()
-    cluster.wait_promoted(victim)
+    live = keys_in_buckets(victim_buckets, 3000, "live")
+    answers: list[Answer] = []
+    stop = threading.Event()
+    creator = threading.Thread(target=create_until,
+                               args=(services[1], live, url, answers, stop))
+    time.sleep(5.5)
+    creator.start()
+    try:
+        time.sleep(1.5)  # a third of the tasks delivered, the rest due over the next ~14 s
+        assert 0 < len(receiver.arrivals_for("/fo")) < len(keys)
+        killed_at = time.time()
+        cluster.server(victim).kill()
+        cluster.wait_promoted(victim)
+        promoted_at = time.time()
+        deadline = time.monotonic() + 20
+        while not any(a.sent > promoted_at and a.status == 503 and "replicas required" in a.detail
+                      for a in list(answers)):
+            assert time.monotonic() < deadline and creator.is_alive(), (
+                "no create refused by the promoted master's WAIT", answers[-5:])
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        creator.join()
+    acknowledged = [a.key for a in answers if a.status == 201]
+    assert any(a.answered < killed_at for a in answers if a.status == 201), answers[:5]
+    assert [a for a in answers if a.sent > promoted_at and a.status == 201] == [], (
+        "acknowledged by a master that has no replica")
 
-    views = wait_finished(services[0], keys, timeout=60)
-    assert {k: v["status"] for k, v in views.items()} == dict.fromkeys(keys, "succeeded")
+    views = wait_finished(services[0], [*keys, *acknowledged], timeout=60)
+    assert {k: v["status"] for k, v in views.items()} == (
+        dict.fromkeys([*keys, *acknowledged], "succeeded"))
     seen = Counter(a.headers["webhook-id"] for a in receiver.arrivals_for("/fo"))
-    assert set(seen) == set(keys), f"acknowledged but never delivered: {set(keys) - set(seen)}"
+    missing = {*keys, *acknowledged} - set(seen)
+    assert not missing, f"acknowledged but never delivered: {missing}"
+    assert set(seen) <= {*keys, *(a.key for a in answers)}, set(seen) - set(keys)
     assert early_arrivals(receiver, "/fo") == []
     first = {}
     for arrival in receiver.arrivals_for("/fo"):

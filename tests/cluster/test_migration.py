@@ -19,6 +19,7 @@ from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import HOST
 from timewheel.errors import StoreUnavailable
+from timewheel.models import parse_execute_at
 from timewheel.store.connection import make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.task_store import redis_errors
@@ -33,8 +34,12 @@ KEYSPACE = Keyspace("tw")
 def migrate_slot(cluster: ReplicatedCluster, slot: int, source: int, target: int) -> int:
     """Move ``slot`` from master ``source`` to master ``target`` key batch by key batch, with
     a pause between batches so that the wheel meets the slot half-moved; keys moved."""
+    # Every master learns the new owner; roles as each server states its own (one node's
+    # CLUSTER NODES may still list a fresh replica as a master, and SETSLOT on a replica fails).
+    others = [server.port for server in cluster.servers if server.running
+              and server.port not in (source, target) and not cluster.is_replica(server)]
     src, dst = cluster.server(source).client(), cluster.server(target).client()
-    masters = [cluster.server(p).client() for p, m in cluster.roles().items() if m is None]
+    masters = [cluster.server(port).client() for port in others]
     try:
         src_id = src.execute_command("CLUSTER MYID").decode()
         dst_id = dst.execute_command("CLUSTER MYID").decode()
@@ -101,7 +106,9 @@ def test_a_bucket_slot_moves_under_load(
                                args=(services, late, url, statuses, stop))
     creator.start()
     try:
+        move_started = time.time()
         moved = migrate_slot(cluster, slot, source, target)
+        move_ended = time.time()
         creator.join(timeout=60)
     finally:
         stop.set()
@@ -118,6 +125,12 @@ def test_a_bucket_slot_moves_under_load(
     assert Counter(a.headers["webhook-id"] for a in receiver.arrivals_for("/mv")) == (
         Counter(dict.fromkeys(keys, 1)))
     assert early_arrivals(receiver, "/mv") == []
+    # Else the wheel never met the slot half-moved and the test proves nothing about it.
+    due_during_move = [a.headers["webhook-id"] for a in receiver.arrivals_for("/mv")
+                       if a.headers["webhook-id"] in set(moving) and move_started * 1000
+                       <= parse_execute_at(a.headers["timewheel-scheduled-at"])
+                       <= move_ended * 1000]
+    assert due_during_move, (move_started, move_ended)
     with cluster.server(source).client() as src, cluster.server(target).client() as dst:
         assert src.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
         assert dst.exists(KEYSPACE.task(moving[0])) == 1
