@@ -13,6 +13,8 @@ import httpx
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from tests.conftest import START_MS, running_app
 from tests.support.redis_server import RedisServer
@@ -20,6 +22,7 @@ from tests.test_api import URL, expected_view, snapshot
 from tests.test_api_redis_down import make_settings, poll, task_keys
 from timewheel.api.app import MAX_REQUEST_BYTES, create_app
 from timewheel.api.batch import Times, created_view
+from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.settings import Settings
 from timewheel.store import CREATED, EXISTS, Store
@@ -277,6 +280,39 @@ async def test_a_cancelled_batch_leaves_no_unread_replies(redis_server: RedisSer
     with pytest.raises(asyncio.CancelledError):
         await first
     await busy
+    codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
+    assert codes == [EXISTS, CREATED, EXISTS]
+    await client.aclose()
+
+
+async def test_a_batch_reading_past_the_socket_timeout_fails_and_the_next_one_is_clean(
+        redis_server: RedisServer, redis: Redis) -> None:
+    """The replies of a round share one deadline (store/batch.py _exchange) instead of a timeout
+    per read_response: Redis stalled past the socket timeout is still a redis TimeoutError,
+    the connection is dropped (no stale replies for the next batch); a stall shorter than the
+    socket timeout is waited for."""
+    pool = BlockingConnectionPool.from_url(redis_server.url, max_connections=1,
+                                           socket_timeout=0.25, retry=Retry(NoBackoff(), 0))
+    client = Redis.from_pool(pool)
+    store = Store(client, "tw", retention_ms=1000, lease_margin_ms=1000)
+    await store.init()
+
+    def task(key: str) -> Any:
+        return prepare(TaskFields(callback_url=URL), key, START_MS, default_timeout=10)
+
+    await schedule_many(store, [task("warm")], START_MS)  # script loaded, connection made
+
+    async def stalled(seconds: float, keys: list[str]) -> list[int]:
+        busy = asyncio.create_task(redis.execute_command("DEBUG", "SLEEP", str(seconds)))
+        await asyncio.sleep(0.02)
+        try:
+            return await schedule_many(store, [task(k) for k in keys], START_MS)
+        finally:
+            await busy
+
+    assert await stalled(0.1, ["s0", "s1"]) == [CREATED, CREATED]
+    with pytest.raises(StoreUnavailable, match="TimeoutError: Timeout reading from"):
+        await stalled(0.6, [f"a{i}" for i in range(50)])
     codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
     assert codes == [EXISTS, CREATED, EXISTS]
     await client.aclose()

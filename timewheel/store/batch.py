@@ -21,6 +21,7 @@ trip per task, and the views of many tasks read with one script call per bucket.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import hiredis
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from timewheel.models import TaskView
 from timewheel.store.durability import Call, DurableScript, run_acknowledged
@@ -95,6 +97,12 @@ async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[An
     return codes
 
 
+# The reads of one round share a deadline, moved on only when less than the socket timeout is
+# left (to now + socket timeout x _SLACK): every reply still has at least the socket timeout from
+# the one before, as when each read_response had its own, and waits at most 10 % longer.
+_SLACK = 1.1
+
+
 async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Send ``commands`` in one write on one pooled connection and read every reply (an error
     reply in its place): what redis-py's pipeline does, with the commands packed by hiredis.
@@ -109,16 +117,35 @@ async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[A
     packed = b"".join(hiredis.pack_command(command) for command in commands)
     pool = redis.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+    loop = asyncio.get_running_loop()
 
-    async def send_and_read() -> list[Any]:
-        await conn.send_packed_command(packed)
+    async def read_all(deadline: asyncio.Timeout | None, timeout: float) -> list[Any]:
         replies: list[Any] = []
         for _ in commands:
             try:
-                replies.append(await conn.read_response())
+                # No timeout of its own (math.inf): read_response would make and cancel one
+                # per reply, ~5 of the ~12 us of client CPU a batched task cost. The deadline
+                # below moves on with the replies instead (_SLACK).
+                replies.append(await conn.read_response(timeout=math.inf))
             except ResponseError as exc:  # read whole: the connection stays in step
                 replies.append(exc)
+            if deadline is not None:
+                now = loop.time()
+                if (deadline.when() or now) - now < timeout:
+                    deadline.reschedule(now + timeout * _SLACK)
         return replies
+
+    async def send_and_read() -> list[Any]:
+        await conn.send_packed_command(packed)
+        timeout = conn.socket_timeout
+        if timeout is None:
+            return await read_all(None, 0)
+        try:
+            async with asyncio.timeout(timeout * _SLACK) as deadline:
+                return await read_all(deadline, timeout)
+        except TimeoutError:  # as read_response fails when its socket timeout passes
+            await conn.disconnect(nowait=True)
+            raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
 
     async def reset(error: Exception) -> None:
         await conn.disconnect()
