@@ -129,15 +129,13 @@ async def cluster_store(cluster_redis: AsyncRedisCluster) -> Store:
     return store
 
 
-@pytest.fixture
-def start_cluster_service(tmp_path: Path, cluster: RedisCluster
-                          ) -> Iterator[Callable[..., Service]]:
-    """``start_cluster_service(**settings)``: one more `timewheel serve` with
-    TIMEWHEEL_REDIS_URL=<seed node> and TIMEWHEEL_REDIS_CLUSTER=true. Killed at the end."""
+def _services_on(tmp_path: Path, seed_url: str) -> Iterator[Callable[..., Service]]:
+    """Yields ``start(**settings)``: one more `timewheel serve` with TIMEWHEEL_REDIS_URL=
+    ``seed_url`` and TIMEWHEEL_REDIS_CLUSTER=true; every one started is killed at the end."""
     started: list[Service] = []
 
     def start(**settings: str) -> Service:
-        service = Service(tmp_path / f"serve{len(started)}", cluster.seed_url,
+        service = Service(tmp_path / f"serve{len(started)}", seed_url,
                           redis_cluster="true", **settings)
         started.append(service)
         return service.start()
@@ -145,6 +143,13 @@ def start_cluster_service(tmp_path: Path, cluster: RedisCluster
     yield start
     for service in started:
         service.kill()
+
+
+@pytest.fixture
+def start_cluster_service(tmp_path: Path, cluster: RedisCluster
+                          ) -> Iterator[Callable[..., Service]]:
+    """``start_cluster_service(**settings)``: one more `timewheel serve` on the shared cluster."""
+    yield from _services_on(tmp_path, cluster.seed_url)
 
 
 @pytest.fixture
@@ -158,18 +163,8 @@ def replicated_cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
 def start_replicated_service(tmp_path: Path, replicated_cluster: ReplicatedCluster
                              ) -> Iterator[Callable[..., Service]]:
     """``start_replicated_service(**settings)``: one more `timewheel serve` on the test's
-    replicated cluster (seed: its first master). Killed at the end."""
-    started: list[Service] = []
-
-    def start(**settings: str) -> Service:
-        service = Service(tmp_path / f"serve{len(started)}", replicated_cluster.seed_url,
-                          redis_cluster="true", **settings)
-        started.append(service)
-        return service.start()
-
-    yield start
-    for service in started:
-        service.kill()
+    replicated cluster (seed: its first master)."""
+    yield from _services_on(tmp_path, replicated_cluster.seed_url)
 
 
 def keys_in_buckets(buckets: set[int], count: int, prefix: str) -> list[str]:
