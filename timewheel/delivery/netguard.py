@@ -150,7 +150,7 @@ def _UNCHECKED() -> Exception:  # a sentinel: no answer kept yet
     raise AssertionError("never called")
 
 
-_REMEMBERED = 2048  # URLs, and hosts, a policy keeps the answer for (then starts over)
+_REMEMBERED = 2048  # URLs a policy keeps the answer for (then starts over)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,11 +158,9 @@ class NetworkPolicy:
     allow_private: bool = False
     # Operator-configured CIDRs allowed even though not public.
     allowed_networks: tuple[IPNetwork, ...] = ()
-    # check_url_host's answers by URL and by host: each is a pure function of this (frozen)
-    # policy and the text, and a batch of tasks mostly names a few hosts, often one URL.
+    # check_url_host's answers by URL: a pure function of this (frozen) policy and the text,
+    # and a batch of tasks often names one URL.
     _url_answers: dict[str, Refusal | None] = dataclasses.field(
-        default_factory=dict, init=False, repr=False, compare=False)
-    _host_answers: dict[str, Refusal | None] = dataclasses.field(
         default_factory=dict, init=False, repr=False, compare=False)
 
     def check_ip(self, ip: str | IPAddress, *, host: str | None = None) -> None:
@@ -186,8 +184,8 @@ class NetworkPolicy:
     def check_url_host(self, url: str) -> None:
         """Early check at task creation: refuse IP literals that are not public and
         the names ``localhost``/``*.localhost``. Other names pass: they are checked
-        against what they resolve to at connect time. The answer for a URL (and for
-        a host) is remembered: a batch of 1000 tasks to one URL parses it once."""
+        against what they resolve to at connect time. The answer for a URL is
+        remembered: a batch of 1000 tasks to one URL parses it once."""
         answer = self._url_answers.get(url, _UNCHECKED) if type(url) is str else _UNCHECKED
         if answer is _UNCHECKED:
             answer = self._url_answer(url)
@@ -209,10 +207,7 @@ class NetworkPolicy:
         if self.allow_private:
             return None
         for host in hosts:
-            answer = self._host_answers.get(host, _UNCHECKED)
-            if answer is _UNCHECKED:
-                answer = self._host_answer(host)
-                _remember(self._host_answers, host, answer)
+            answer = self._host_answer(host)
             if answer is not None:
                 return answer
         return None
