@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
 from typing import Any
 
@@ -43,7 +44,9 @@ def analyse(records: list[list[Any]], due: dict[str, float],
         first[wid] = min(t, first.get(wid, t))
         s = epoch(sched)
         sched_missing += s is None
-        sched_mismatch += s is not None and abs(s - due[wid]) > 0.0005
+        # The header carries execute_at rounded up to its millisecond (microsecond inputs).
+        due_ms = math.ceil(due[wid] * 1000 - 0.0005) / 1000  # 0.0005: float noise, not a us
+        sched_mismatch += s is not None and abs(s - due_ms) > 0.0005
     late = [first[k] - due[k] for k in first]
     early = [k for k in first if first[k] < due[k]]
     submitted_late = {k for k in first if done_at.get(k, 0.0) > due[k]}

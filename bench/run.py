@@ -340,7 +340,7 @@ async def wl_spread(ctx: Ctx, *, workload: str = "spread", fail_every: int = 0) 
         k = f"{ctx.run_id}-{workload}-{i:06d}"
         if fail_every and i % fail_every == fail_every - 1:
             k += FAIL_SUFFIX
-        at = round(start + i * window / n, 3)
+        at = round(start + i * window / n, a.due_digits)
         keys.append(k)
         due[k] = at
         bodies.append((k, task_body(ctx, k, at, workload, **extra)))
@@ -536,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds from submission start to the first due time (default: "
                         "1.5 x tasks / POST rate + 2 s, the rate from the post workload or a "
                         "short calibration, at least --spread-lead / --burst-lead)")
+    p.add_argument("--due-digits", type=int, choices=(3, 6), default=3,
+                   help="spread/retry: decimals of execute_at (6: microsecond fractions, which "
+                        "the service rounds up to its millisecond)")
     p.add_argument("--spread-lead", type=float, default=5.0, help="minimum lead, spread/retry")
     p.add_argument("--burst-lead", type=float, default=5.0, help="minimum lead, burst")
     p.add_argument("--grace", type=float, default=15.0,
