@@ -274,7 +274,8 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
         store: Store, fake_clock: FakeClock) -> None:
     """The race between a park deadline and a permits reply: a waiter already parked when
     its permit arrives does not start, and its permit goes back (no one else uses it)."""
-    from timewheel.engine.flow_gate import FlowGate, Waiter, _Flow
+    from timewheel.engine.flow_gate import FlowGate
+    from timewheel.engine.flow_state import FlowState, Lease, Waiter
     from timewheel.metrics import Metrics
 
     started: list[tuple[object, str]] = []
@@ -283,12 +284,12 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
                     park=lambda waiters: None, adopt=lambda task, permit, start: None,
                     tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
                     local_cap=10, max_waiting=10)
-    state = _Flow(FLOW)
+    state = FlowState(FLOW)
     waiters = [Waiter(None, name, f"p-{name}", 0.0) for name in "abc"]  # type: ignore[arg-type]
     state.queue.extend(waiters)
     waiters[0].gone = True
     state.queue.popleft()  # what the park deadline did while the call was out
-    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)], expiry=1e15)
+    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)], Lease(1e15, 0.0))
     assert started == [("b", "p-b")]
     assert list(state.queue) == [waiters[2]]
     assert state.releases == ["p-a"]

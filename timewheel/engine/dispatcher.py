@@ -30,7 +30,8 @@ from timewheel.delivery.retry_policy import classify_status, next_due_ms
 from timewheel.delivery.senders import Answer, Sender, SendError
 from timewheel.delivery.signing import Signer
 from timewheel.engine.batching import BucketBatcher
-from timewheel.engine.flow_gate import FlowGate, Waiter
+from timewheel.engine.flow_gate import FlowGate
+from timewheel.engine.flow_state import Waiter
 from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics

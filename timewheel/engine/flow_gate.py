@@ -14,8 +14,9 @@ Redis calls are batched per flow: what one event-loop iteration gives back and a
 to Redis as one permits call, so a busy flow costs one round trip per batch, not two per
 attempt. A permit of a flow without a rate is handed straight to the next waiter of its flow
 in this process while its lease leaves room for that attempt (``PERMIT_REUSE_MS``), so a
-saturated flow does not pay a round trip per attempt either. A flow in trouble only ever
-makes its own tasks wait.
+saturated flow does not pay a round trip per attempt either; with no waiter, it is kept a
+moment for the flow's next task (timewheel/engine/spare_permits.py). A flow in trouble only
+ever makes its own tasks wait.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from timewheel.clock import Clock
+from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease, Waiter
+from timewheel.engine.spare_permits import SparePermits
 from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
@@ -37,7 +38,6 @@ from timewheel.store.record import ClaimedTask
 
 log = logging.getLogger(__name__)
 
-MAX_WANT = 256  # permit ids asked for in one call
 UNPARK_BATCH = 256  # parked tasks taken back in one go
 SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
 RETRY_MS = 200  # after a failed permits call
@@ -48,35 +48,6 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
-
-
-@dataclass(eq=False, slots=True)
-class Waiter:
-    task: ClaimedTask
-    payload: object  # what the dispatcher gets back with the permit
-    permit: str
-    park_by_ms: float
-    gone: bool = False  # taken out of its queue (parked, or handed back at shutdown)
-
-
-@dataclass(eq=False)
-class _Flow:
-    key: str
-    queue: deque[Waiter] = field(default_factory=deque)
-    releases: list[str] = field(default_factory=list)
-    parked_buckets: set[int] = field(default_factory=set)
-    running: asyncio.Task[None] | None = None
-    dirty: bool = False
-    alarm_ms: float | None = None  # the earliest alarm set for this flow
-    parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
-    # The flow had a rate at the last permits call. True until a call says otherwise: a
-    # permit is handed on without Redis only for a flow known to have no rate.
-    rated: bool = True
-    room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
-
-    @property
-    def idle(self) -> bool:
-        return not (self.queue or self.releases or self.parked_buckets or self.running)
 
 
 class FlowGate:
@@ -98,14 +69,16 @@ class FlowGate:
         self._max_lease_ms = max_lease_ms
         self._local_cap = local_cap
         self._max_waiting = max_waiting
-        self._states: dict[str, _Flow] = {}
+        self._states: dict[str, FlowState] = {}
         self._waiting = 0
         self._to_park: list[Waiter] = []
         self._stopping = False  # drained: start nothing new (no hand-over, no unpark)
         self._closed = False
-        self._expiry: dict[str, float] = {}  # permit -> its lease expiry, while in use here
+        self._leases: dict[str, Lease] = {}  # the permits this process holds
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
+        self._spares = SparePermits(clock, self._leases, lease_margin_ms=lease_margin_ms,
+                                    flow=self._states.get, release=self._release)
 
     def rated(self, flow: str) -> bool:
         """Whether the flow had a rate at its last permits call (True when not known)."""
@@ -117,10 +90,10 @@ class FlowGate:
         """Tasks waiting in this process for a permit."""
         return self._waiting
 
-    def _flow(self, key: str) -> _Flow:
+    def _flow(self, key: str) -> FlowState:
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = _Flow(key)
+            state = self._states[key] = FlowState(key)
         return state
 
     # -- what the dispatcher calls ----------------------------------------------------------
@@ -128,6 +101,11 @@ class FlowGate:
     def admit(self, task: ClaimedTask, payload: object, park_by_ms: float) -> None:
         """A task is due: send it once its flow grants a permit."""
         state = self._flow(task.flow)
+        if state.spare and not state.queue:
+            permit = self._spares.take(state, task.timeout_ms)
+            if permit is not None:
+                self._start(payload, permit, max(self._clock.now_ms(), task.due_ms))
+                return
         if len(state.queue) >= self._local_cap or self._waiting >= self._max_waiting:
             # Enough of this flow waits here already: wait in Redis, holding nothing.
             self._park_soon([Waiter(task, payload, "", park_by_ms)])
@@ -141,8 +119,8 @@ class FlowGate:
         """The attempt holding ``permit`` is over (or never started): the next waiter of the
         flow here takes it over when that is safe, else it goes back to Redis."""
         state = self._flow(flow)
-        expiry = self._expiry.pop(permit, None)
-        if (expiry is not None and state.queue and not state.rated and state.room >= 0
+        lease = self._leases.pop(permit, None)
+        if (lease is not None and state.queue and not state.rated and state.room >= 0
                 and not self._stopping
                 and not (state.parked_buckets and state.parked_due < state.queue[0].task.due_ms)):
             waiter = state.queue[0]
@@ -151,14 +129,19 @@ class FlowGate:
             # holds more than its (lowered) parallelism, nor when older tasks of it are
             # parked. Only if the lease outlasts the whole attempt with its margin, as a fresh
             # one would.
-            if expiry - now >= waiter.task.timeout_ms + self._lease_margin_ms:
+            if lease.expiry_ms - now >= waiter.task.timeout_ms + self._lease_margin_ms:
                 state.queue.popleft()
-                waiter.gone = True  # its own permit, if a reply grants it, goes back
+                waiter.gone = waiter.handed_on = True  # its own permit, if granted, is unused
                 self._waiting -= 1
-                self._expiry[permit] = expiry
+                self._leases[permit] = lease
                 self._start(waiter.payload, permit, max(now, waiter.task.due_ms))
                 return
-        state.releases.append(permit)
+        if lease is not None and not self._stopping and self._spares.keep(state, permit, lease):
+            return
+        self._release(state, [permit])
+
+    def _release(self, state: FlowState, permits: list[str]) -> None:
+        state.releases.extend(permits)
         self._kick(state)
 
     def parked(self, flow: str, bucket: int, due_ms: float = float("inf")) -> None:
@@ -166,6 +149,7 @@ class FlowGate:
         there is room."""
         state = self._flow(flow)
         state.parked_due = min(state.parked_due, due_ms)
+        self._spares.give_back(state, stale_only=False)  # the parked tasks come first
         if bucket not in state.parked_buckets:
             state.parked_buckets.add(bucket)
             self._kick(state)  # there may be room already (a permit came back meanwhile)
@@ -189,6 +173,8 @@ class FlowGate:
         self._stopping = True
         waiters = []
         for state in self._states.values():
+            state.releases.extend(state.spare)
+            state.spare.clear()
             for waiter in state.queue:
                 waiter.gone = True
                 state.releases.append(waiter.permit)  # in case a reply on its way granted it
@@ -202,6 +188,7 @@ class FlowGate:
         """Stop, after ``drain``: give back the permits still to give back, once."""
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
+        await self._spares.close()
         running = [s.running for s in self._states.values() if s.running is not None]
         for task in running:
             task.cancel()
@@ -217,7 +204,7 @@ class FlowGate:
 
     # -- the per-flow exchange with Redis ---------------------------------------------------
 
-    def _kick(self, state: _Flow) -> None:
+    def _kick(self, state: FlowState) -> None:
         if self._closed:
             return  # a permit given back after close: its lease returns it
         if state.running is not None:
@@ -225,7 +212,7 @@ class FlowGate:
             return
         state.running = asyncio.create_task(self._exchange(state))
 
-    async def _exchange(self, state: _Flow) -> None:
+    async def _exchange(self, state: FlowState) -> None:
         try:
             state.dirty = True
             while state.dirty:
@@ -240,7 +227,7 @@ class FlowGate:
         finally:
             state.running = None
 
-    async def _exchange_once(self, state: _Flow) -> None:
+    async def _exchange_once(self, state: FlowState) -> None:
         """One permits call: give back what finished, then ask for the waiters here or for
         parked tasks of the flow (then taken back from Redis), whichever are older."""
         releases, state.releases = state.releases, []
@@ -256,7 +243,7 @@ class FlowGate:
             raise
         state.rated, state.room = reply.rated, reply.room
         if waiters:
-            self._hand_over(state, waiters, want[:reply.granted], now + lease)
+            self._hand_over(state, waiters, want[:reply.granted], Lease(now + lease, now))
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1])
@@ -269,7 +256,7 @@ class FlowGate:
             # alarm parks every waiter whose deadline has come.
             self._alarm_at(state, state.queue[0].park_by_ms)
 
-    def _wanted(self, state: _Flow, releasing: int
+    def _wanted(self, state: FlowState, releasing: int
                 ) -> tuple[list[Waiter], bool, list[tuple[str, int]], int]:
         """What to ask for: (waiters asked for, or unparking), the (permit, start) pairs and
         the lease. Asks for what can be had: the room left last time plus what is given back
@@ -293,11 +280,15 @@ class FlowGate:
         return (waiters, False, want, self._lease_margin_ms + PERMIT_REUSE_MS
                 + max(w.task.timeout_ms for w in waiters))
 
-    def _hand_over(self, state: _Flow, waiters: list[Waiter], granted: list[tuple[str, int]],
-                   expiry: float) -> None:
+    def _hand_over(self, state: FlowState, waiters: list[Waiter], granted: list[tuple[str, int]],
+                   lease: Lease) -> None:
         """Start the waiters whose permits were granted (the first ones asked for)."""
+        unused = []
         for waiter, (permit, start) in zip(waiters, granted, strict=False):
-            if waiter.gone:  # parked (its deadline came) while the call was out
+            if waiter.handed_on:  # started on a permit handed on while the call was out
+                unused.append(permit)
+                continue
+            if waiter.gone:  # parked while the call was out: its permit is being given back
                 state.releases.append(permit)
                 state.dirty = True
                 continue
@@ -307,11 +298,15 @@ class FlowGate:
             else:
                 state.queue.remove(waiter)
             self._waiting -= 1
-            self._expiry[permit] = expiry
+            self._leases[permit] = lease
             self._start(waiter.payload, permit, start)
         self._metrics.flow_waiting.set(self._waiting)
+        for permit in unused:  # fresh: worth keeping for the flow's next task, if allowed
+            if self._stopping or not self._spares.keep(state, permit, lease):
+                state.releases.append(permit)
+                state.dirty = True
 
-    async def _unpark(self, state: _Flow, held: list[str], start: int) -> None:
+    async def _unpark(self, state: FlowState, held: list[str], start: int) -> None:
         """Take back as many of the flow's earliest parked tasks, over all buckets, as there
         are permits in ``held``; give back the permits left over."""
         now = self._clock.now_ms()
@@ -336,7 +331,7 @@ class FlowGate:
             if not more:
                 state.parked_buckets.discard(bucket)
             for task in tasks:
-                self._expiry[held[adopted]] = now + self._max_lease_ms
+                self._leases[held[adopted]] = Lease(now + self._max_lease_ms, now)
                 self._adopt(task, held[adopted], start)
                 adopted += 1
         self._metrics.flow_unparked.inc(adopted)
@@ -346,7 +341,7 @@ class FlowGate:
         elif state.parked_buckets:
             state.dirty = True  # more may fit: ask again
 
-    def _alarm_at(self, state: _Flow, when_ms: float) -> None:
+    def _alarm_at(self, state: FlowState, when_ms: float) -> None:
         """Call ``_alarm`` for the flow at ``when_ms`` (one pending alarm per flow: the
         earliest; the exchange it triggers sets the next)."""
         if state.alarm_ms is None or when_ms < state.alarm_ms:
