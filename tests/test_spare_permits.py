@@ -5,13 +5,14 @@ shutdown keep none."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import respx
 
 from tests.test_dispatcher import DUE_MS, URL, Harness, router, wait_until
-from tests.test_flow_gate import FLOW, limit
+from tests.test_flow_gate import FLOW, OTHER, Receiver, _true, limit
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.spare_permits import SPARE_MS
@@ -55,10 +56,10 @@ async def wheel(store: Store, fake_clock: FakeClock, router: respx.MockRouter
     await harness.sender.aclose()
 
 
-async def fire(harness: Harness, key: str, delay: float) -> None:
+async def fire(harness: Harness, key: str, delay: float, **fields: object) -> None:
     """Add a task due ``delay`` s from now, claim it, move the clock to its due time and
     wait until its outcome is recorded."""
-    await harness.add(key, delay=delay)
+    await harness.add(key, delay=delay, **fields)
     tasks = await harness.claim(key)
     harness.dispatcher.submit(tasks, harness.clock.now_ms())
     harness.clock.set(tasks[0].due_ms)
@@ -122,6 +123,63 @@ async def test_stop_gives_the_spares_back(wheel: tuple[Harness, CountingFlows]) 
     assert await held(harness, 1)
     await harness.dispatcher.stop(0.1)
     assert await held(harness, 0)
+
+
+async def test_a_rate_set_meanwhile_holds_once_the_spare_is_older_than_spare_ms(
+        wheel: tuple[Harness, CountingFlows]) -> None:
+    """A PUT adding a rate reaches a process's spare within SPARE_MS of its grant (the
+    documented lag): a task after that asks Redis, learns the rate, keeps no spare, and the
+    next one waits for the rate window."""
+    harness, flows = wheel
+    await fire(harness, "a", 1.0)
+    await limit(harness.store, FLOW, rate=1)
+    await fire(harness, "b", 0.1)  # within SPARE_MS of a's grant: on the spare, unlogged
+    assert flows.asked == 1
+    await fire(harness, "c", (SPARE_MS - 100) / 1000 + 0.05)  # past SPARE_MS: asks Redis
+    assert flows.asked == 2
+    await wait_until(lambda: held(harness, 0), "c's permit given back: a rated flow keeps none")
+    c_start = harness.clock.now_ms()
+    await harness.add("d", delay=0.1)
+    [task] = await harness.claim("d")
+    harness.dispatcher.submit([task], harness.clock.now_ms())
+    harness.clock.set(task.due_ms)
+    await asyncio.sleep(0.1)
+    assert (await harness.view("d")).status != "succeeded"  # one start a second
+    harness.clock.set(c_start + 1000)
+    await harness.settle()
+    assert (await harness.view("d")).status == "succeeded"
+
+
+async def test_a_spare_too_short_for_the_next_task_goes_back_at_once(
+        wheel: tuple[Harness, CountingFlows]) -> None:
+    """A spare whose lease does not cover the next task's timeout is given back when that
+    task asks Redis, not left holding a place of the flow for SPARE_MS."""
+    harness, flows = wheel
+    await fire(harness, "a", 1.0)  # timeout 10 s: its lease covers a 10 s attempt and more
+    held_key = harness.store.keys.flow(FLOW) + "held"
+    [spare] = await harness.store.redis.zrange(held_key, 0, -1)
+    await fire(harness, "long", 0.1, timeout=29.0)
+    assert flows.asked == 2
+    assert spare not in await harness.store.redis.zrange(held_key, 0, -1)
+
+
+async def test_stop_gives_spares_back_before_attempts_in_flight_end(
+        wheel: tuple[Harness, CountingFlows], router: respx.MockRouter) -> None:
+    """Shutdown waits up to its grace period for attempts in flight; spares of other flows
+    go back at once, not after that wait."""
+    harness, _ = wheel
+    await fire(harness, "a", 1.0)
+    slow = Receiver(router, OTHER)
+    await harness.add("slow", callback_url=OTHER, flow_key="other", delay=0.1)
+    [task] = await harness.claim("slow")
+    harness.dispatcher.submit([task], harness.clock.now_ms())
+    harness.clock.set(task.due_ms)
+    await wait_until(lambda: _true(slow.now == 1), "the slow attempt in flight")
+    stopping = asyncio.create_task(harness.dispatcher.stop(5.0))
+    await wait_until(lambda: held(harness, 0), "the spare given back")
+    assert slow.now == 1 and not stopping.done()
+    slow.open.set()
+    await stopping
 
 
 async def test_a_parked_task_of_the_flow_gets_the_spare_back_first(

@@ -173,8 +173,8 @@ class FlowGate:
         self._stopping = True
         waiters = []
         for state in self._states.values():
-            state.releases.extend(state.spare)
-            state.spare.clear()
+            # At once: close() comes only after the attempts in flight, up to the grace period.
+            self._spares.give_back(state, stale_only=False)
             for waiter in state.queue:
                 waiter.gone = True
                 state.releases.append(waiter.permit)  # in case a reply on its way granted it
@@ -238,15 +238,17 @@ class FlowGate:
         try:
             reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease,
                                               release=releases, want=want)
-        except StoreUnavailable:
+        except BaseException:  # unavailable, or cancelled by close(), which sends them
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
         state.rated, state.room = reply.rated, reply.room
+        if state.spare and (state.rated or state.room < 0):
+            self._spares.give_back(state, stale_only=False)  # a rate, or over a lowered limit
         if waiters:
             self._hand_over(state, waiters, want[:reply.granted], Lease(now + lease, now))
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
-                               want[0][1])
+                               want[0][1], granted_ms=now)
         if reply.room > 0 and (state.queue or (state.parked_buckets and not self._stopping)):
             state.dirty = True  # room left for more than was asked: go round again
         if reply.wait_ms > 0 and (state.queue or state.parked_buckets):
@@ -306,9 +308,10 @@ class FlowGate:
                 state.releases.append(permit)
                 state.dirty = True
 
-    async def _unpark(self, state: FlowState, held: list[str], start: int) -> None:
+    async def _unpark(self, state: FlowState, held: list[str], start: int, *,
+                      granted_ms: int) -> None:
         """Take back as many of the flow's earliest parked tasks, over all buckets, as there
-        are permits in ``held``; give back the permits left over."""
+        are permits in ``held`` (granted at ``granted_ms``); give back the permits left over."""
         now = self._clock.now_ms()
         buckets = sorted(state.parked_buckets)
         peeks = await asyncio.gather(*(self._store.peek_parked(bucket, state.key, len(held))
@@ -331,7 +334,7 @@ class FlowGate:
             if not more:
                 state.parked_buckets.discard(bucket)
             for task in tasks:
-                self._leases[held[adopted]] = Lease(now + self._max_lease_ms, now)
+                self._leases[held[adopted]] = Lease(granted_ms + self._max_lease_ms, granted_ms)
                 self._adopt(task, held[adopted], start)
                 adopted += 1
         self._metrics.flow_unparked.inc(adopted)

@@ -6,9 +6,10 @@ per callback (take, give back), half of its Redis calls: with spares, 10,000 cal
 (bench/README.md, "Spare permits").
 
 A spare is still held in Redis, so it counts against the flow's parallelism (and shows in
-``GET /flows`` as in flight) and no limit is ever exceeded. Limits set meanwhile reach it when
-it goes back, at most ``SPARE_MS`` after its grant; a rated flow keeps no spares, since every
-start of it must be logged in Redis.
+``GET /flows`` as in flight): no limit in force at its grant is exceeded. A limit set meanwhile
+reaches it when it goes back, at most ``SPARE_MS`` after its grant (starts made on it until
+then are not in the log of a rate set meanwhile: docs/design.md). A flow known to be rated
+keeps no spares, since every start of it must be logged in Redis.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class SparePermits:
             if self._leases[permit].expiry_ms - now >= timeout_ms + self._lease_margin_ms:
                 del state.spare[index]
                 return permit
+        # None outlasts this attempt: they go back, so that it need not wait behind them.
+        self.give_back(state, stale_only=False)
         return None
 
     def give_back(self, state: FlowState, *, stale_only: bool) -> None:
