@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from timewheel.clock import Clock
 
 Item = TypeVar("Item")
+log = logging.getLogger(__name__)
 
 
 class Timeline(Generic[Item]):
@@ -60,7 +62,11 @@ class Timeline(Generic[Item]):
             when = self._heap[0][0]
             if when <= self._clock.wall_ms():
                 while self._heap and self._heap[0][0] <= self._clock.wall_ms():
-                    self._fire(heapq.heappop(self._heap)[2])
+                    item = heapq.heappop(self._heap)[2]
+                    try:
+                        self._fire(item)
+                    except Exception:  # one bad item must not stop the line for the others
+                        log.exception("timeline: an item failed to fire; the others go on")
                 continue
             sleeper = asyncio.ensure_future(self._clock.sleep_until(when))
             woken = asyncio.ensure_future(self._earlier.wait())
