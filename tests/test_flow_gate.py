@@ -5,7 +5,7 @@ lease could run out and come back when there is room, other flows are not held u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -14,8 +14,10 @@ import respx
 from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
-from timewheel.engine.flow_gate import UNPARK_START_MS
+from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
+from timewheel.engine.flow_state import FlowState, Lease, Waiter
 from timewheel.engine.ticker import claim_tokens
+from timewheel.metrics import Metrics
 from timewheel.store import Store
 from timewheel.store.flow_store import StoredLimits
 
@@ -243,6 +245,15 @@ async def test_any_process_takes_back_tasks_another_parked(
             await harness.sender.aclose()
 
 
+def bare_gate(store: Store, clock: FakeClock,
+              start: Callable[[object, str, int], None]) -> FlowGate:
+    """A flow gate alone, for driving its internals directly: grants go to ``start``."""
+    return FlowGate(flow_store(store), store, clock, Metrics(), start=start,
+                    park=lambda waiters: None, adopt=lambda task, permit, start: None,
+                    tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
+                    local_cap=10, max_waiting=10)
+
+
 async def _true(value: bool) -> bool:
     return value
 
@@ -274,16 +285,9 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
         store: Store, fake_clock: FakeClock) -> None:
     """The race between a park deadline and a permits reply: a waiter already parked when
     its permit arrives does not start, and its permit goes back (no one else uses it)."""
-    from timewheel.engine.flow_gate import FlowGate
-    from timewheel.engine.flow_state import FlowState, Lease, Waiter
-    from timewheel.metrics import Metrics
-
     started: list[tuple[object, str]] = []
-    gate = FlowGate(flow_store(store), store, fake_clock, Metrics(),
-                    start=lambda payload, permit, start: started.append((payload, permit)),
-                    park=lambda waiters: None, adopt=lambda task, permit, start: None,
-                    tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
-                    local_cap=10, max_waiting=10)
+    gate = bare_gate(store, fake_clock, lambda payload, permit, start: started.append(
+        (payload, permit)))
     state = FlowState(FLOW)
     waiters = [Waiter(None, name, f"p-{name}", 0.0) for name in "abc"]  # type: ignore[arg-type]
     state.queue.extend(waiters)

@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 import respx
 
-from tests.test_dispatcher import DUE_MS, URL, Harness, router, wait_until
-from tests.test_flow_gate import FLOW, OTHER, Receiver, _true, limit
+from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
+from tests.test_flow_gate import FLOW, OTHER, Receiver, _true, bare_gate, limit
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.flow_state import FlowState, Lease, Waiter
 from timewheel.engine.spare_permits import SPARE_MS
 from timewheel.engine.ticker import claim_tokens
 from timewheel.store import Store
@@ -68,9 +69,7 @@ async def fire(harness: Harness, key: str, delay: float, **fields: object) -> No
 
 async def held(harness: Harness, count: int) -> bool:
     """Whether Redis counts ``count`` permits of the flow as held."""
-    flows = FlowStore(harness.store.redis, harness.store.keys, harness.store.scripts,
-                      default_parallelism=100)
-    return await flows.in_flight(FLOW, now_ms=harness.clock.now_ms()) == count
+    return await flow_store(harness.store).in_flight(FLOW, now_ms=harness.clock.now_ms()) == count
 
 
 async def test_the_next_task_reuses_the_permit_and_it_goes_back_after_spare_ms(
@@ -212,17 +211,8 @@ async def test_only_a_permit_no_one_gives_back_becomes_a_spare(
     queued for giving back) goes back; the permit of one started on a permit handed on is
     fresh and unused, so it is kept. Keeping the first would let Redis count it free while
     this process still used it."""
-    from timewheel.engine.flow_gate import FlowGate
-    from timewheel.engine.flow_state import FlowState, Lease, Waiter
-    from timewheel.metrics import Metrics
-
     started: list[object] = []
-    gate = FlowGate(FlowStore(store.redis, store.keys, store.scripts, default_parallelism=100),
-                    store, fake_clock, Metrics(),
-                    start=lambda payload, permit, start: started.append(payload),
-                    park=lambda waiters: None, adopt=lambda task, permit, start: None,
-                    tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
-                    local_cap=10, max_waiting=10)
+    gate = bare_gate(store, fake_clock, lambda payload, permit, start: started.append(payload))
     state = FlowState(FLOW, rated=False, room=100)
     parked = Waiter(None, "parked", "p-parked", 0.0, gone=True)  # type: ignore[arg-type]
     handed_on = Waiter(None, "handed", "p-handed", 0.0,  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from timewheel.engine.flow_state import FlowState, Lease
 from timewheel.engine.timeline import Timeline
 
 SPARE_MS = 250
-SPARE_CAP = 16  # spare permits kept per flow (and never more than Redis had room for)
+SPARE_CAP = 16  # spare permits kept per flow (and at most half the room Redis last reported)
 
 
 class SparePermits:
