@@ -1,4 +1,4 @@
--- lib: record, slices, claiming
+-- lib: record, slices, claiming, attempts
 -- claim: take up to `limit` tasks due at or before horizon_ms, under a lease.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -10,6 +10,8 @@
 -- ARGV[5]  lease_margin_ms: lease = max(due, now) + task timeout + margin
 -- ARGV[6]  max_minutes, most minute slices read per call (bounds the script after an outage)
 -- ARGV[7]  retention_ms: finished-task index entries older than this are dropped
+-- ARGV[8]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT); an attempt whose lease ran
+--          out after it started goes into the history as lost
 --
 -- Reply: {more, n, old, then n times: key, and the record's head, flow and url}
 --   more = 1 when the caller should call again (limit reached, a read window came back full,
@@ -25,7 +27,7 @@
 local P = KEYS[1]
 local now, horizon, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local token, margin = ARGV[4], tonumber(ARGV[5])
-local budget, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
+local budget, retention, kept = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local record = P .. 'cl:' .. token
 local claim = digest(token)
 local out = {0, 0, redis.call('EXISTS', P .. 'cursor')}
@@ -47,6 +49,10 @@ for _, key in ipairs(expired) do
   local tkey = P .. 't:' .. key
   local h = head(tkey)
   if h and h[ST] == 'd' then
+    if h[STARTED] == 1 then
+      add_unanswered(P, key, tkey, h[ATT], 'lost',
+        'no outcome within its lease: its process died or stalled', kept)
+    end
     take(P, key, tkey, h, now, margin, claim, record, out)
   else
     redis.call('ZREM', P .. 'ls', key)

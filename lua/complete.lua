@@ -1,27 +1,39 @@
--- lib: record, slices
--- complete: record the outcomes of attempts and release their claims.
+-- lib: record, slices, attempts
+-- complete: record the outcomes of attempts, with their history entries, and release their
+-- claims, in one atomic step per batch.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
 -- ARGV[1]  now_ms
 -- ARGV[2]  retention_ms: how long a finished record stays readable
--- ARGV[3..] seven values per outcome:
+-- ARGV[3]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT)
+-- ARGV[4..] eight values per outcome:
 --          key, token, outcome ("ok" | "retry" | "fail"), status code ("" for none),
---          error ("" for none), next due_ms (retry only, else ""), started_ms of the attempt
+--          error ("" for none), next due_ms (retry only, else ""), started_ms of the attempt,
+--          the attempt's history entry (JSON, lua/lib/attempts.lua)
 --
--- Reply: one number per outcome: 1 recorded, 0 stale (the claim is no longer the caller's:
---        cancelled, replaced or re-claimed after its lease ran out; nothing is written).
+-- Reply: one number per outcome: 1 recorded; 0 stale: the claim is no longer the caller's
+--        (replaced, or re-claimed after its lease ran out), nothing is written; 2 the task
+--        was cancelled while this attempt was in flight: only its history entry is written.
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
 local P = KEYS[1]
-local now, retention = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, retention, kept = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-for i = 3, #ARGV, 7 do
+for i = 4, #ARGV, 8 do
   local key, token, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local code, err, due = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
+  local entry = ARGV[i + 7]
   local tkey = P .. 't:' .. key
   local h = head(tkey)
-  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(token) or (outcome == 'retry' and not due) then
+  local ours = h and h[CLAIM] == digest(token)
+  if ours and h[ST] == 'c' then
+    -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
+    h[CLAIM], h[STARTED] = NONE, 0
+    put_head(tkey, h)
+    add_attempt(P, key, tkey, entry, kept)
+    out[#out + 1] = 2
+  elseif not ours or h[ST] ~= 'd' or (outcome == 'retry' and not due) then
     out[#out + 1] = 0
   else
     redis.call('ZREM', P .. 'ls', key)
@@ -37,6 +49,7 @@ for i = 3, #ARGV, 7 do
     end
     put_with_err(tkey, h, err)
     if outcome ~= 'retry' then redis.call('PEXPIRE', tkey, retention) end
+    add_attempt(P, key, tkey, entry, kept)
     out[#out + 1] = 1
   end
 end

@@ -24,6 +24,8 @@ local minute = slice_minute(P, now, now)
 redis.call('PERSIST', tkey)
 redis.call('ZREM', P .. FINISHED_INDEX[h[ST]], key)
 h[ST], h[ATT], h[DUE], h[FINISHED], h[OP] = 's', 0, now, 0, op
+-- A claim kept for an attempt cancelled in flight (lua/cancel.lua) is dropped with it.
+h[CLAIM], h[STARTED] = NONE, 0
 put_head(tkey, h)
 into_slice(P, key, now, minute)
 return 1

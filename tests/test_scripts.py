@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import pytest
@@ -27,9 +29,10 @@ from tests.support.bucket_state import (
     schedule,
     seed,
 )
-from timewheel.store import Store
+from timewheel.store import Store, layout
 
 FINISHED = ["succeeded", "failed", "cancelled"]
+KEPT = 20  # attempts kept per task
 INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
 
@@ -137,23 +140,59 @@ async def test_cancel_scheduled(store: Store, redis: Redis) -> None:
     due = NOW + 10 * MIN
     await seed(redis, {"t:a": rec(due=due), f"ms:{M0 + 10}": {"a": due}, **minutes(M0 + 10),
                        "cur": str(M0)})
-    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
     assert await dump(redis) == {"t:a": rec("cancelled", due=due, finished=NOW + 3, op="r1"),
                                  f"ms:{M0 + 10}": {"a": due}, f"md:{M0 + 10}": {"a"},
                                  **minutes(M0 + 10), "fc": {"a": NOW + 3}, "cur": str(M0)}
     await assert_ttls(redis, {"t:a": RET})
 
 
-async def test_cancel_delivering(store: Store, redis: Redis) -> None:
-    """Cancelling a claimed task removes its lease and its claim: the holder cannot start."""
-    await seed(redis, {"t:a": delivering(started=True), "ls": {"a": NOW + 15_000, "b": NOW + 9},
+async def test_cancel_delivering_not_started(store: Store, redis: Redis) -> None:
+    """Cancelling a claimed task not yet started removes its lease and its claim: the holder
+    cannot start; the attempt it stopped is in the history as cancelled."""
+    await seed(redis, {"t:a": delivering(attempts=1), "ls": {"a": NOW + 15_000, "b": NOW + 9},
                        "cl:tok": ["a"], "cur": str(M0)})
-    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
-    assert await dump(redis) == {"t:a": rec("cancelled", finished=NOW + 3, op="r1"),
-                                 "ls": {"b": NOW + 9}, "fc": {"a": NOW + 3}, "cl:tok": ["a"],
-                                 "cur": str(M0)}
-    await assert_ttls(redis, {"t:a": RET})
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
+    assert await dump(redis) == {
+        "t:a": rec("cancelled", finished=NOW + 3, op="r1", attempts=1),
+        "ls": {"b": NOW + 9}, "fc": {"a": NOW + 3}, "cl:tok": ["a"], "cur": str(M0),
+        "a:a": [json.dumps({"e": "stopped by a DELETE before it was sent", "o": "cancelled",
+                            "n": 2}, separators=(",", ":"))]}
+    await assert_ttls(redis, {"t:a": RET, "a:a": RET})
     assert await run(store, "start", NOW + 4, "a", "tok") == [0, b"", b""]
+
+
+async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
+        store: Store, redis: Redis) -> None:
+    """Cancelling a task whose attempt started keeps that claim, so the attempt's answer goes
+    into the history (complete answers 2 and writes nothing else); the task stays cancelled,
+    and nothing starts on the claim again."""
+    await seed(redis, {"t:a": delivering(started=True, attempts=1),
+                       "ls": {"a": NOW + 15_000}, "cur": str(M0)})
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
+    cancelled = rec("cancelled", finished=NOW + 3, op="r1", attempts=1)
+    assert await dump(redis) == {"t:a": {**cancelled, "claim": layout.digest("tok"),
+                                         "started": 1},
+                                 "fc": {"a": NOW + 3}, "cur": str(M0)}
+    assert await run(store, "start", NOW + 4, "a", "tok") == [0, b"", b""]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
+    assert await dump(redis) == {"t:a": cancelled, "fc": {"a": NOW + 3}, "cur": str(M0),
+                                 "a:a": [entry("a", "ok")]}
+    await assert_ttls(redis, {"t:a": RET, "a:a": RET})
+    assert await run(store, "complete", NOW + 301, RET, KEPT, *outcome("a", "ok", 200)) == [0]
+
+
+async def test_history_keeps_the_newest_entries(store: Store, redis: Redis) -> None:
+    """At most `kept` entries stay, the newest; 0 keeps none."""
+    for n in range(4):
+        await seed(redis, {"t:a": delivering(attempts=n, started=True)})
+        args = [*outcome("a", "retry", 503, due=NOW + 5)[:-1], json.dumps({"n": n})]
+        assert await run(store, "complete", NOW, RET, 3, *args) == [1]
+    assert (await dump(redis))["a:a"] == [json.dumps({"n": n}) for n in (1, 2, 3)]
+    await redis.delete(f"{P}a:a")
+    await seed(redis, {"t:a": delivering(started=True)})
+    assert await run(store, "complete", NOW, RET, 0, *outcome("a", "ok", 200)) == [1]
+    assert "a:a" not in await dump(redis)
 
 
 async def test_cancel_repeated_by_a_client_retry_answers_the_same(store: Store,
@@ -163,7 +202,7 @@ async def test_cancel_repeated_by_a_client_retry_answers_the_same(store: Store,
     another request is refused."""
     await seed(redis, {"t:a": rec(due=NOW + MIN), f"ms:{M0 + 1}": {"a": NOW + MIN},
                        **minutes(M0 + 1), "cur": str(M0)})
-    assert await run(store, "cancel", "a", NOW + 3, RET, "r1") == 1
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
     state = await dump(redis)
     assert await run(store, "cancel", "a", NOW + 4, RET, "r1") == 1
     assert await dump(redis) == state
@@ -310,7 +349,9 @@ async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None
     assert await dump(redis) == {
         "t:a": delivering("new", attempts=1), "t:b": rec("succeeded", finished=NOW - 9),
         "t:c": delivering("other"), "ls": {"a": NOW + 10_000 + MARGIN, "c": NOW + 1},
-        "cl:old": ["a"], "cl:new": ["a"], "cur": str(M0)}
+        "cl:old": ["a"], "cl:new": ["a"], "cur": str(M0),
+        "a:a": [json.dumps({"e": "no outcome within its lease: its process died or stalled",
+                            "o": "lost", "n": 1}, separators=(",", ":"))]}
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:
@@ -322,7 +363,7 @@ async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) 
     before = await dump(redis)
     assert await claim(store, NOW + 5, limit=2, token="t1") == (True, ["a", "b"])
     assert await dump(redis) == before
-    assert await run(store, "cancel", "b", NOW + 6, RET, "r1") == 1
+    assert await run(store, "cancel", "b", NOW + 6, RET, "r1", KEPT) == 1
     assert await claim(store, NOW + 7, limit=2, token="t1") == (True, ["a"])
 
 
@@ -367,7 +408,16 @@ async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Red
 
 def outcome(key: str, kind: str, code: Any = "", err: str = "", due: Any = "",
             token: str = "tok") -> list[Any]:
-    return [key, token, kind, code, err, due, NOW + 100]
+    return [key, token, kind, code, err, due, NOW + 100, entry(key, kind)]
+
+
+def entry(key: str, kind: str) -> str:
+    """A stand-in history entry: complete.lua appends it as it is."""
+    return json.dumps({"n": 1, "o": kind, "k": key})
+
+
+def history(*entries: str) -> list[dict[str, Any]]:
+    return [json.loads(e) for e in entries]
 
 
 HELD = {"t:a": delivering(attempts=1, started=True, last_code=500, last_err="boom",
@@ -380,11 +430,12 @@ async def test_complete_ok(store: Store, redis: Redis) -> None:
     """Success: succeeded, finished, last result replaced, lease removed, retention TTL, into
     the succeeded index."""
     await seed(redis, HELD)
-    assert await run(store, "complete", NOW + 300, RET, *outcome("a", "ok", 200)) == [1]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [1]
     assert await dump(redis) == {
         "t:a": rec("succeeded", finished=NOW + 300, last_code=200, **DONE),
-        "fs": {"a": NOW + 300}, "ls": {"x": NOW + 20_000}, "cl:tok": ["a"], "cur": str(M0)}
-    await assert_ttls(redis, {"t:a": RET})
+        "fs": {"a": NOW + 300}, "ls": {"x": NOW + 20_000}, "cl:tok": ["a"], "cur": str(M0),
+        "a:a": [entry("a", "ok")]}
+    await assert_ttls(redis, {"t:a": RET, "a:a": RET})
 
 
 async def test_complete_retry(store: Store, redis: Redis) -> None:
@@ -394,13 +445,14 @@ async def test_complete_retry(store: Store, redis: Redis) -> None:
     await seed(redis, {**HELD, "t:b": delivering(attempts=2), f"md:{M0 + 2}": {"a", "z"}})
     args = [*outcome("a", "retry", 503, due=nxt), *outcome("b", "retry", err="timeout",
                                                            due=NOW - 3 * MIN)]
-    assert await run(store, "complete", NOW + 300, RET, *args) == [1, 1]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *args) == [1, 1]
     assert await dump(redis) == {
         "t:a": rec("retrying", due=nxt, exec=NOW, last_code=503, **DONE),
         "t:b": rec("retrying", due=NOW - 3 * MIN, exec=NOW, attempts=2, last_at=NOW + 100,
                    last_err="timeout"),
         f"ms:{M0 + 2}": {"a": nxt}, f"md:{M0 + 2}": {"z"}, f"ms:{M0}": {"b": NOW - 3 * MIN},
-        **minutes(M0, M0 + 2), "ls": {"x": NOW + 20_000}, "cl:tok": ["a"], "cur": str(M0)}
+        **minutes(M0, M0 + 2), "ls": {"x": NOW + 20_000}, "cl:tok": ["a"], "cur": str(M0),
+        "a:a": [entry("a", "retry")], "a:b": [entry("b", "retry")]}
     await assert_ttls(redis, {})
 
 
@@ -408,12 +460,12 @@ async def test_complete_fail(store: Store, redis: Redis) -> None:
     """Failure: failed, finished, into the dead letters at now, retention TTL."""
     await seed(redis, {**HELD, "ff": {"old": NOW - 50}})
     args = outcome("a", "fail", 404, "HTTP 404")
-    assert await run(store, "complete", NOW + 300, RET, *args) == [1]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *args) == [1]
     assert await dump(redis) == {
         "t:a": rec("failed", finished=NOW + 300, last_code=404, last_err="HTTP 404", **DONE),
         "ff": {"old": NOW - 50, "a": NOW + 300}, "ls": {"x": NOW + 20_000},
-        "cl:tok": ["a"], "cur": str(M0)}
-    await assert_ttls(redis, {"t:a": RET})
+        "cl:tok": ["a"], "cur": str(M0), "a:a": [entry("a", "fail")]}
+    await assert_ttls(redis, {"t:a": RET, "a:a": RET})
 
 
 async def test_complete_same_error_keeps_the_record_in_place(store: Store, redis: Redis) -> None:
@@ -421,19 +473,19 @@ async def test_complete_same_error_keeps_the_record_in_place(store: Store, redis
     is kept either way)."""
     await seed(redis, HELD)
     args = outcome("a", "fail", 500, "boom")
-    assert await run(store, "complete", NOW + 300, RET, *args) == [1]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *args) == [1]
     assert (await dump(redis))["t:a"] == rec("failed", finished=NOW + 300, last_code=500,
                                              last_err="boom", **DONE)
 
 
 async def test_complete_stale_claims_write_nothing(store: Store, redis: Redis) -> None:
     """A token that no longer holds the claim (or a retry without a due time) returns 0."""
-    await seed(redis, {**HELD, "t:b": rec("cancelled", finished=NOW, claim="tok"),
+    await seed(redis, {**HELD, "t:b": rec("cancelled", finished=NOW, claim="other"),
                        "t:c": delivering("newer")})
     before = await dump(redis)
     args = [*outcome("a", "retry"), *outcome("b", "ok", 200), *outcome("c", "fail", 404),
             *outcome("a", "ok", 200, token="older"), *outcome("none", "ok")]
-    assert await run(store, "complete", NOW + 300, RET, *args) == [0, 0, 0, 0, 0]
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *args) == [0, 0, 0, 0, 0]
     assert await dump(redis) == before
     await assert_ttls(redis, {})
 

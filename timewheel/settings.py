@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     batch_deadline_seconds: float = Field(default=30.0, gt=0, le=3600)
     max_horizon_seconds: float = Field(default=31_536_000, gt=0)
     flow_parallelism: int = Field(default=100, ge=1, le=10_000)
+    # The attempt history (docs/api.md v3): entries kept per task, response body bytes each.
+    attempts_kept: int = Field(default=20, ge=0, le=1000)
+    attempt_body_bytes: int = Field(default=1024, ge=0, le=65_536)
 
     # Beyond API.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)

@@ -6,6 +6,7 @@
 Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua), layout 2:
 
     P t:<key>       string the task record (timewheel/store/layout.py)
+    P a:<key>       list   the task's attempt history, once tried (lua/lib/attempts.lua)
     P ms:<minute>   zset   the minute slice: task key -> due_ms
     P md:<minute>   set    the minute's delete-set (cancelled or moved away)
     P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
@@ -59,6 +60,10 @@ class Keyspace:
 
     def task(self, task_key: str) -> str:
         return f"{self.prefix(self.bucket_of(task_key))}t:{task_key}"
+
+    def attempts(self, bucket: int, task_key: str) -> str:
+        """The task's attempt history (lua/lib/attempts.lua)."""
+        return f"{self.prefix(bucket)}a:{task_key}"
 
     def slice(self, bucket: int, minute: int) -> str:
         return f"{self.prefix(bucket)}ms:{minute}"

@@ -20,7 +20,8 @@ from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.models import TaskView
-from timewheel.store import layout
+from timewheel.store import attempts, layout
+from timewheel.store.attempts import AttemptRecord
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.record import (
     NOT_STARTED,
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
 NOT_FOUND, NOT_ALLOWED = -1, -2
+DEFAULT_ATTEMPTS_KEPT = 20
 MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
 
@@ -50,6 +52,14 @@ class Outcome:
     error: str | None = None
     next_due_ms: int | None = None
     started_ms: int = 0
+    history: str = ""  # the attempt's history entry (attempts.entry); "" writes a bare one
+
+
+def _no_history(o: Outcome) -> str:
+    """The entry of an outcome decided without an attempt on the wire (a record set aside)."""
+    return attempts.entry(attempt=0, started_ms=o.started_ms, duration_ms=0, verdict=o.kind,
+                          status_code=o.status_code, error=o.error, headers=None, body=None,
+                          body_truncated=False, next_attempt_ms=o.next_due_ms, process="")
 
 
 @asynccontextmanager
@@ -65,12 +75,14 @@ _redis_errors = redis_errors  # the name sibling modules used before it was shar
 
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
-                 retention_ms: int, lease_margin_ms: int, buckets: int | None = None) -> None:
+                 retention_ms: int, lease_margin_ms: int, buckets: int | None = None,
+                 attempts_kept: int = DEFAULT_ATTEMPTS_KEPT) -> None:
         self.redis = redis
         self.keys = Keyspace(key_prefix, buckets or DEFAULT_BUCKETS)
         self.wanted_buckets = buckets  # TIMEWHEEL_BUCKETS; None adopts the wheel's
         self.retention_ms = retention_ms
         self.lease_margin_ms = lease_margin_ms
+        self.attempts_kept = attempts_kept  # history entries kept per task (lua/lib/attempts.lua)
         self.scripts = Scripts(redis)
         # Read-only scripts (and the one-off migration) are the store's own, not Scripts'.
         self.view_script = redis.register_script(source("view"))
@@ -154,7 +166,7 @@ class Store:
         async with redis_errors("cancel"):
             return int(await self.scripts.cancel(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
-                args=[key, now_ms, self.retention_ms, secrets.token_hex(8)],
+                args=[key, now_ms, self.retention_ms, secrets.token_hex(8), self.attempts_kept],
             ))
 
     async def replay(self, key: str, *, now_ms: int) -> int:
@@ -190,6 +202,18 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out
 
+    async def attempts(self, key: str) -> list[AttemptRecord] | None:
+        """The task's kept attempts, oldest first; None when there is no such task."""
+        bucket = self.keys.bucket_of(key)
+        pipe: Any = self.redis.pipeline(transaction=False)
+        pipe.exists(self.keys.task(key))
+        pipe.lrange(self.keys.attempts(bucket, key), 0, -1)
+        async with redis_errors("attempts"):
+            exists, rows = await pipe.execute()
+        if not exists:
+            return None
+        return [AttemptRecord.decode(row) for row in rows]
+
     async def record(self, key: str) -> dict[str, Any] | None:
         """The whole stored record of a task, decoded (layout.decode): for tests and
         inspection, never the hot path."""
@@ -219,7 +243,7 @@ class Store:
             reply = await self.scripts.claim(
                 keys=[self.keys.prefix(bucket)],
                 args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
-                      self.retention_ms],
+                      self.retention_ms, self.attempts_kept],
             )
         if int(reply[2]):
             self._migrate_soon(bucket, now_ms)
@@ -293,12 +317,13 @@ class Store:
 
     async def complete(self, bucket: int, *, now_ms: int,
                        outcomes: Sequence[Outcome]) -> list[int]:
-        """Record outcomes; 1 each recorded, 0 each stale (the claim was no longer ours)."""
-        args: list[str | int] = [now_ms, self.retention_ms]
+        """Record outcomes with their history entries: RECORDED, STALE (the claim was no
+        longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry)."""
+        args: list[str | int] = [now_ms, self.retention_ms, self.attempts_kept]
         for o in outcomes:
             args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
-                     o.started_ms]
+                     o.started_ms, o.history or _no_history(o)]
         async with redis_errors("complete"):
             reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
         return [int(x) for x in reply]

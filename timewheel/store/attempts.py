@@ -1,0 +1,64 @@
+"""The attempt history of a task, as stored (lua/lib/attempts.lua): one JSON object per
+attempt, short field names, oldest first. ``entry`` writes one for ``lua/complete.lua``;
+``AttemptRecord.decode`` reads one back. The API turns records into its views."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+AttemptOutcome = Literal["delivered", "retry", "failed", "lost", "cancelled"]
+OUTCOME_OF_VERDICT: dict[str, AttemptOutcome] = {"ok": "delivered", "retry": "retry",
+                                                 "fail": "failed"}
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def entry(*, attempt: int, started_ms: int, duration_ms: int, verdict: str,
+          status_code: int | None, error: str | None, headers: dict[str, str] | None,
+          body: str | None, body_truncated: bool, next_attempt_ms: int | None,
+          process: str) -> str:
+    """One history entry, as ``lua/complete.lua`` appends it (absent fields left out)."""
+    fields: dict[str, Any] = {"n": attempt, "s": started_ms, "d": duration_ms,
+                              "o": OUTCOME_OF_VERDICT[verdict], "p": process}
+    if status_code is not None:
+        fields["c"] = status_code
+    if error:
+        fields["e"] = error
+    if headers:
+        fields["h"] = headers
+    if body is not None:
+        fields["b"] = body
+    if body_truncated:
+        fields["bt"] = 1
+    if next_attempt_ms is not None:
+        fields["na"] = next_attempt_ms
+    return _encode(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    attempt: int
+    outcome: AttemptOutcome
+    started_ms: int | None = None
+    duration_ms: int | None = None
+    status_code: int | None = None
+    error: str | None = None
+    response_headers: dict[str, str] | None = None
+    response_body: str | None = None
+    response_body_truncated: bool = False
+    next_attempt_ms: int | None = None
+    process: str | None = None
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> AttemptRecord:
+        fields = json.loads(raw)
+        headers = fields.get("h")
+        return cls(
+            attempt=int(fields["n"]), outcome=fields["o"], started_ms=fields.get("s"),
+            duration_ms=fields.get("d"), status_code=fields.get("c"), error=fields.get("e"),
+            # cjson writes an empty Lua table as {}; Python writes none at all
+            response_headers=headers if isinstance(headers, dict) and headers else None,
+            response_body=fields.get("b"), response_body_truncated=bool(fields.get("bt")),
+            next_attempt_ms=fields.get("na"), process=fields.get("p"))
