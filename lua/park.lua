@@ -6,10 +6,12 @@
 -- lua/unpark.lua takes it back once a permit is free.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1..] key, token pairs: claims of the caller, not yet started
+-- ARGV[1..] key, token pairs: claims of the caller whose attempt it did not send; one that
+--          lua/start.lua counted already (a rated flow's attempt that asked again) is
+--          uncounted, as lua/release.lua does
 --
--- Reply: one number per pair: 1 parked, 0 not the caller's claim any more or already started
---        (cancelled, replaced, re-claimed): nothing written.
+-- Reply: one number per pair: 1 parked, 0 not the caller's claim any more (cancelled,
+--        replaced, re-claimed): nothing written.
 --
 -- Keys: pw:<flow> (zset task key -> due_ms, the flow's parked tasks of this bucket, in due
 -- order), pf (zset flow -> due_ms of its earliest parked task in this bucket), pa (zset task
@@ -20,12 +22,13 @@ for i = 1, #ARGV, 2 do
   local key = ARGV[i]
   local tkey = P .. 't:' .. key
   local h = head(tkey)
-  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) or h[STARTED] == 1 then
+  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) then
     out[#out + 1] = 0
   else
     local flow = flow_of(tkey, h)
     redis.call('ZREM', P .. 'ls', key)
-    h[ST], h[CLAIM] = 'w', NONE
+    if h[STARTED] == 1 then h[ATT] = h[ATT] - 1 end
+    h[ST], h[CLAIM], h[STARTED] = 'w', NONE, 0
     put_head(tkey, h)
     redis.call('ZADD', P .. 'pw:' .. flow, h[DUE], key)
     redis.call('ZADD', P .. 'pa', h[DUE], key)

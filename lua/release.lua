@@ -1,25 +1,41 @@
--- lib: record, slices
--- release: hand claims back that were never started (shutdown, or a start deadline missed),
--- so any process can claim them at once instead of after their lease.
+-- lib: record, slices, attempts
+-- release: hand back claims whose attempt was never sent, so any process can claim them at
+-- once instead of after their lease: a start deadline missed, a process stalled past its
+-- lease, a start call whose reply was lost while Redis was away, or shutdown.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1..] key, token pairs
+-- ARGV[1]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT)
+-- ARGV[2..] key, token pairs: only the holder of a claim calls this, and only for an attempt
+--          it did not send, so a started one (lua/start.lua counted it) is uncounted again
 --
--- Reply: one number per pair: 1 handed back, 0 not the caller's claim or already started
---        (an attempt that began keeps its lease: its outcome is unknown).
+-- Reply: one number per pair: 1 handed back; 0 not the caller's claim any more (replaced, or
+--        re-claimed after its lease ran out): nothing written; 2 the task was cancelled while
+--        it held the claim: its history says so, nothing else is written.
 local P = KEYS[1]
+local kept = tonumber(ARGV[1])
 local out = {}
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   local key = ARGV[i]
   local tkey = P .. 't:' .. key
   local h = head(tkey)
-  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) or h[STARTED] == 1 then
+  if not h or h[CLAIM] ~= digest(ARGV[i + 1]) then
+    out[#out + 1] = 0
+  elseif h[ST] == 'c' then
+    -- Cancelled after it started (lua/cancel.lua kept the claim for its answer): it was not
+    -- sent after all.
+    h[CLAIM], h[STARTED] = NONE, 0
+    put_head(tkey, h)
+    add_unanswered(P, key, tkey, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
+      kept)
+    out[#out + 1] = 2
+  elseif h[ST] ~= 'd' then
     out[#out + 1] = 0
   else
     local minute = slice_minute(P, h[DUE], h[DUE])
     redis.call('ZREM', P .. 'ls', key)
+    if h[STARTED] == 1 then h[ATT] = h[ATT] - 1 end
     h[ST] = h[ATT] == 0 and 's' or 'r'
-    h[CLAIM] = NONE
+    h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
     into_slice(P, key, h[DUE], minute)
     out[#out + 1] = 1

@@ -5,7 +5,7 @@ lease could run out and come back when there is room, other flows are not held u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -13,13 +13,15 @@ import respx
 
 from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
 from timewheel.clock import FakeClock
+from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
-from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
-from timewheel.engine.flow_state import FlowState, Lease, Waiter
+from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate, FlowState, Lease
+from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
 from timewheel.store import Store
 from timewheel.store.flow_store import StoredLimits
+from timewheel.store.record import ClaimedTask
 
 FLOW = "127.0.0.1:9"  # the default flow of URL
 __all__ = ["router"]  # the respx fixture, shared with test_dispatcher
@@ -155,6 +157,33 @@ async def test_a_waiting_flow_does_not_hold_up_another(
     await gated.settle()
 
 
+@pytest.mark.parametrize("late_ms", [20, 21])
+async def test_a_rated_attempt_late_for_its_logged_start_asks_again(
+        gated: Harness, router: respx.MockRouter, late_ms: int) -> None:
+    """A rated flow logs each start for the moment it was granted; an attempt that could only
+    be sent more than RATE_SLACK_MS (20 ms) after that (here its process stalled between its
+    start call and its send) asks its flow again instead, so starts logged since cannot
+    bunch up behind it. It is sent once, as attempt 1 (started again, counted once).
+    Control (20 ms): sent on the permit it has, one start logged."""
+    route = router.post(URL).respond(200)
+    await limit(gated.store, FLOW, rate=10)
+    await gated.add("r")
+    [task] = await gated.claim("r")
+    gated.dispatcher.submit([task], gated.clock.now_ms())
+    gated.clock.set(task.due_ms - 5)  # granted (logged for due), then the start call
+
+    async def started() -> bool:
+        return (await gated.raw("r")).get("started") == "1"
+    await wait_until(started, "the attempt to start")
+    gated.clock.set(task.due_ms + late_ms)
+    await wait_until(lambda: _true(route.call_count == 1), "the attempt sent")
+    await gated.settle()
+    assert route.calls.last.request.headers["timewheel-attempt"] == "1"
+    assert await statuses(gated, ["r"]) == [("succeeded", 1)]
+    logged = await gated.store.redis.zcard(gated.store.keys.flow(FLOW) + "starts")
+    assert logged == (2 if late_ms > 20 else 1)
+
+
 async def test_rate_spreads_starts_over_windows(gated: Harness,
                                                 router: respx.MockRouter) -> None:
     """rate 2: two start at once, the next two when the window has moved on a second."""
@@ -245,13 +274,27 @@ async def test_any_process_takes_back_tasks_another_parked(
             await harness.sender.aclose()
 
 
-def bare_gate(store: Store, clock: FakeClock,
-              start: Callable[[object, str, int], None]) -> FlowGate:
-    """A flow gate alone, for driving its internals directly: grants go to ``start``."""
-    return FlowGate(flow_store(store), store, clock, Metrics(), start=start,
-                    park=lambda waiters: None, adopt=lambda task, permit, start: None,
-                    tokens=claim_tokens(), lease_margin_ms=5000, max_lease_ms=35_000,
-                    local_cap=10, max_waiting=10)
+def bare_gate(store: Store, clock: FakeClock
+              ) -> tuple[FlowGate, Lifecycle, asyncio.Queue[Attempt]]:
+    """A flow gate alone, for driving its internals directly: admitted attempts go to the
+    queue returned."""
+    lifecycle, ready, metrics = Lifecycle(), asyncio.Queue[Attempt](), Metrics()
+    gate = FlowGate(flow_store(store), store, Recorder(store, clock, metrics), lifecycle, ready,
+                    clock, metrics, tokens=claim_tokens(), lease_margin_ms=5000,
+                    batch_deadline_ms=30_000, local_cap=10, max_waiting=10)
+    return gate, lifecycle, ready
+
+
+def waiting_attempt(lifecycle: Lifecycle, key: str) -> Attempt:
+    """An attempt of FLOW waiting for a permit, having asked for permit ``p-<key>``."""
+    task = ClaimedTask(key=key, bucket=0, token="t", due_ms=0, execute_at_ms=0, attempts=0,
+                       max_attempts=5, backoff_ms=1000, timeout_ms=10_000, url=URL,
+                       method="POST", flow=FLOW)
+    attempt = lifecycle.add(Attempt.claimed(task, 0, batch_deadline_ms=30_000,
+                                            lease_margin_ms=5000))
+    lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
+    attempt.permit = f"p-{key}"
+    return attempt
 
 
 async def _true(value: bool) -> bool:
@@ -285,18 +328,32 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
         store: Store, fake_clock: FakeClock) -> None:
     """The race between a park deadline and a permits reply: a waiter already parked when
     its permit arrives does not start, and its permit goes back (no one else uses it)."""
-    started: list[tuple[object, str]] = []
-    gate = bare_gate(store, fake_clock, lambda payload, permit, start: started.append(
-        (payload, permit)))
+    gate, lifecycle, ready = bare_gate(store, fake_clock)
     state = FlowState(FLOW)
-    waiters = [Waiter(None, name, f"p-{name}", 0.0) for name in "abc"]  # type: ignore[arg-type]
+    waiters = [waiting_attempt(lifecycle, name) for name in "abc"]
     state.queue.extend(waiters)
-    waiters[0].gone = True
     state.queue.popleft()  # what the park deadline did while the call was out
-    gate._hand_over(state, waiters, [("p-a", 1), ("p-b", 1)], Lease(1e15, 0.0))
-    assert started == [("b", "p-b")]
+    waiters[0].permit = None
+    gate._granted(state, waiters, [("p-a", 1), ("p-b", 1)], Lease(1e15))
+    assert ready.get_nowait() is waiters[1] and ready.empty()
+    assert (waiters[1].stage, waiters[1].permit) == (Stage.ADMITTED, "p-b")
     assert list(state.queue) == [waiters[2]]
     assert state.releases == ["p-a"]
+
+
+async def test_a_waiter_admitted_on_a_handed_on_permit_gives_its_own_back(
+        store: Store, fake_clock: FakeClock) -> None:
+    """The race between a permit handed on in this process and a permits reply: the waiter
+    runs on the permit handed on, and the permit granted for it meanwhile goes back."""
+    gate, lifecycle, ready = bare_gate(store, fake_clock)
+    state = FlowState(FLOW)
+    [waiter] = [waiting_attempt(lifecycle, "a")]
+    state.queue.append(waiter)
+    state.queue.popleft()  # what give_back did while the call was out: handed on
+    gate._admit(state, waiter, "handed", Lease(1e15), 0)
+    gate._granted(state, [waiter], [("p-a", 1)], Lease(1e15))
+    assert ready.get_nowait() is waiter and ready.empty()
+    assert waiter.permit == "handed" and state.releases == ["p-a"]
 
 
 async def test_a_lowered_parallelism_holds_from_the_next_permit_on(

@@ -491,21 +491,39 @@ async def test_complete_stale_claims_write_nothing(store: Store, redis: Redis) -
 
 # -- release -------------------------------------------------------------------------------------
 
-async def test_release_hands_back_unstarted_claims(store: Store, redis: Redis) -> None:
-    """Unstarted claims go back to their slice (scheduled, or retrying after an attempt);
-    started ones and other holders' claims are left alone."""
+async def test_release_hands_back_claims_not_sent(store: Store, redis: Redis) -> None:
+    """Claims go back to their slice (scheduled, or retrying after an attempt); one whose
+    attempt was started but not sent is uncounted again; other holders' claims are left
+    alone."""
     due_b = NOW - 2 * MIN
     await seed(redis, {
         "t:a": delivering(due=NOW + 20_000), "t:b": delivering(due=due_b, attempts=2),
         "t:c": delivering(attempts=1, started=True), "t:d": delivering("other"),
-        "ls": {"a": 1, "b": 2, "c": 3, "d": 4}, f"md:{M0}": {"a", "z"}, "cur": str(M0)})
-    args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok"]
-    assert await run(store, "release", *args) == [1, 1, 0, 0, 0]
+        "t:e": delivering(attempts=2, started=True),
+        "ls": {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}, f"md:{M0}": {"a", "z"},
+        "cur": str(M0)})
+    args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok", "e", "tok"]
+    assert await run(store, "release", KEPT, *args) == [1, 1, 1, 0, 0, 1]
     assert await dump(redis) == {
         "t:a": rec(due=NOW + 20_000), "t:b": rec("retrying", due=due_b, attempts=2),
-        "t:c": delivering(attempts=1, started=True), "t:d": delivering("other"),
-        f"ms:{M0}": {"a": NOW + 20_000, "b": due_b}, f"md:{M0}": {"z"}, **minutes(M0),
-        "ls": {"c": 3, "d": 4}, "cur": str(M0)}
+        "t:c": rec(), "t:d": delivering("other"), "t:e": rec("retrying", attempts=1),
+        f"ms:{M0}": {"a": NOW + 20_000, "b": due_b, "c": NOW, "e": NOW}, f"md:{M0}": {"z"},
+        **minutes(M0), "ls": {"d": 4}, "cur": str(M0)}
+
+
+async def test_release_of_a_claim_cancelled_after_its_start(store: Store, redis: Redis) -> None:
+    """A task cancelled after its attempt started keeps that claim (lua/cancel.lua); handed
+    back unsent, the history says the DELETE stopped it, and it stays cancelled."""
+    await seed(redis, {"t:a": delivering(attempts=1, started=True), "ls": {"a": 1},
+                       "cur": str(M0)})
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
+    assert await run(store, "release", KEPT, "a", "tok") == [2]
+    assert await dump(redis) == {
+        "t:a": rec("cancelled", finished=NOW + 3, op="r1", attempts=1),
+        "fc": {"a": NOW + 3}, "cur": str(M0),
+        "a:a": [json.dumps({"e": "stopped by a DELETE before it was sent", "o": "cancelled",
+                            "n": 1}, separators=(",", ":"))]}
+    assert await run(store, "release", KEPT, "a", "tok") == [0]
 
 
 # -- replay --------------------------------------------------------------------------------------

@@ -235,9 +235,14 @@ async def test_every_script_runs_in_its_bucket_slot_with_single_redis_results(
     left = all_keys(nodes)
     tasks = {k: ttl for k, (_, ttl) in left.items() if ":t:" in k}
     claim_records = {k: ttl for k, (_, ttl) in left.items() if ":cl:" in k}
-    rest = {k for k in left if k not in tasks and k not in claim_records}
+    histories = {k: ttl for k, (_, ttl) in left.items() if ":a:" in k}
+    rest = {k for k in left if k not in tasks and k not in claim_records and k not in histories}
     assert set(tasks) == {store.keys.task(k) for k in keys}
     assert all(0 < ttl <= RETENTION_MS for ttl in tasks.values())  # finished: retention TTL
+    # Every task tried (or stopped once claimed) has its attempt history, expiring with it.
+    assert set(histories) == {store.keys.attempts(store.keys.bucket_of(k), k)
+                              for k in keys if k != s["cancel"]}
+    assert all(0 < ttl <= RETENTION_MS for ttl in histories.values())
     assert claim_records and all(0 < ttl <= 300_000 for ttl in claim_records.values())
     # No slice, delete-set, lease or dead key: each bucket's cursor, the indexes of succeeded
     # and cancelled tasks (pruned at the retention age) and the bucket count.

@@ -11,7 +11,9 @@ redirects and ignore proxy variables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import aiohttp
@@ -25,13 +27,35 @@ from timewheel.delivery.netguard import (
     guarded_httpx_transport,
 )
 
-MAX_RESPONSE_BYTES = 64 * 1024  # read and dropped, so the connection can be reused
+MAX_RESPONSE_BYTES = 64 * 1024  # read (the first ``keep_body`` bytes kept), then dropped
+# The response headers an attempt's history keeps (docs/api.md v3): these, and id headers.
+KEPT_HEADERS = frozenset({"content-type", "content-length", "retry-after", "location"})
+_ID_HEADER = re.compile(r"(^|-)(request|correlation|trace|message|event)?-?id$")
+MAX_KEPT_HEADERS = 10
+MAX_HEADER_VALUE = 200
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
     status: int
     retry_after: str | None
+    headers: dict[str, str] = field(default_factory=dict)  # kept_headers of the response
+    body: bytes = b""  # its first bytes, at most the sender's ``keep_body``
+    body_truncated: bool = False
+
+
+def kept_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The response headers worth keeping in an attempt's history: content-type,
+    content-length, retry-after, location and id headers (x-request-id and the like), at
+    most ten, each value cut at 200 characters; names in lower case."""
+    kept: dict[str, str] = {}
+    for name, value in items:
+        lower = name.lower()
+        if lower in KEPT_HEADERS or _ID_HEADER.search(lower):
+            kept.setdefault(lower, value[:MAX_HEADER_VALUE])
+            if len(kept) == MAX_KEPT_HEADERS:
+                break
+    return kept
 
 
 class SendError(Exception):
@@ -44,6 +68,8 @@ class SendError(Exception):
 
 
 class Sender(Protocol):
+    keep_body: int  # response body bytes an Answer carries
+
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float) -> Answer: ...
 
@@ -51,7 +77,9 @@ class Sender(Protocol):
 
 
 class AiohttpSender:
-    def __init__(self, policy: NetworkPolicy, *, max_connections: int) -> None:
+    def __init__(self, policy: NetworkPolicy, *, max_connections: int,
+                 keep_body: int = 1024) -> None:
+        self.keep_body = keep_body
         self._session = aiohttp.ClientSession(
             connector=guarded_connector(policy, limit=max_connections, limit_per_host=0),
             trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",),
@@ -65,10 +93,13 @@ class AiohttpSender:
                 method, url, headers=headers, data=body, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                await response.content.read(MAX_RESPONSE_BYTES)
-                if not response.content.at_eof():
+                body = await response.content.read(MAX_RESPONSE_BYTES)
+                whole = response.content.at_eof()
+                if not whole:
                     response.close()  # a large answer is not worth draining
-                return Answer(response.status, response.headers.get("Retry-After"))
+                return Answer(response.status, response.headers.get("Retry-After"),
+                              kept_headers(response.headers.items()), body[:self.keep_body],
+                              len(body) > self.keep_body or not whole)
         except TimeoutError as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
@@ -86,7 +117,9 @@ class AiohttpSender:
 
 
 class HttpxSender:
-    def __init__(self, policy: NetworkPolicy, *, max_connections: int) -> None:
+    def __init__(self, policy: NetworkPolicy, *, max_connections: int,
+                 keep_body: int = 1024) -> None:
+        self.keep_body = keep_body
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._client = httpx.AsyncClient(
@@ -99,12 +132,18 @@ class HttpxSender:
         try:
             async with self._client.stream(method, url, headers=headers, content=body,
                                            timeout=timeout) as response:
-                read = 0
+                chunks, read, cut = [], 0, False
                 async for chunk in response.aiter_raw():
+                    if read < self.keep_body:
+                        chunks.append(chunk)
                     read += len(chunk)
                     if read >= MAX_RESPONSE_BYTES:
+                        cut = True
                         break
-                return Answer(response.status_code, response.headers.get("Retry-After"))
+                body = b"".join(chunks)
+                return Answer(response.status_code, response.headers.get("Retry-After"),
+                              kept_headers(response.headers.multi_items()),
+                              body[:self.keep_body], cut or len(body) > self.keep_body)
         except httpx.TimeoutException as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except (httpx.HTTPError, BlockedAddress) as exc:
@@ -119,7 +158,8 @@ class HttpxSender:
         await self._client.aclose()
 
 
-def make_sender(kind: str, policy: NetworkPolicy, *, max_connections: int) -> Sender:
+def make_sender(kind: str, policy: NetworkPolicy, *, max_connections: int,
+                keep_body: int = 1024) -> Sender:
     if kind == "httpx":
-        return HttpxSender(policy, max_connections=max_connections)
-    return AiohttpSender(policy, max_connections=max_connections)
+        return HttpxSender(policy, max_connections=max_connections, keep_body=keep_body)
+    return AiohttpSender(policy, max_connections=max_connections, keep_body=keep_body)

@@ -1,22 +1,23 @@
-"""FlowGate: an attempt starts only with a permit of its flow (API.md, "Flow control").
+"""FlowGate: an attempt is sent only with a permit of its flow (docs/api.md, "Flow control").
 
-It sits between the timeline and the workers. A claimed task that falls due asks its flow for
-a permit (lua/permits.lua: parallelism and rate over every process of the wheel). Granted, it
-goes on to be sent, and the permit is given back after the answer. Refused, it waits: in this
-process for a short while (at most ``local_cap`` tasks per flow, and never past its park
-deadline, which comes before its claim's lease could run out), then parked in Redis
-(lua/park.lua), where waiting holds no lease, no worker, no connection and no claim budget,
-and costs one sorted-set entry. Parked tasks are taken back (lua/unpark.lua) by whichever
-process finds room in their flow: after giving back a permit, when a rate window reopens, or
-at each tick.
+An attempt that falls due asks its flow for a permit (lua/permits.lua: parallelism and rate
+over every process of the wheel). Granted, it moves to ADMITTED and into the ready queue,
+where a worker takes it; the worker gives the permit back after the answer. Refused, it waits
+here (WAITING_FOR_FLOW) for a short while: at most ``local_cap`` attempts per flow, and never
+past its park deadline, which comes before its claim's lease could run out. Then it is parked
+in Redis (lua/park.lua), where waiting holds no lease, no worker, no connection and no claim
+budget. Parked tasks are taken back (lua/unpark.lua) by whichever process finds room in
+their flow: after giving back a permit, when a rate window reopens, or at each tick.
 
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
-to Redis as one permits call, so a busy flow costs one round trip per batch, not two per
-attempt. A permit of a flow without a rate is handed straight to the next waiter of its flow
-in this process while its lease leaves room for that attempt (``PERMIT_REUSE_MS``), so a
-saturated flow does not pay a round trip per attempt either; with no waiter, it is kept a
-moment for the flow's next task (timewheel/engine/spare_permits.py). A flow in trouble only
-ever makes its own tasks wait.
+to Redis as one permits call. A permit of a flow without a rate is handed straight to the
+next waiter of its flow here while its lease leaves room for that attempt, so a saturated
+flow does not pay a round trip per attempt. A flow in trouble only makes its own tasks wait.
+
+Which attempts wait: those in a flow's ``queue``, in stage WAITING_FOR_FLOW, each with the
+permit id it asked for in ``attempt.permit``. An attempt leaves the queue admitted (its
+permit granted or handed on), parked, or drained at shutdown; a grant that arrives for an
+attempt that has left (or now holds another permit) is given back.
 """
 
 from __future__ import annotations
@@ -24,20 +25,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from timewheel.clock import Clock
-from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease, Waiter
-from timewheel.engine.spare_permits import SparePermits
+from timewheel.engine.attempt import Attempt, Lifecycle, Stage
+from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
 from timewheel.store.flow_store import FlowStore, new_permit_id
-from timewheel.store.record import ClaimedTask
 
 log = logging.getLogger(__name__)
 
+MAX_WANT = 256  # permit ids asked for in one call
 UNPARK_BATCH = 256  # parked tasks taken back in one go
 SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
 RETRY_MS = 200  # after a failed permits call
@@ -50,45 +53,69 @@ UNPARK_START_MS = 50
 PERMIT_REUSE_MS = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A permit held by this process: its lease in Redis runs out at ``expiry_ms``."""
+
+    expiry_ms: float
+
+
+@dataclass(eq=False)
+class FlowState:
+    key: str
+    queue: deque[Attempt] = field(default_factory=deque)
+    releases: list[str] = field(default_factory=list)
+    parked_buckets: set[int] = field(default_factory=set)
+    parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
+    exchange: asyncio.Task[None] | None = None  # the permits call under way
+    again: bool = False  # something changed while it was under way: call once more
+    alarm_ms: float | None = None  # the earliest alarm set for this flow
+    # The flow had a rate at the last permits call. True until a call says otherwise: a
+    # permit is handed on without Redis only for a flow known to have no rate.
+    rated: bool = True
+    room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.queue or self.releases or self.parked_buckets or self.exchange)
+
+
 class FlowGate:
-    def __init__(self, flows: FlowStore, store: Store, clock: Clock, metrics: Metrics, *,
-                 start: Callable[[object, str, int], None],
-                 park: Callable[[list[Waiter]], None],
-                 adopt: Callable[[ClaimedTask, str, int], None],
-                 tokens: Iterator[str], lease_margin_ms: int, max_lease_ms: int,
-                 local_cap: int, max_waiting: int) -> None:
+    def __init__(self, flows: FlowStore, store: Store, recorder: Recorder,
+                 lifecycle: Lifecycle, ready: asyncio.Queue[Attempt], clock: Clock,
+                 metrics: Metrics, *, tokens: Iterator[str], lease_margin_ms: int,
+                 batch_deadline_ms: int, local_cap: int, max_waiting: int) -> None:
         self._flows = flows
         self._store = store
+        self._recorder = recorder
+        self._lifecycle = lifecycle
+        self._ready = ready  # admitted attempts go here, for the dispatcher's workers
         self._clock = clock
         self._metrics = metrics
-        self._start = start  # (payload, permit, start ms): go on, send no earlier than that
-        self._park = park  # set these waiters aside in Redis
-        self._adopt = adopt  # (task, permit, start ms): an unparked task, permit held
         self._tokens = tokens
         self._lease_margin_ms = lease_margin_ms
-        self._max_lease_ms = max_lease_ms
+        self._batch_deadline_ms = batch_deadline_ms
+        self._max_lease_ms = batch_deadline_ms + lease_margin_ms
         self._local_cap = local_cap
         self._max_waiting = max_waiting
         self._states: dict[str, FlowState] = {}
-        self._waiting = 0
-        self._to_park: list[Waiter] = []
-        self._stopping = False  # drained: start nothing new (no hand-over, no unpark)
-        self._closed = False
         self._leases: dict[str, Lease] = {}  # the permits this process holds
+        self._to_park: list[Attempt] = []
+        self._parking: set[asyncio.Task[None]] = set()
+        self._stopping = False  # drained: admit nothing more (no hand-on, no unpark)
+        self._closed = False  # closed: no more permits calls
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
-        self._spares = SparePermits(clock, self._leases, lease_margin_ms=lease_margin_ms,
-                                    flow=self._states.get, release=self._release)
+
+    @property
+    def waiting(self) -> int:
+        """Attempts waiting in this process for a permit of their flow."""
+        return self._lifecycle.counts[Stage.WAITING_FOR_FLOW]
 
     def rated(self, flow: str) -> bool:
         """Whether the flow had a rate at its last permits call (True when not known)."""
         state = self._states.get(flow)
         return state is None or state.rated
-
-    @property
-    def waiting(self) -> int:
-        """Tasks waiting in this process for a permit."""
-        return self._waiting
 
     def _flow(self, key: str) -> FlowState:
         state = self._states.get(key)
@@ -98,47 +125,50 @@ class FlowGate:
 
     # -- what the dispatcher calls ----------------------------------------------------------
 
-    def admit(self, task: ClaimedTask, payload: object, park_by_ms: float) -> None:
-        """A task is due: send it once its flow grants a permit."""
-        state = self._flow(task.flow)
-        if state.spare and not state.queue:
-            permit = self._spares.take(state, task.timeout_ms)
-            if permit is not None:
-                self._start(payload, permit, max(self._clock.now_ms(), task.due_ms))
-                return
-        if len(state.queue) >= self._local_cap or self._waiting >= self._max_waiting:
-            # Enough of this flow waits here already: wait in Redis, holding nothing.
-            self._park_soon([Waiter(task, payload, "", park_by_ms)])
+    def admit(self, attempt: Attempt) -> None:
+        """A due attempt (WAITING_FOR_FLOW): admit it once its flow grants a permit."""
+        state = self._flow(attempt.task.flow)
+        if len(state.queue) >= self._local_cap or self.waiting > self._max_waiting:
+            self._park_soon([attempt])  # enough of it waits here: wait in Redis, holding nothing
             return
-        state.queue.append(Waiter(task, payload, new_permit_id(), park_by_ms))
-        self._waiting += 1
-        self._metrics.flow_waiting.set(self._waiting)
+        attempt.permit = new_permit_id()
+        state.queue.append(attempt)
+        self._metrics.flow_waiting.set(self.waiting)
         self._kick(state)
 
-    def give_back(self, flow: str, permit: str) -> None:
-        """The attempt holding ``permit`` is over (or never started): the next waiter of the
-        flow here takes it over when that is safe, else it goes back to Redis."""
-        state = self._flow(flow)
+    def give_back(self, attempt: Attempt) -> None:
+        """The attempt is done with its permit (answered, or never sent): the next waiter of
+        its flow here takes it over when that is safe, else it goes back to Redis."""
+        permit, attempt.permit = attempt.permit, None
+        if permit is None:
+            return
+        state = self._flow(attempt.task.flow)
         lease = self._leases.pop(permit, None)
-        if (lease is not None and state.queue and not state.rated and state.room >= 0
-                and not self._stopping
-                and not (state.parked_buckets and state.parked_due < state.queue[0].task.due_ms)):
-            waiter = state.queue[0]
-            now = self._clock.now_ms()
-            # Not for a rated flow: every start must be logged in Redis. Not when the flow
-            # holds more than its (lowered) parallelism, nor when older tasks of it are
-            # parked. Only if the lease outlasts the whole attempt with its margin, as a fresh
-            # one would.
-            if lease.expiry_ms - now >= waiter.task.timeout_ms + self._lease_margin_ms:
-                state.queue.popleft()
-                waiter.gone = waiter.handed_on = True  # its own permit, if granted, is unused
-                self._waiting -= 1
-                self._leases[permit] = lease
-                self._start(waiter.payload, permit, max(now, waiter.task.due_ms))
-                return
-        if lease is not None and not self._stopping and self._spares.keep(state, permit, lease):
+        if lease is not None and self._may_hand_on(state, lease):
+            self._admit(state, state.queue.popleft(), permit, lease, self._clock.now_ms())
             return
         self._release(state, [permit])
+
+    def _may_hand_on(self, state: FlowState, lease: Lease) -> bool:
+        """Not for a rated flow (every start must be logged in Redis), not above a lowered
+        parallelism, not past older parked tasks of the flow, and only if the lease outlasts
+        the next attempt with its margin, as a fresh one would."""
+        if not state.queue or state.rated or state.room < 0 or self._stopping:
+            return False
+        head = state.queue[0]
+        if state.parked_buckets and state.parked_due < head.task.due_ms:
+            return False
+        return (lease.expiry_ms - self._clock.now_ms()
+                >= head.task.timeout_ms + self._lease_margin_ms)
+
+    def _admit(self, state: FlowState, attempt: Attempt, permit: str, lease: Lease,
+               start_ms: int) -> None:
+        """The attempt (out of its queue now) holds ``permit``: to the workers. The permit
+        it asked for, if a call under way grants it, is given back then (_granted)."""
+        self._leases[permit] = lease
+        attempt.permit, attempt.start_ms = permit, max(start_ms, attempt.task.due_ms)
+        self._lifecycle.move(attempt, Stage.ADMITTED)
+        self._ready.put_nowait(attempt)
 
     def _release(self, state: FlowState, permits: list[str]) -> None:
         state.releases.extend(permits)
@@ -149,7 +179,6 @@ class FlowGate:
         there is room."""
         state = self._flow(flow)
         state.parked_due = min(state.parked_due, due_ms)
-        self._spares.give_back(state, stale_only=False)  # the parked tasks come first
         if bucket not in state.parked_buckets:
             state.parked_buckets.add(bucket)
             self._kick(state)  # there may be room already (a permit came back meanwhile)
@@ -167,29 +196,29 @@ class FlowGate:
             elif state.queue or state.parked_buckets:
                 self._kick(state)
 
-    def drain(self) -> list[Waiter]:
-        """Shutdown: take every waiter out (the caller hands their claims back); a permit
-        granted to one of them meanwhile is given back."""
+    def drain(self) -> list[Attempt]:
+        """Shutdown: take every waiting attempt out (the caller hands their claims back); a
+        permit granted to one of them meanwhile is given back."""
         self._stopping = True
-        waiters = []
+        waiting = []
         for state in self._states.values():
-            # At once: close() comes only after the attempts in flight, up to the grace period.
-            self._spares.give_back(state, stale_only=False)
-            for waiter in state.queue:
-                waiter.gone = True
-                state.releases.append(waiter.permit)  # in case a reply on its way granted it
-                waiters.append(waiter)
+            for attempt in state.queue:
+                state.releases.append(attempt.permit or "")
+                attempt.permit = None
+                waiting.append(attempt)
             state.queue.clear()
-        self._waiting = 0
-        self._metrics.flow_waiting.set(0)
-        return waiters
+        return waiting
 
     async def close(self) -> None:
-        """Stop, after ``drain``: give back the permits still to give back, once."""
+        """Stop, after ``drain``: finish parking, give back the permits still to give back."""
+        if self._parking:  # a claim not parked in time keeps its lease
+            _, late = await asyncio.wait(set(self._parking), timeout=2.0)
+            for parking in late:
+                parking.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
-        await self._spares.close()
-        running = [s.running for s in self._states.values() if s.running is not None]
+        running = [s.exchange for s in self._states.values() if s.exchange is not None]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
@@ -205,18 +234,19 @@ class FlowGate:
     # -- the per-flow exchange with Redis ---------------------------------------------------
 
     def _kick(self, state: FlowState) -> None:
+        """Make a permits call for the flow soon: now, or after the one under way."""
         if self._closed:
             return  # a permit given back after close: its lease returns it
-        if state.running is not None:
-            state.dirty = True  # the running exchange goes round once more
+        if state.exchange is not None:
+            state.again = True
             return
-        state.running = asyncio.create_task(self._exchange(state))
+        state.exchange = asyncio.create_task(self._exchange(state))
 
     async def _exchange(self, state: FlowState) -> None:
         try:
-            state.dirty = True
-            while state.dirty:
-                state.dirty = False
+            state.again = True
+            while state.again:
+                state.again = False
                 await self._exchange_once(state)
         except StoreUnavailable as exc:
             log.warning("flow %s: permits unavailable, waiting: %s", state.key, exc)
@@ -225,32 +255,30 @@ class FlowGate:
             log.exception("flow %s: permit exchange failed", state.key)
             self._alarm_at(state, self._clock.wall_ms() + RETRY_MS)
         finally:
-            state.running = None
+            state.exchange = None
 
     async def _exchange_once(self, state: FlowState) -> None:
         """One permits call: give back what finished, then ask for the waiters here or for
         parked tasks of the flow (then taken back from Redis), whichever are older."""
         releases, state.releases = state.releases, []
-        waiters, unparking, want, lease = self._wanted(state, len(releases))
+        waiters, unparking, want, lease_ms = self._wanted(state, len(releases))
         if not releases and not want:
             return
         now = self._clock.now_ms()
         try:
-            reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease,
+            reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease_ms,
                                               release=releases, want=want)
         except BaseException:  # unavailable, or cancelled by close(), which sends them
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
         state.rated, state.room = reply.rated, reply.room
-        if state.spare and (state.rated or state.room < 0):
-            self._spares.give_back(state, stale_only=False)  # a rate, or over a lowered limit
         if waiters:
-            self._hand_over(state, waiters, want[:reply.granted], Lease(now + lease, now))
+            self._granted(state, waiters, want[:reply.granted], Lease(now + lease_ms))
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1], granted_ms=now)
         if reply.room > 0 and (state.queue or (state.parked_buckets and not self._stopping)):
-            state.dirty = True  # room left for more than was asked: go round again
+            state.again = True  # room left for more than was asked: go round again
         if reply.wait_ms > 0 and (state.queue or state.parked_buckets):
             self._alarm_at(state, self._clock.wall_ms() + reply.wait_ms)  # rate window
         if state.queue:
@@ -259,7 +287,7 @@ class FlowGate:
             self._alarm_at(state, state.queue[0].park_by_ms)
 
     def _wanted(self, state: FlowState, releasing: int
-                ) -> tuple[list[Waiter], bool, list[tuple[str, int]], int]:
+                ) -> tuple[list[Attempt], bool, list[tuple[str, int]], int]:
         """What to ask for: (waiters asked for, or unparking), the (permit, start) pairs and
         the lease. Asks for what can be had: the room left last time plus what is given back
         now (one more, to notice a limit raised meanwhile), not a whole queue each time."""
@@ -276,37 +304,28 @@ class FlowGate:
                     self._max_lease_ms)
         if not waiters:
             return [], False, [], self._max_lease_ms
-        # Waiters are handed over a few ms before they are due and start at their due time:
+        # Waiters are asked for a few ms before they are due and start at their due time:
         # the rate log must count them when they start, not when let through.
-        want = [(w.permit, max(now, w.task.due_ms)) for w in waiters]
+        want = [(w.permit or "", max(now, w.task.due_ms)) for w in waiters]
         return (waiters, False, want, self._lease_margin_ms + PERMIT_REUSE_MS
                 + max(w.task.timeout_ms for w in waiters))
 
-    def _hand_over(self, state: FlowState, waiters: list[Waiter], granted: list[tuple[str, int]],
-                   lease: Lease) -> None:
-        """Start the waiters whose permits were granted (the first ones asked for)."""
-        unused = []
-        for waiter, (permit, start) in zip(waiters, granted, strict=False):
-            if waiter.handed_on:  # started on a permit handed on while the call was out
-                unused.append(permit)
-                continue
-            if waiter.gone:  # parked while the call was out: its permit is being given back
+    def _granted(self, state: FlowState, waiters: list[Attempt],
+                 granted: list[tuple[str, int]], lease: Lease) -> None:
+        """Admit the waiters whose permits were granted (the first ones asked for)."""
+        for attempt, (permit, start) in zip(waiters, granted, strict=False):
+            if attempt.stage is not Stage.WAITING_FOR_FLOW or attempt.permit != permit:
+                # Left the queue while the call was out (parked, or admitted on a permit
+                # handed on): this one is not needed.
                 state.releases.append(permit)
-                state.dirty = True
+                state.again = True
                 continue
-            # Still waiting, so at the head: removals keep the order, admissions append.
-            if state.queue and state.queue[0] is waiter:
+            if state.queue[0] is attempt:  # still waiting, so at the head (in due order)
                 state.queue.popleft()
             else:
-                state.queue.remove(waiter)
-            self._waiting -= 1
-            self._leases[permit] = lease
-            self._start(waiter.payload, permit, start)
-        self._metrics.flow_waiting.set(self._waiting)
-        for permit in unused:  # fresh: worth keeping for the flow's next task, if allowed
-            if self._stopping or not self._spares.keep(state, permit, lease):
-                state.releases.append(permit)
-                state.dirty = True
+                state.queue.remove(attempt)
+            self._admit(state, attempt, permit, lease, start)
+        self._metrics.flow_waiting.set(self.waiting)
 
     async def _unpark(self, state: FlowState, held: list[str], start: int, *,
                       granted_ms: int) -> None:
@@ -330,19 +349,26 @@ class FlowGate:
             self._store.unpark(bucket, state.key, limit=count, token=next(self._tokens),
                                now_ms=now) for bucket, count in wanted.items()))
         adopted = 0
+        lease = Lease(granted_ms + self._max_lease_ms)
         for bucket, (more, tasks) in zip(wanted, results, strict=True):
             if not more:
                 state.parked_buckets.discard(bucket)
             for task in tasks:
-                self._leases[held[adopted]] = Lease(granted_ms + self._max_lease_ms, granted_ms)
-                self._adopt(task, held[adopted], start)
+                attempt = self._lifecycle.add(Attempt.claimed(
+                    task, now, batch_deadline_ms=self._batch_deadline_ms,
+                    lease_margin_ms=self._lease_margin_ms))
+                self._lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
+                self._admit(state, attempt, held[adopted], lease, start)
                 adopted += 1
+        self._metrics.claimed.inc(adopted)
         self._metrics.flow_unparked.inc(adopted)
         if adopted < len(held):  # taken by another process meanwhile: give the rest back
             state.releases.extend(held[adopted:])
-            state.dirty = True
+            state.again = True
         elif state.parked_buckets:
-            state.dirty = True  # more may fit: ask again
+            state.again = True  # more may fit: ask again
+
+    # -- deadlines: waiting here turns into waiting in Redis ---------------------------------
 
     def _alarm_at(self, state: FlowState, when_ms: float) -> None:
         """Call ``_alarm`` for the flow at ``when_ms`` (one pending alarm per flow: the
@@ -360,24 +386,43 @@ class FlowGate:
         state.alarm_ms = None
         due = []
         while state.queue and state.queue[0].park_by_ms <= now:  # in deadline order, ~
-            waiter = state.queue.popleft()
-            waiter.gone = True
-            due.append(waiter)
-        if due:
+            attempt = state.queue.popleft()
             # Not granted as far as this process knows; a reply lost on the way may have.
-            state.releases.extend(w.permit for w in due)
-            self._waiting -= len(due)
-            self._metrics.flow_waiting.set(self._waiting)
+            state.releases.append(attempt.permit or "")
+            attempt.permit = None
+            due.append(attempt)
+        if due:
             self._park_soon(due)
         self._kick(state)
 
-    def _park_soon(self, waiters: list[Waiter]) -> None:
+    def _park_soon(self, attempts: list[Attempt]) -> None:
         """Park at the end of this event-loop iteration, all of it in one go: a burst turns
         thousands of waiters away at once."""
         if not self._to_park:
             asyncio.get_running_loop().call_soon(self._park_now)
-        self._to_park.extend(waiters)
+        self._to_park.extend(attempts)
 
     def _park_now(self) -> None:
-        waiters, self._to_park = self._to_park, []
-        self._park(waiters)
+        attempts, self._to_park = self._to_park, []
+        parking = asyncio.create_task(self._park(attempts))
+        self._parking.add(parking)
+        parking.add_done_callback(self._parking.discard)
+
+    async def _park(self, attempts: list[Attempt]) -> None:
+        results = await asyncio.gather(*(self._recorder.park(a) for a in attempts),
+                                       return_exceptions=True)
+        unparked = []
+        for attempt, result in zip(attempts, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("could not park %s; handing it back: %s", attempt.task.key, result)
+                self._lifecycle.move(attempt, Stage.HANDED_BACK)
+                unparked.append(attempt)
+            elif result:
+                self._lifecycle.move(attempt, Stage.PARKED)
+                self.parked(attempt.task.flow, attempt.task.bucket, attempt.task.due_ms)
+                self._metrics.flow_parked.inc()
+            else:  # cancelled or replaced meanwhile
+                self._lifecycle.move(attempt, Stage.SKIPPED)
+        if unparked:
+            self._recorder.hand_back(unparked, "could not park")
+        self._metrics.flow_waiting.set(self.waiting)

@@ -91,6 +91,7 @@ class ClaimedTask:
     url: str
     method: str
     flow: str
+    created_ms: int = 0  # lateness counts from max(due, created): a task made late is not late
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +324,8 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
             key=key, bucket=bucket, token=token, due_ms=head["due"],
             execute_at_ms=head["exec"], attempts=head["att"], max_attempts=head["max"],
             backoff_ms=head["backoff"], timeout_ms=head["timeout"], url=url.decode(),
-            method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
+            method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode(),
+            created_ms=head["created"])
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 

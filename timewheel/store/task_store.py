@@ -329,11 +329,12 @@ class Store:
         return [int(x) for x in reply]
 
     async def release(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Hand back claims that never started; 1 each handed back."""
+        """Hand back claims whose attempt this process did not send (started or not);
+        1 each handed back, 0 not ours any more, 2 cancelled meanwhile (lua/release.lua)."""
         async with redis_errors("release"):
             reply = await self.scripts.release(
                 keys=[self.keys.prefix(bucket)],
-                args=[part for claim in claims for part in claim])
+                args=[self.attempts_kept, *(part for claim in claims for part in claim)])
         return [int(x) for x in reply]
 
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------

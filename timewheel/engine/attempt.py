@@ -1,0 +1,138 @@
+"""One attempt of one claimed task, from claim to record: its stages, and who holds it.
+
+The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_run``:
+
+    CLAIMED ──► WAITING_FOR_FLOW ──► ADMITTED ──► STARTED ──► SENT ──► ANSWERED ──► RECORDED
+       │               │    ▲            │           │                     │
+       │               │    └────────────┴───────────┤                     └──► UNRECORDED
+       ▼               ▼                 ▼           ▼
+    HANDED_BACK      PARKED      SKIPPED, HANDED_BACK   HANDED_BACK
+
+- CLAIMED: held under a lease, on the timeline until just before it is due.
+- WAITING_FOR_FLOW: due; its flow has no permit for it yet (timewheel/engine/flow_gate.py).
+- ADMITTED: holds a permit of its flow; a worker takes it.
+- STARTED: Redis counted the attempt (lua/start.lua) and handed over headers and body.
+- SENT: the request is on the wire. Only from here on can the receiver have seen it.
+- ANSWERED: its outcome is decided (an answer, an error or a timeout), being recorded.
+- Terminal: RECORDED (outcome and history written), UNRECORDED (Redis did not take the
+  outcome within the lease: another process re-sends the task), PARKED (waits in Redis for
+  its flow), SKIPPED (cancelled or replaced since the claim), HANDED_BACK (never sent, given
+  back for any process to claim at once: late, stalled past its lease, or shutting down).
+
+``Lifecycle`` is the one owner of the attempts this process holds: every stage change goes
+through ``move``, which refuses a transition that the picture above does not have. A task is
+sent at most once per claim because SENT is reachable only from STARTED, and STARTED only once.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+from timewheel.errors import TimeWheelError
+from timewheel.store.record import ClaimedTask, Started
+
+# An attempt must be sent this long before its lease could run out (so that its answer is in
+# before another process may re-claim the task): at most the lease margin's half.
+SEND_SAFETY_MS = 1000
+
+
+class Stage(enum.Enum):
+    CLAIMED = "claimed"
+    WAITING_FOR_FLOW = "waiting for its flow"
+    ADMITTED = "admitted"
+    STARTED = "started"
+    SENT = "sent"
+    ANSWERED = "answered"
+    RECORDED = "recorded"
+    UNRECORDED = "unrecorded"
+    PARKED = "parked"
+    SKIPPED = "skipped"
+    HANDED_BACK = "handed back"
+
+
+NEXT: dict[Stage, frozenset[Stage]] = {
+    Stage.CLAIMED: frozenset({Stage.WAITING_FOR_FLOW, Stage.HANDED_BACK}),
+    Stage.WAITING_FOR_FLOW: frozenset({Stage.ADMITTED, Stage.PARKED, Stage.HANDED_BACK}),
+    # Back to WAITING_FOR_FLOW: a rated flow's permit went stale while it waited for a worker.
+    Stage.ADMITTED: frozenset({Stage.STARTED, Stage.SKIPPED, Stage.HANDED_BACK,
+                               Stage.WAITING_FOR_FLOW}),
+    # Back to WAITING_FOR_FLOW from STARTED too: lua/start.lua answers a started attempt again
+    # with the same number, so a rated flow's attempt late for its logged start asks again.
+    Stage.STARTED: frozenset({Stage.SENT, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW}),
+    Stage.SENT: frozenset({Stage.ANSWERED}),
+    Stage.ANSWERED: frozenset({Stage.RECORDED, Stage.UNRECORDED}),
+}
+TERMINAL = frozenset(Stage) - NEXT.keys()
+
+
+class IllegalTransition(TimeWheelError):
+    """A bug: an attempt was moved along an edge its lifecycle does not have."""
+
+
+@dataclass(eq=False, slots=True)
+class Attempt:
+    """The next attempt of a claimed task, carried through its stages by one worker at a
+    time. ``send_by_ms`` is the latest moment it may go on the wire (wheel time): after it, its
+    answer could come after its lease ran out and another process re-sent it."""
+
+    task: ClaimedTask
+    claimed_at_ms: int
+    deadline_ms: int  # the batch deadline of the tick that claimed it
+    send_by_ms: int
+    stage: Stage = Stage.CLAIMED
+    permit: str | None = None  # the flow's permit, from ADMITTED until given back
+    start_ms: int = 0  # the flow logged its start for this moment: not sent before it
+    started: Started | None = None  # what lua/start.lua handed over (STARTED on)
+    park_by_ms: float = 0.0  # waiting for its flow this long at most, then parked
+
+    @classmethod
+    def claimed(cls, task: ClaimedTask, claimed_at_ms: int, *, batch_deadline_ms: int,
+                lease_margin_ms: int) -> Attempt:
+        """The lease runs out at max(due, claimed) + timeout + margin (lua/lib/claiming.lua);
+        sending by max(due, claimed) + a share of the margin leaves the attempt its whole
+        timeout before then."""
+        lease_from = max(task.due_ms, claimed_at_ms)
+        room = max(lease_margin_ms // 2, lease_margin_ms - SEND_SAFETY_MS)
+        return cls(task, claimed_at_ms, claimed_at_ms + batch_deadline_ms, lease_from + room)
+
+    def may_send(self, now_ms: int) -> bool:
+        """Whether its lease still has room for the whole attempt: checked on this process's
+        clock just before the request goes out (a stalled process gives the attempt up)."""
+        return now_ms <= self.send_by_ms
+
+    @property
+    def claim(self) -> tuple[str, str]:
+        return self.task.key, self.task.token
+
+
+@dataclass
+class Lifecycle:
+    """The attempts this process holds, by stage. ``move`` is the only way to change a stage."""
+
+    live: set[Attempt] = field(default_factory=set)
+    counts: Counter[Stage] = field(default_factory=Counter)
+
+    def add(self, attempt: Attempt) -> Attempt:
+        if attempt.stage is not Stage.CLAIMED or attempt in self.live:
+            raise IllegalTransition(f"{attempt.task.key}: added in stage {attempt.stage.value}")
+        self.live.add(attempt)
+        self.counts[Stage.CLAIMED] += 1
+        return attempt
+
+    def move(self, attempt: Attempt, to: Stage) -> None:
+        if attempt not in self.live or to not in NEXT.get(attempt.stage, ()):
+            raise IllegalTransition(f"{attempt.task.key}: {attempt.stage.value} -> {to.value}")
+        self.counts[attempt.stage] -= 1
+        attempt.stage = to
+        if to in TERMINAL:
+            self.live.discard(attempt)
+        else:
+            self.counts[to] += 1
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def in_stage(self, *stages: Stage) -> list[Attempt]:
+        return [a for a in self.live if a.stage in stages]

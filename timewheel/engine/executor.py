@@ -1,0 +1,126 @@
+"""One attempt on the wire: the request it sends, and what its answer means.
+
+``Executor.send`` builds the callback's headers (Standard Webhooks id, timestamp and
+signature; attempt number; scheduled time), sends it under the attempt's timeout and returns
+the attempt's ``Outcome``, decided as a plain value: delivered, retry (with the next attempt's
+time) or failed, with the history entry that lua/complete.lua appends. It never writes to
+Redis: timewheel/engine/recorder.py does that, in batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+
+from timewheel import __version__
+from timewheel.clock import Clock
+from timewheel.delivery.retry_policy import classify_status, next_due_ms
+from timewheel.delivery.senders import Answer, Sender, SendError
+from timewheel.delivery.signing import Signer
+from timewheel.engine.attempt import Attempt
+from timewheel.metrics import Metrics
+from timewheel.models import format_ms
+from timewheel.store import Outcome, attempts
+from timewheel.store.record import Started
+from timewheel.tracing import Tracing, record_callback
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = f"timewheel/{__version__}"
+MAX_ERROR_CHARS = 500
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"  # an attempt's "process" in its history
+
+
+class Executor:
+    def __init__(self, clock: Clock, sender: Sender, metrics: Metrics, *,
+                 signer: Signer | None, tracing: Tracing, log_deliveries: bool = False) -> None:
+        self._clock = clock
+        self._sender = sender
+        self._metrics = metrics
+        self._signer = signer
+        self._tracing = tracing
+        # Successes at DEBUG unless asked for: at thousands a second, a line each costs CPU.
+        self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
+        # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
+        self._scheduled_at = functools.lru_cache(maxsize=1024)(format_ms)
+
+    async def send(self, attempt: Attempt, timeout_ms: int) -> Outcome:
+        """Send the started attempt with the headers and body that lua/start.lua read (a claim
+        carries no body: what is sent is what is stored at start), and decide its outcome."""
+        task, started = attempt.task, attempt.started
+        assert started is not None
+        started_ms = self._clock.wall_ms()
+        (self._metrics.lateness_first if started.attempt == 1
+         else self._metrics.lateness_retry).observe(
+            (started_ms - max(task.due_ms, task.created_ms)) / 1000.0)
+        headers = self.headers(attempt, started, int(started_ms // 1000))
+        answer: Answer | None = None
+        error: SendError | None = None
+        with self._tracing.callback_span(task.key, started.attempt, task.method,
+                                         task.url) as span:
+            self._metrics.inflight.inc()
+            try:
+                answer = await self._sender.send(task.method, task.url, headers,
+                                                 started.body or None, timeout_ms / 1000.0)
+            except SendError as exc:
+                error = exc
+            finally:
+                self._metrics.inflight.dec()
+            took_ms = self._clock.wall_ms() - started_ms
+            self._metrics.duration.observe(took_ms / 1000.0)
+            outcome = self.decide(attempt, answer, error, int(started_ms), took_ms)
+            record_callback(span, status_code=outcome.status_code, outcome=outcome.kind,
+                            error=outcome.error)
+        return outcome
+
+    def headers(self, attempt: Attempt, started: Started,
+                timestamp: int) -> list[tuple[str, str]]:
+        task = attempt.task
+        headers = [*started.headers,
+                   ("webhook-id", task.key),
+                   ("webhook-timestamp", str(timestamp)),
+                   ("timewheel-attempt", str(started.attempt)),
+                   ("timewheel-scheduled-at", self._scheduled_at(task.execute_at_ms) or ""),
+                   ("User-Agent", USER_AGENT)]
+        if self._signer is not None:
+            headers.append(("webhook-signature",
+                            self._signer.sign(task.key, timestamp, started.body)))
+        return headers
+
+    def decide(self, attempt: Attempt, answer: Answer | None, error: SendError | None,
+               started_ms: int, took_ms: float) -> Outcome:
+        """What the answer (or the error) means for the task: a pure decision."""
+        task, number = attempt.task, attempt.started.attempt if attempt.started else 0
+        now = self._clock.now_ms()
+        if answer is not None:
+            verdict = classify_status(answer.status)
+            code: int | None = answer.status
+            message = None if verdict == "ok" else f"HTTP {answer.status}"
+            retry_after = answer.retry_after
+        else:
+            assert error is not None
+            verdict = "fail" if error.kind == "blocked" else "retry"
+            code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
+        if verdict == "retry" and number >= task.max_attempts:
+            verdict = "fail"
+        next_ms = (next_due_ms(now, task.backoff_ms, number, retry_after)
+                   if verdict == "retry" else None)
+        log.log(self._ok_level if verdict == "ok" else logging.INFO,
+                "callback %s attempt=%d %s %.3fs -> %s", task.key, number,
+                code if code is not None else message, took_ms / 1000.0, verdict,
+                extra={"task_key": task.key, "flow_key": task.flow, "attempt": number,
+                       "status_code": code, "duration_ms": round(took_ms, 1),
+                       "outcome": verdict, "error": message})
+        self._metrics.outcomes[{"ok": "succeeded", "retry": "retried", "fail": "failed"}[
+            verdict]].inc()
+        body = answer.body.decode(errors="replace") if answer is not None else None
+        history = attempts.entry(
+            attempt=number, started_ms=started_ms, duration_ms=round(took_ms),
+            verdict=verdict, status_code=code, error=message,
+            headers=answer.headers if answer is not None else None,
+            body=body or None, body_truncated=answer is not None and answer.body_truncated,
+            next_attempt_ms=next_ms, process=PROCESS)
+        return Outcome(task.key, task.token, verdict, code, message, next_ms, started_ms,
+                       history)

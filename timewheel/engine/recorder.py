@@ -1,0 +1,130 @@
+"""Every write the delivery path makes to Redis after a claim, batched per bucket.
+
+- ``start``: count an attempt and read what it sends (lua/start.lua), just before it is due.
+- ``record``: an attempt's outcome and history entry (lua/complete.lua), fenced by the claim
+  token; while Redis is away it is tried again until the attempt's lease would have run out
+  (after that another process re-sends the task: at-least-once).
+- ``hand_back``: a claim whose attempt was not sent (lua/release.lua), so any process can
+  claim it at once; while Redis is away it is tried again until it answers (a start call
+  lost in a Redis restart must not leave its task to wait out the whole lease).
+- ``park``: set claims aside until their flow has room (lua/park.lua).
+
+A burst of 10,000 due tasks would cost 40,000 round trips one by one; batched
+(timewheel/engine/batching.py) it costs a few dozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from timewheel.clock import Clock
+from timewheel.engine.attempt import Attempt
+from timewheel.engine.batching import BucketBatcher
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.store import Outcome, Store
+from timewheel.store.record import Started
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+STALE = 0  # lua/complete.lua: the claim was not ours any more
+
+
+class Recorder:
+    def __init__(self, store: Store, clock: Clock, metrics: Metrics) -> None:
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._starts: BucketBatcher[tuple[str, str], Started] = BucketBatcher(self._flush_starts)
+        self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
+        self._releases: BucketBatcher[tuple[str, str], int] = BucketBatcher(
+            lambda bucket, claims: self._store.release(bucket, claims))
+        self._parks: BucketBatcher[tuple[str, str], int] = BucketBatcher(
+            lambda bucket, claims: self._store.park(bucket, claims))
+        self._background: set[asyncio.Task[Any]] = set()
+        self._handed_back = 0
+
+    @property
+    def busy(self) -> int:
+        """Hand-backs under way in the background."""
+        return len(self._background)
+
+    async def start(self, attempt: Attempt) -> Started:
+        """Count the attempt in Redis and get its headers and body; NOT_STARTED (attempt 0)
+        when the claim is not ours any more. Raises StoreUnavailable."""
+        return await self._starts.submit(attempt.task.bucket, attempt.claim)
+
+    async def park(self, attempt: Attempt) -> bool:
+        """Whether the claim was parked (False: not ours any more). Raises StoreUnavailable."""
+        return bool(await self._parks.submit(attempt.task.bucket, attempt.claim))
+
+    async def record(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """Store the outcome and its history entry. False when it could not be stored before
+        the attempt's lease ran out (Redis away: another process re-sends the task)."""
+        lease_end = attempt.send_by_ms + attempt.task.timeout_ms
+        result = await self._keep_trying(
+            lambda: self._completes.submit(attempt.task.bucket, outcome), lease_end,
+            f"outcome of {attempt.task.key}")
+        if result == STALE:
+            log.info("outcome of %s dropped: replaced or re-claimed meanwhile",
+                     attempt.task.key)
+        return result is not None
+
+    def hand_back(self, attempts: Sequence[Attempt], why: str) -> None:
+        """Give claims whose attempt was not sent back to the wheel, in the background."""
+        for attempt in attempts:
+            self._spawn(self._hand_back(attempt))
+        self._metrics.skipped.inc(len(attempts))
+        self._handed_back += len(attempts)
+        if attempts and self._handed_back & (self._handed_back - 1) == 0:  # 1, 2, 4, ...
+            log.warning("%d claims handed back so far (now: %s)", self._handed_back, why)
+
+    async def _hand_back(self, attempt: Attempt) -> None:
+        # Until the lease would give it back anyway: its end is the latest useful moment.
+        lease_end = attempt.send_by_ms + attempt.task.timeout_ms
+        await self._keep_trying(lambda: self._releases.submit(attempt.task.bucket,
+                                                              attempt.claim),
+                                lease_end, f"hand-back of {attempt.task.key}")
+
+    async def _keep_trying(self, write: Callable[[], Awaitable[int]], until_ms: int,
+                           what: str) -> int | None:
+        """The write's reply; None if Redis did not answer before ``until_ms``."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as exc:
+                if self._clock.now_ms() + delay * 1000 > until_ms:
+                    log.warning("%s not stored, its lease will do: %s", what, exc)
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self, timeout: float) -> int:
+        """Wait up to ``timeout`` s for the background writes; cancel the rest (their
+        leases cover them). Returns how many were cancelled."""
+        if not self._background:
+            return 0
+        _, late = await asyncio.wait(set(self._background), timeout=max(0.1, timeout))
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        return len(late)
+
+    async def _flush_starts(self, bucket: int,
+                            claims: Sequence[tuple[str, str]]) -> list[Started]:
+        return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
+
+    async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]) -> list[int]:
+        return await self._store.complete(bucket, now_ms=self._clock.now_ms(),
+                                          outcomes=outcomes)
