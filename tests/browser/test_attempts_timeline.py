@@ -119,3 +119,24 @@ def test_no_attempt_yet_then_a_delivered_one(page: Any, service: Service, api: h
     expect(item.locator(".badge")).to_have_text("delivered")
     expect(item.locator(".attempt-head")).to_contain_text("HTTP 200")
 
+
+
+def test_times_are_shown_in_the_browsers_zone(browser: Any, service: Service, api: httpx.Client,
+                                              receiver: ThreadedReceiver) -> None:
+    """The same instant in a browser in New York: local time, named zone; the UTC value stays
+    in the element's datetime."""
+    key = f"zone-{uid()}"
+    create(api, key, receiver.url("/zone"), delay=7200)
+    seed(service, key, json.dumps({"n": 1, "o": "retry", "s": T0 + 5, "d": 3, "c": 503,
+                                   "na": T0 + 60_000, "p": "h:1"}))
+    context = browser.new_context(timezone_id="America/New_York", locale="en-US")
+    try:
+        page = context.new_page()
+        open_ui(page, service, f"#/task/{key}")
+        head = page.locator("#attempts li.attempt .attempt-head time")
+        expect(head).to_have_text("2027-01-15 03:00:00.005 EST")
+        expect(head).to_have_attribute("datetime", "2027-01-15T08:00:00.005Z")
+        expect(page.locator("#attempts .next")).to_have_text(
+            "next attempt at 2027-01-15 03:01:00.000 EST")
+    finally:
+        context.close()
