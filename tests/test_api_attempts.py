@@ -107,6 +107,17 @@ async def test_oldest_first_with_every_outcome(client: httpx.AsyncClient,
                         "error": "stopped by a DELETE before it was sent"}
 
 
+async def test_an_outcome_without_a_request_has_no_process(client: httpx.AsyncClient,
+                                                           redis: Redis) -> None:
+    """A record set aside (undecodable, never sent) is recorded with process "": shown as
+    null, not as an empty host:pid."""
+    await new_task(client, "t")
+    await seed(redis, "t", '{"n":1,"s":1800000000000,"d":0,"o":"failed","e":"bad record",'
+                           '"p":""}')
+    shown = (await client.get("/tasks/t/attempts")).json()["attempts"][0]
+    assert (shown["outcome"], shown["error"], shown["process"]) == ("failed", "bad record", None)
+
+
 async def test_text_is_shown_as_stored(client: httpx.AsyncClient, redis: Redis) -> None:
     """A body excerpt with non-ASCII text, quotes and markup comes back character for
     character (ensure_ascii=False on the way in, JSON on the way out)."""

@@ -23,7 +23,9 @@ def attempt_view(record: AttemptRecord) -> AttemptView:
         status_code=record.status_code, error=record.error,
         response_headers=record.response_headers, response_body=record.response_body,
         response_body_truncated=record.response_body_truncated,
-        next_attempt_at=format_ms(record.next_attempt_ms), process=record.process)
+        next_attempt_at=format_ms(record.next_attempt_ms),
+        # "" is what an outcome decided without a request stores (a record set aside)
+        process=record.process or None)
 
 
 @router.get("/{key}/attempts", response_model=AttemptList, responses={
