@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
 from timewheel.store import attempts
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 
 from .conftest import all_keys, node_clients, post_tasks, slot_owners, wait_finished
+
+pytestmark = pytest.mark.cluster
 
 KEYS = Keyspace("tw")
 
