@@ -3,18 +3,34 @@
 // the response (headers and body excerpt) behind a disclosure. Shown on the task page.
 
 import { api, seg } from "./api.js";
-import { badge, fill, h, localTime } from "./dom.js";
+import { badge, fill, h } from "./dom.js";
 
-// "2027-01-15 08:00:00.005 UTC": the browser's zone, named; the RFC 3339 value in the title.
+const pad = (n, width = 2) => String(n).padStart(width, "0");
+
+// The date's fields and its zone's short name ("UTC", "EST", "GMT+1") in the browser's zone.
+// Same shapes as fields() and zoneLabel() of the fhdocs branch's zone.js (the dashboard's
+// UTC/local toggle): once both are merged, import those instead of these two.
+function fields(d) {
+  return { year: d.getFullYear(), month: d.getMonth() + 1, day: d.getDate(),
+    hours: d.getHours(), minutes: d.getMinutes(), seconds: d.getSeconds() };
+}
+
+function zoneLabel(d) {
+  const part = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(d)
+    .find((p) => p.type === "timeZoneName");
+  return part ? part.value : "local";
+}
+
+// "2027-01-15 08:00:00.005 UTC", to the millisecond, zone named; the RFC 3339 value in the
+// element's datetime and title.
 function zoned(iso, missing = "—") {
   if (!iso) return h("span", { class: "muted" }, missing);
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return iso;
-  const zone = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(d)
-    .find((part) => part.type === "timeZoneName");
-  const ms = String(d.getMilliseconds()).padStart(3, "0");
+  const f = fields(d);
   return h("time", { datetime: iso, title: iso },
-    `${localTime(iso)}.${ms}${zone ? ` ${zone.value}` : ""}`);
+    `${f.year}-${pad(f.month)}-${pad(f.day)} ${pad(f.hours)}:${pad(f.minutes)}:` +
+    `${pad(f.seconds)}.${pad(d.getUTCMilliseconds(), 3)} ${zoneLabel(d)}`);
 }
 
 function duration(ms) {
