@@ -60,6 +60,7 @@ DOWN_CALLS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/tasks", {"json": {"key": "lost", "callback_url": URL, "delay": 3600}}),
     ("PUT", "/tasks/lost-put", {"json": {"callback_url": URL, "delay": 3600}}),
     ("GET", "/tasks/kept", {}),
+    ("GET", "/tasks/kept/attempts", {}),
     ("DELETE", "/tasks/kept", {}),
     ("POST", "/tasks/kept/replay", {}),
     ("GET", "/tasks", {"params": {"status": "failed"}}),

@@ -56,6 +56,7 @@ CALLS: list[tuple[str, str, dict[str, Any], int]] = [
     ("POST", "/tasks", {"json": {"key": "k", "callback_url": URL, "delay": 60}}, 201),
     ("PUT", "/tasks/p", {"json": {"callback_url": URL, "delay": 60}}, 201),
     ("GET", "/tasks/k", {}, 200),
+    ("GET", "/tasks/k/attempts", {}, 200),
     ("GET", "/tasks", {"params": {"status": "failed"}}, 200),
     ("DELETE", "/tasks/k", {}, 204),
     ("POST", "/tasks/k/replay", {}, 200),

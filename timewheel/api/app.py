@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from timewheel import __version__
-from timewheel.api import batch, flows, ops, schedules, stats, tasks, ui
+from timewheel.api import attempts, batch, flows, ops, schedules, stats, tasks, ui
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                        dependencies=[] if settings.metrics_public else [Depends(require_token)])
     app.include_router(batch.router)  # before tasks: /tasks/batch is not /tasks/{key}
     app.include_router(tasks.router)
+    app.include_router(attempts.router)
     app.include_router(flows.router)
     app.include_router(schedules.router)
     app.include_router(stats.router)
@@ -92,7 +93,7 @@ def _error_handlers(app: FastAPI) -> None:
             # Starlette's Allow lists only the first route matching the path; /tasks has two.
             routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
                       *tasks.router.routes, *flows.router.routes, *schedules.router.routes,
-                      *stats.router.routes, *ui.router.routes]
+                      *stats.router.routes, *ui.router.routes, *attempts.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

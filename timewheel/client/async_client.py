@@ -11,6 +11,7 @@ import httpx
 from timewheel.client import calls
 from timewheel.client.calls import DEFAULT_TIMEOUT, Call, Page
 from timewheel.models import (
+    AttemptView,
     BatchResult,
     FlowLimits,
     FlowList,
@@ -115,6 +116,12 @@ class AsyncClient:
         async for page in pages:
             for task in page.tasks:
                 yield task
+
+    async def attempts(self, key: str) -> list[AttemptView]:
+        """The task's kept attempts, oldest first (``GET /tasks/{key}/attempts``): each with
+        its outcome, status code, error, response excerpt, duration and process. A task never
+        tried has none; ``NotFoundError`` if there is no such task."""
+        return await self._run(calls.task_attempts(key))
 
     # -- flows ----------------------------------------------------------------------------
 

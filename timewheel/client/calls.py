@@ -21,6 +21,8 @@ from pydantic import BaseModel, ValidationError
 from timewheel import __version__
 from timewheel.client.errors import UnexpectedAnswerError, UnreachableError, error_for
 from timewheel.models import (
+    AttemptList,
+    AttemptView,
     BatchResult,
     FlowLimits,
     FlowList,
@@ -183,6 +185,12 @@ def list_tasks(status: str | None, key_prefix: str | None, limit: int | None,
                cursor: str | None) -> Call[TaskList]:
     return Call("GET", "/tasks", _model(TaskList),
                 params=_query(status=status, key_prefix=key_prefix, limit=limit, cursor=cursor))
+
+
+def task_attempts(key: str) -> Call[list[AttemptView]]:
+    """``GET /tasks/{key}/attempts``: the kept attempts, oldest first."""
+    return Call("GET", f"/tasks/{segment(key)}/attempts",
+                lambda response: AttemptList.model_validate_json(response.content).attempts)
 
 
 # -- /flows -------------------------------------------------------------------------------

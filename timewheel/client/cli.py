@@ -198,6 +198,9 @@ def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
     listing.add_argument("--limit", type=int, metavar="N", help="page size, 1-1000 (default 100)")
     listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
+    _command(group, "attempts", common, _task_attempts,
+             "a task's attempts, oldest first: outcome, status, error, response excerpt"
+             ).add_argument("key", metavar="KEY")
 
 
 def _add_task(client: Client, args: argparse.Namespace) -> Any:
@@ -219,6 +222,11 @@ def _cancel_task(client: Client, args: argparse.Namespace) -> Any:
 
 def _replay_task(client: Client, args: argparse.Namespace) -> Any:
     return client.replay_task(args.key)
+
+
+def _task_attempts(client: Client, args: argparse.Namespace) -> Any:
+    """Printed as the API answers it: ``{"attempts": [...]}``."""
+    return {"attempts": [a.model_dump(mode="json") for a in client.attempts(args.key)]}
 
 
 def _list_tasks(client: Client, args: argparse.Namespace) -> Any:

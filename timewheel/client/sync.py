@@ -11,6 +11,7 @@ import httpx
 from timewheel.client import calls
 from timewheel.client.calls import DEFAULT_TIMEOUT, Call, Page
 from timewheel.models import (
+    AttemptView,
     BatchResult,
     FlowLimits,
     FlowList,
@@ -112,6 +113,12 @@ class Client:
         """Every task of the listing, page after page, following ``next_cursor``."""
         for page in self._pages(lambda c: calls.list_tasks(status, key_prefix, page_size, c)):
             yield from page.tasks
+
+    def attempts(self, key: str) -> list[AttemptView]:
+        """The task's kept attempts, oldest first (``GET /tasks/{key}/attempts``): each with
+        its outcome, status code, error, response excerpt, duration and process. A task never
+        tried has none; ``NotFoundError`` if there is no such task."""
+        return self._run(calls.task_attempts(key))
 
     # -- flows ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Request and response models of the HTTP API, shared by the service and the client.
 One module per resource; everything is re-exported here."""
 
+from timewheel.models.attempts import AttemptList, AttemptOutcome, AttemptView
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
 from timewheel.models.schedules import (
@@ -36,3 +37,4 @@ __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", 
            "parse_execute_at"]
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
             "ScheduleTask", "ScheduleView"]
+__all__ += ["AttemptList", "AttemptOutcome", "AttemptView"]

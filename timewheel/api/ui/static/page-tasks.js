@@ -2,6 +2,7 @@
 // attempt's outcome (GET /tasks/{key}), cancel (DELETE) and replay (POST .../replay).
 
 import { api, seg } from "./api.js";
+import { attemptsPanel } from "./attempts.js";
 import { badge, confirmButton, h, notify, table, time, fill } from "./dom.js";
 
 const STATUSES = ["scheduled", "retrying", "delivering", "failed", "succeeded", "cancelled"];
@@ -169,4 +170,5 @@ export function renderTask(root, key) {
   }
 
   load();
+  root.append(attemptsPanel(key)); // the history, under the task's details (attempts.js)
 }
