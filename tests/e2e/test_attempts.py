@@ -19,7 +19,6 @@ pytestmark = pytest.mark.e2e
 BODY_BYTES = 16  # TIMEWHEEL_ATTEMPT_BODY_BYTES, small so that one answer is cut
 
 
-@pytest.mark.xfail(strict=True, reason="engine writes full entries: lead's rebuild")
 def test_503_503_200_shows_three_attempts(start_service, receiver: ThreadedReceiver) -> None:
     service = start_service(attempt_body_bytes=str(BODY_BYTES))
     long_body = b"overloaded: " + b"x" * 100

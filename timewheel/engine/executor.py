@@ -118,7 +118,8 @@ class Executor:
         body = answer.body.decode(errors="replace") if answer is not None else None
         history = attempts.entry(
             attempt=number, started_ms=started_ms, duration_ms=round(took_ms),
-            verdict=verdict, status_code=code, error=message,
+            # An answer is data (its status code), not an error: error names no answer.
+            verdict=verdict, status_code=code, error=message if answer is None else None,
             headers=answer.headers if answer is not None else None,
             body=body or None, body_truncated=answer is not None and answer.body_truncated,
             next_attempt_ms=next_ms, process=PROCESS)
