@@ -26,8 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     for name, info in Settings.model_fields.items():
+        # A switch given alone turns it on (--allow-private-networks); a value still works.
+        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if info.annotation is bool else {}
         serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
-                           metavar="VALUE",
+                           metavar="VALUE", **switch,
                            help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
     # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
     client_cli.add_commands(commands)
