@@ -1,4 +1,4 @@
-"""Settings from flags or ``TIMEWHEEL_*`` environment variables (names fixed by API.md)."""
+"""Settings from flags or ``TIMEWHEEL_*`` environment variables (names fixed by docs/api.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     max_horizon_seconds: float = Field(default=31_536_000, gt=0)
     flow_parallelism: int = Field(default=100, ge=1, le=10_000)
 
-    # Beyond API.md: operational knobs with safe defaults.
+    # Beyond docs/api.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)
     lease_margin_seconds: float = Field(default=5.0, gt=0)
     claim_batch: int = Field(default=100, ge=1, le=10_000)

@@ -209,7 +209,7 @@ async def test_422_message_names_each_field(both: Both, router: respx.MockRouter
 
 
 async def test_conflict_carries_the_task_view(both: Both, router: respx.MockRouter) -> None:
-    """A cancel of a finished task: 409 with the view next to the detail (API.md)."""
+    """A cancel of a finished task: 409 with the view next to the detail (docs/api.md)."""
     finished = view(status="succeeded", attempts=1, finished_at=AT)
     router.route().mock(return_value=httpx.Response(
         409, json=finished | {"detail": "task 'k1' has already finished"}))
