@@ -301,6 +301,14 @@ async def test_put_with_another_key_is_refused_before_sending(both: Both,
     assert route.call_count == 0
 
 
+async def test_reschedule_to_a_naive_datetime_is_refused_before_sending(
+        both: Both, router: respx.MockRouter) -> None:
+    route = router.route().mock(return_value=httpx.Response(200, json=view()))
+    with pytest.raises(ValueError, match="needs a time zone"):
+        await both.call("reschedule", "k1", execute_at=datetime(2027, 1, 15, 9, 30))  # noqa: DTZ001
+    assert route.call_count == 0
+
+
 async def test_iter_tasks_follows_next_cursor(both: Both, router: respx.MockRouter) -> None:
     """Every page is fetched once with the previous cursor; an empty page with a cursor (a
     bounded step that found nothing) does not end the listing."""
