@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -51,7 +52,9 @@ def view(key: str = "k1", **changes: Any) -> dict[str, Any]:
     body = {"key": key, "status": "scheduled", "execute_at": AT, "callback_url": URL,
             "method": "POST", "attempts": 0, "max_attempts": 5, "next_attempt_at": AT,
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
-            "created_at": AT, "finished_at": None}
+            "created_at": AT, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
+            "retry_backoff": 1.0, "flow_key": "example.com:443",
+            "attempts_url": f"/tasks/{key}/attempts"}
     return body | changes
 
 
@@ -82,6 +85,12 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, dict[str, str]
     ("put_task", ("k1", TaskCreate(callback_url=URL, key="k1")), {},
      "PUT", "/tasks/k1", {}, {"callback_url": URL},
      httpx.Response(201, json=view()), TaskView(**view())),
+    ("reschedule", ("k1",), {"delay": 90}, "PATCH", "/tasks/k1", {}, {"delay": 90},
+     httpx.Response(200, json=view()), TaskView(**view())),
+    ("reschedule", ("k1",), {"execute_at": datetime(2027, 1, 15, 9, 30, tzinfo=UTC),
+                             "max_attempts": 7},
+     "PATCH", "/tasks/k1", {}, {"execute_at": "2027-01-15T09:30:00+00:00", "max_attempts": 7},
+     httpx.Response(200, json=view()), TaskView(**view())),
     ("get_task", ("a:b.c-d_e",), {}, "GET", "/tasks/a:b.c-d_e", {}, NO_BODY,
      httpx.Response(200, json=view("a:b.c-d_e")), TaskView(**view("a:b.c-d_e"))),
     # ".." is a valid key; unencoded, URL normalisation would turn /tasks/.. into /.
@@ -200,7 +209,7 @@ async def test_422_message_names_each_field(both: Both, router: respx.MockRouter
 
 
 async def test_conflict_carries_the_task_view(both: Both, router: respx.MockRouter) -> None:
-    """A cancel of a finished task: 409 with the view next to the detail (API.md)."""
+    """A cancel of a finished task: 409 with the view next to the detail (docs/api.md)."""
     finished = view(status="succeeded", attempts=1, finished_at=AT)
     router.route().mock(return_value=httpx.Response(
         409, json=finished | {"detail": "task 'k1' has already finished"}))
@@ -289,6 +298,14 @@ async def test_put_with_another_key_is_refused_before_sending(both: Both,
     route = router.route().mock(return_value=httpx.Response(200, json=view()))
     with pytest.raises(ValueError, match="'other' is not the key 'k1'"):
         await both.call("put_task", "k1", TaskCreate(callback_url=URL, key="other"))
+    assert route.call_count == 0
+
+
+async def test_reschedule_to_a_naive_datetime_is_refused_before_sending(
+        both: Both, router: respx.MockRouter) -> None:
+    route = router.route().mock(return_value=httpx.Response(200, json=view()))
+    with pytest.raises(ValueError, match="needs a time zone"):
+        await both.call("reschedule", "k1", execute_at=datetime(2027, 1, 15, 9, 30))  # noqa: DTZ001
     assert route.call_count == 0
 
 

@@ -1,4 +1,4 @@
-"""``POST /tasks/batch``: schedule up to 1000 tasks in one request (API.md).
+"""``POST /tasks/batch``: schedule up to 1000 tasks in one request (docs/api.md).
 
 Each item is validated on its own, exactly as ``POST /tasks`` validates its body (the model, then
 ``_prepare``'s settings-dependent limits), and an invalid item is that item's 422 while the
@@ -7,7 +7,7 @@ others are stored. The valid ones are stored through pipelined ``schedule`` call
 
 - Item statuses: 201 created, 200 an identical task exists, 409 the key holds other content,
   422 invalid. An item whose encoded ``body`` is over 1 MiB is a 422 (``type: too_large``):
-  API.md allows only these four statuses per item, and 413 stays the answer for a whole request
+  docs/api.md allows only these four statuses per item, and 413 stays the answer for a whole request
   over the size limit (api/limits.py, before the body is parsed).
 - A key given twice in one batch acts as two POSTs in request order: the first is created, a
   later identical one is 200, a later different one is 409.
@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import _prepare
+from timewheel.api.views import body_value, task_view
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
 from timewheel.store import CONFLICT, CREATED, EXISTS
 from timewheel.store.batch import get_many, schedule_many
@@ -51,7 +52,7 @@ def _item_errors(index: int, errors: list[Any]) -> list[dict[str, Any]]:
 
 
 def _given_key(item: Any) -> str | None:
-    """The item's own key when it is a valid one (API.md: null for an item without one)."""
+    """The item's own key when it is a valid one (docs/api.md: null for an item without one)."""
     key = item.get("key") if isinstance(item, dict) else None
     return key if isinstance(key, str) and _VALID_KEY.fullmatch(key) else None
 
@@ -98,8 +99,11 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
         if code == CREATED:
             view: dict[str, Any] | None = created_view(task, created_at, times)
         else:
+            # None: expired meanwhile, or past the byte budget of get_many (a conflicting
+            # task with a large body)
             found = views[task.key]
-            view = found.model_dump(mode="json") if found else None  # None: expired meanwhile
+            view = (task_view(found).model_dump(mode="json")
+                    if found is not None and found.headers is not None else None)
         results[index] = {
             "key": task.key, "status": _STATUS[code], "task": view,
             "detail": f"task {task.key!r} exists with other content" if code == CONFLICT else None}
@@ -126,10 +130,14 @@ class Times:
 
 
 def created_view(task: NewTask, created_at: str, times: Times) -> dict[str, Any]:
-    """``task.view(now).model_dump(mode="json")`` of a task just created, built directly."""
+    """``task_view(task.as_record(now)).model_dump(mode="json")`` of a task just created,
+    built directly."""
     due = times(task.due_ms)
     return {"key": task.key, "status": "scheduled", "execute_at": due,
             "callback_url": task.url, "method": task.method, "attempts": 0,
             "max_attempts": task.max_attempts, "next_attempt_at": due, "last_attempt_at": None,
             "last_status_code": None, "last_error": None, "created_at": created_at,
-            "finished_at": None}
+            "finished_at": None, "headers": dict(task.headers),
+            "body": body_value(task.headers, task.body or b""),
+            "timeout": task.timeout_ms / 1000, "retry_backoff": task.backoff_ms / 1000,
+            "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts"}

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
@@ -136,7 +137,7 @@ def body(value: BaseModel | Mapping[str, Any], *,
     """A request body. A model (validated when it was built) sends only the fields the caller
     set, so the service applies its own defaults; a mapping is sent as given and the service
     validates it (422 -> InvalidRequestError): the service stays the one judge of input, and a
-    batch item that is wrong fails alone, as API.md promises."""
+    batch item that is wrong fails alone, as docs/api.md promises."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_unset=True, exclude=exclude)
     return {name: item for name, item in value.items() if name not in (exclude or ())}
@@ -161,6 +162,20 @@ def put_task(key: str, task: TaskFields | Mapping[str, Any]) -> Call[TaskView]:
         return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView),
                     json=body(task, exclude={"key"}))
     return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView), json=body(task))
+
+
+def reschedule_task(key: str, *, execute_at: str | float | datetime | None,
+                    delay: float | None, max_attempts: int | None) -> Call[TaskView]:
+    """``PATCH /tasks/{key}``: a new time (one of ``execute_at``, ``delay``), optionally a new
+    ``max_attempts``; the service keeps everything else. A ``datetime`` must carry its zone."""
+    if isinstance(execute_at, datetime):
+        if execute_at.tzinfo is None:
+            raise ValueError("execute_at needs a time zone (a naive datetime is ambiguous)")
+        execute_at = execute_at.isoformat()
+    payload = {name: value for name, value in (("execute_at", execute_at), ("delay", delay),
+                                               ("max_attempts", max_attempts))
+               if value is not None}
+    return Call("PATCH", f"/tasks/{segment(key)}", _model(TaskView), json=payload)
 
 
 def create_tasks(tasks: Iterable[TaskCreate | Mapping[str, Any]]) -> Call[BatchResult]:

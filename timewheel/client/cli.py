@@ -1,4 +1,4 @@
-"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (API.md,
+"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (docs/api.md,
 "Operations"). ``timewheel/cli.py`` owns the parser and ``serve``; it hands every other command
 to ``run`` here.
 
@@ -37,7 +37,7 @@ Handler = Callable[[Client, argparse.Namespace], Any]
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``tasks``, ``schedules`` and ``flows`` to the ``timewheel`` parser. Input is
-    checked by the service (API.md's rules, 422 -> exit 1), except what argparse can tell on
+    checked by the service (docs/api.md's rules, 422 -> exit 1), except what argparse can tell on
     its own (a header without a colon, --delay with --at, a number that is not one)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--base-url", metavar="BASE_URL", help="the service's URL (default: "
@@ -192,6 +192,16 @@ def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
             ("replay", _replay_task, "schedule a failed or cancelled task again, now")):
         _command(group, name, common, handler, summary).add_argument("key", metavar="KEY")
 
+    move = _command(group, "reschedule", common, _reschedule_task,
+                    "move a task that has not finished to a new time, keeping its request "
+                    "(PATCH /tasks/{key})")
+    move.add_argument("key", metavar="KEY")
+    when = move.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay", type=_number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=_execute_at, metavar="TIME",
+                      help="RFC 3339 date-time with offset, or Unix seconds")
+    move.add_argument("--max-attempts", type=int, metavar="N", help="a new max_attempts")
+
     listing = _command(group, "list", common, _list_tasks,
                        "one page of tasks with a status (failed: the dead letters)")
     listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus])
@@ -213,6 +223,11 @@ def _add_task(client: Client, args: argparse.Namespace) -> Any:
 
 def _get_task(client: Client, args: argparse.Namespace) -> Any:
     return client.get_task(args.key)
+
+
+def _reschedule_task(client: Client, args: argparse.Namespace) -> Any:
+    return client.reschedule(args.key, delay=args.delay, execute_at=args.at,
+                             max_attempts=args.max_attempts)
 
 
 def _cancel_task(client: Client, args: argparse.Namespace) -> Any:

@@ -1,4 +1,4 @@
-"""Models of ``/tasks`` (API.md, "Tasks")."""
+"""Models of ``/tasks`` (docs/api.md, "Tasks")."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 # RFC 9110 token: the characters a header name may hold.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_VALUE_CHARS = re.compile(r"[\r\n\x00]")
-# Hop-by-hop and framing headers: the HTTP client owns them (API.md).
+# Hop-by-hop and framing headers: the HTTP client owns them (docs/api.md).
 _HOP_BY_HOP = {"host", "connection", "content-length", "transfer-encoding", "te", "trailer",
                "upgrade", "keep-alive"}
 # Headers the service sets on every callback; a task may not forge or blur them.
@@ -210,8 +210,39 @@ class TaskCreate(TaskFields):
     key: Annotated[StrictStr, Field(pattern=KEY_PATTERN)] | None = None
 
 
+class TaskReschedule(BaseModel):
+    """Body of ``PATCH /tasks/{key}``: the new time (exactly one of ``execute_at`` and
+    ``delay``), and optionally a new ``max_attempts``; everything else is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    execute_at: StrictStr | Number | None = None
+    delay: NonNegative | None = None
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] | None = None
+
+    @field_validator("execute_at")
+    @classmethod
+    def _valid_execute_at(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_execute_at(value)
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_time(self) -> TaskReschedule:
+        if (self.execute_at is None) == (self.delay is None):
+            raise ValueError("give exactly one of execute_at and delay")
+        return self
+
+    def due_ms(self, now_ms: int) -> int:
+        if self.execute_at is not None:
+            return parse_execute_at(self.execute_at)
+        assert self.delay is not None  # _exactly_one_time
+        return now_ms + round(self.delay * 1000)
+
+
 class TaskView(BaseModel):
-    """What the API shows of a task."""
+    """What the API shows of a task, the same object everywhere (GET, the answers of POST, PUT
+    and PATCH, listings, batch results), including what each attempt sends."""
 
     key: str
     status: TaskStatus
@@ -226,6 +257,14 @@ class TaskView(BaseModel):
     last_error: str | None
     created_at: str
     finished_at: str | None
+    headers: dict[str, str] = Field(description="the headers each attempt sends (Content-Type "
+                                    "included when the body is sent as JSON)")
+    body: Any = Field(description="the body each attempt sends: its JSON value, or a string "
+                      "for a body that is not JSON; null when there is none")
+    timeout: float = Field(description="per-attempt timeout, seconds")
+    retry_backoff: float = Field(description="seconds before the first retry, doubling")
+    flow_key: str = Field(description="the flow whose limits the task's attempts obey")
+    attempts_url: str = Field(description="where the task's attempts are listed")
 
 
 class TaskList(BaseModel):

@@ -19,7 +19,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable, WheelMismatch
-from timewheel.models import TaskView
 from timewheel.store import attempts, layout
 from timewheel.store.attempts import AttemptRecord
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
@@ -28,8 +27,9 @@ from timewheel.store.record import (
     ClaimedTask,
     NewTask,
     Started,
+    TaskRecord,
     claimed_task,
-    view_from_record,
+    record_from_reply,
 )
 from timewheel.store.scripts import Scripts, source
 
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
 NOT_FOUND, NOT_ALLOWED = -1, -2
+RESCHEDULED, TOO_FEW_ATTEMPTS = 1, -3  # lua/reschedule.lua (with NOT_FOUND, NOT_ALLOWED)
 DEFAULT_ATTEMPTS_KEPT = 20
 MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
@@ -176,20 +177,36 @@ class Store:
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, secrets.token_hex(8)]))
 
-    async def get(self, key: str) -> TaskView | None:
+    async def reschedule(self, key: str, *, due_ms: int, max_attempts: int | None,
+                         now_ms: int) -> int:
+        """Move a task that has not finished to ``due_ms``, keeping its request: RESCHEDULED,
+        NOT_FOUND, NOT_ALLOWED (finished) or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
+        than the attempts made; nothing written). The request id makes a redis-py retry of
+        this very call answer RESCHEDULED again."""
+        async with redis_errors("reschedule"):
+            return int(await self.scripts.reschedule(
+                keys=[self.keys.prefix(self.keys.bucket_of(key))],
+                args=[key, now_ms, secrets.token_hex(8), due_ms,
+                      "" if max_attempts is None else max_attempts]))
+
+    async def get(self, key: str) -> TaskRecord | None:
+        """The task, headers and body included; None: no such task."""
         return (await self.views(self.keys.bucket_of(key), [key]))[0]
 
-    async def views(self, bucket: int, keys: Sequence[str]) -> list[TaskView | None]:
-        """The views of tasks of one bucket (None: no such task), read by lua/view.lua without
-        their headers and bodies."""
+    async def views(self, bucket: int, keys: Sequence[str], *,
+                    request_budget: int | None = None) -> list[TaskRecord | None]:
+        """Tasks of one bucket (None: no such task), read by lua/view.lua. With
+        ``request_budget``, headers and bodies are read only while their bytes fit in it (the
+        first task's always): a later task's come back as None."""
         if not keys:
             return []
+        budget = "" if request_budget is None else request_budget
         async with redis_errors("view"):
             reply: list[Any] = await self.view_script(keys=[self.keys.prefix(bucket)],
-                                                      args=list(keys))
-        out: list[TaskView | None] = []
+                                                      args=[budget, *keys])
+        out: list[TaskRecord | None] = []
         for i, key in enumerate(keys):
-            prefix, last_err = reply[2 * i], reply[2 * i + 1]
+            prefix, last_err, request = reply[3 * i], reply[3 * i + 1], reply[3 * i + 2]
             if not prefix:
                 out.append(None)
                 continue
@@ -197,7 +214,7 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
                                        "restart a timewheel process to migrate it")
             try:
-                out.append(view_from_record(key, prefix, last_err))
+                out.append(record_from_reply(key, prefix, last_err, request))
             except layout.BadRecord as exc:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out
