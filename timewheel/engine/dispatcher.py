@@ -230,7 +230,7 @@ class Dispatcher:
         claim replies carry no bodies, so what is sent is what is stored at start)."""
         attempt = started.attempt
         started_ms = self._clock.wall_ms()
-        lateness = (started_ms - task.due_ms) / 1000.0
+        lateness = (started_ms - max(task.due_ms, task.created_ms)) / 1000.0
         (self._metrics.lateness_first if attempt == 1
          else self._metrics.lateness_retry).observe(lateness)
         headers = self._headers(task, started, int(started_ms // 1000))

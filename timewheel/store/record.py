@@ -84,6 +84,7 @@ class ClaimedTask:
     token: str
     due_ms: int
     execute_at_ms: int
+    created_ms: int  # a task created (or replaced) with a past due time is late from here
     attempts: int  # attempts made before this one
     max_attempts: int
     backoff_ms: int
@@ -321,9 +322,9 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
     try:
         return ClaimedTask(
             key=key, bucket=bucket, token=token, due_ms=head["due"],
-            execute_at_ms=head["exec"], attempts=head["att"], max_attempts=head["max"],
-            backoff_ms=head["backoff"], timeout_ms=head["timeout"], url=url.decode(),
-            method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
+            execute_at_ms=head["exec"], created_ms=head["created"], attempts=head["att"],
+            max_attempts=head["max"], backoff_ms=head["backoff"], timeout_ms=head["timeout"],
+            url=url.decode(), method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
