@@ -34,7 +34,7 @@ export function render(root) {
     return h("tr", { "data-id": schedule.id },
       h("td", { class: "key" }, schedule.id),
       h("td", {}, when(schedule)),
-      h("td", { class: "clip", title: schedule.task.callback_url },
+      h("td", { class: "clip", title: `${schedule.task.method || "POST"} ${schedule.task.callback_url}` },
         `${schedule.task.method || "POST"} ${schedule.task.callback_url}`),
       h("td", {}, h("span", { class: `badge badge-${schedule.paused ? "paused" : "active"}` },
         schedule.paused ? "paused" : "active")),

@@ -121,6 +121,13 @@ export function render(root, params) {
   load();
 }
 
+// A task's body as sent: JSON pretty-printed, a string (own Content-Type) as is.
+function bodyOf(body) {
+  if (body === null || body === undefined) return h("span", { class: "muted" }, "none");
+  const text = typeof body === "string" ? body : JSON.stringify(body, null, 2);
+  return h("pre", { class: "body", id: "task-body" }, text);
+}
+
 export function renderTask(root, key) {
   const body = h("div", { id: "task-detail" }, h("p", { class: "muted" }, "Loading…"));
   root.append(h("p", {}, h("a", { href: "#/tasks" }, "← Tasks")), h("h1", { class: "key" }, key), body);
@@ -144,6 +151,24 @@ export function renderTask(root, key) {
     return `Attempt ${task.attempts} ${what}; ${then}.`;
   }
 
+  // What each attempt sends besides the callback line: headers, body, timeout, backoff, flow.
+  // Absent from a service older than API v3: then the section is left out.
+  function request(task) {
+    if (task.headers === undefined) return null;
+    const headers = Object.entries(task.headers || {});
+    return h("section", { class: "panel", id: "task-request" }, h("h2", {}, "Request"),
+      h("dl", {},
+        field("Callback", h("span", { class: "url" }, `${task.method} ${task.callback_url}`)),
+        field("Headers", headers.length ? h("table", { class: "headers", id: "task-headers" },
+          h("tbody", {}, headers.map(([name, value]) =>
+            h("tr", {}, h("th", {}, name), h("td", {}, value))))) : "none"),
+        field("Body", bodyOf(task.body)),
+        field("Timeout", task.timeout != null ? `${task.timeout} s per attempt` : "—"),
+        field("Retry backoff", task.retry_backoff != null ?
+          `${task.retry_backoff} s before the first retry, doubling each time` : "—"),
+        field("Flow", task.flow_key ? h("a", { href: "#/flows", id: "task-flow" }, task.flow_key) : "—")));
+  }
+
   async function load() {
     try {
       const task = await api.get(`tasks/${seg(key)}`);
@@ -162,7 +187,8 @@ export function renderTask(root, key) {
             field("Next attempt", time(task.next_attempt_at)),
             field("Attempts", `${task.attempts} of ${task.max_attempts}`),
             field("Created", time(task.created_at)),
-            field("Finished", time(task.finished_at)))));
+            field("Finished", time(task.finished_at)))),
+        request(task));
     } catch (err) {
       fill(body, h("p", { class: "error" }, `Could not load the task: ${err.message}`));
     }
