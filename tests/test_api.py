@@ -405,3 +405,20 @@ async def test_huge_delay_is_422_not_an_overflow(client: httpx.AsyncClient, redi
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "delay"]
     assert await snapshot(redis) == before
+
+
+async def test_a_loopback_callback_refused_names_the_setting_that_allows_it(
+        make_client: Any, settings: Any, redis: Redis) -> None:
+    """The first callback of a new user goes to a local receiver: the 422 says how to allow
+    it, and nothing is stored."""
+    guarded = settings.model_copy(update={"allow_private_networks": False})
+    async with make_client(guarded) as client:
+        before = await snapshot(redis)
+        r = await client.post("/tasks", json={"callback_url": "http://127.0.0.1:9000/hook"})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "callback_url"]
+        assert r.json()["detail"][0]["msg"] == (
+            "127.0.0.1 is loopback, not a public address; set "
+            "TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve --allow-private-networks) to "
+            "allow it")
+        assert await snapshot(redis) == before

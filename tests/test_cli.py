@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from timewheel import cli
 from timewheel.cli import main
+from timewheel.settings import Settings
 
 
 def test_invalid_settings_exit_without_echoing_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -14,3 +16,59 @@ def test_invalid_settings_exit_without_echoing_secrets(monkeypatch: pytest.Monke
     message = str(exited.value.code)
     assert "signing_secret" in message and "tick_seconds" in message
     assert "TOPSECRET" not in message
+
+
+def _served(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[Settings, str, int]:
+    """The settings, host and port ``main`` would serve with (nothing is started)."""
+    seen: list[tuple[Settings, str, int]] = []
+    monkeypatch.setattr(cli, "serve", lambda *args: seen.append(args))
+    main(argv)
+    return seen[0]
+
+
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (["serve"], False),
+    (["serve", "--allow-private-networks"], True),
+    (["serve", "--allow-private-networks", "true"], True),
+    (["serve", "--allow-private-networks", "false"], False),
+    (["serve", "--allow-private-networks", "--port", "8081"], True),
+])
+def test_allow_private_networks_is_a_switch(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                            allowed: bool) -> None:
+    monkeypatch.delenv("TIMEWHEEL_ALLOW_PRIVATE_NETWORKS", raising=False)
+    settings, _, _ = _served(monkeypatch, argv)
+    assert settings.allow_private_networks is allowed
+
+
+@pytest.mark.parametrize(("env", "argv", "where"), [
+    ({}, [], ("127.0.0.1", 8080)),
+    ({"TIMEWHEEL_HOST": "0.0.0.0", "TIMEWHEEL_PORT": "8081"}, [], ("0.0.0.0", 8081)),
+    ({"TIMEWHEEL_PORT": "8081"}, ["--port", "8082", "--host", "::1"], ("::1", 8082)),
+])
+def test_host_and_port_come_from_flags_then_environment(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str],
+        where: tuple[str, int]) -> None:
+    for name in ("TIMEWHEEL_HOST", "TIMEWHEEL_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings, host, port = _served(monkeypatch, ["serve", *argv])
+    assert (host, port) == (settings.host, settings.port) == where
+
+
+def test_a_port_out_of_range_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIMEWHEEL_PORT", "70000")
+    with pytest.raises(SystemExit) as exited:
+        main(["serve"])
+    assert "port" in str(exited.value.code)
+
+
+def test_a_kubernetes_service_link_in_timewheel_port_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods of a namespace with a Service named timewheel get TIMEWHEEL_PORT=tcp://ip:port;
+    a flag wins over it, and without one the error says where it comes from."""
+    monkeypatch.setenv("TIMEWHEEL_PORT", "tcp://10.0.0.7:8080")
+    assert _served(monkeypatch, ["serve", "--port", "8080"])[2] == 8080
+    with pytest.raises(SystemExit) as exited:
+        main(["serve"])
+    assert "Kubernetes service link" in str(exited.value.code)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from timewheel import __version__
+from timewheel import __version__, listen
 from timewheel.client import cli as client_cli
 from timewheel.settings import Settings
 
@@ -23,19 +23,23 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the service",
                                 description="Every setting below can also be given as an "
                                 "environment variable TIMEWHEEL_<NAME>; flags win.")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    # --host and --port come from the settings like every other (TIMEWHEEL_HOST, _PORT).
     for name, info in Settings.model_fields.items():
+        # A switch given alone turns it on (--allow-private-networks); a value still works.
+        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if info.annotation is bool else {}
         serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
-                           metavar="VALUE",
+                           metavar="VALUE", **switch,
                            help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
     # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
     client_cli.add_commands(commands)
+    listen.add_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "listen":
+        sys.exit(listen.run(args))
     if args.command != "serve":
         sys.exit(client_cli.run(args))
     overrides: dict[str, Any] = {
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         problems = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
                     for e in exc.errors(include_input=False, include_url=False)]
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
-    serve(settings, args.host, args.port)
+    serve(settings, settings.host, settings.port)
 
 
 def serve(settings: Settings, host: str, port: int) -> None:

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TIMEWHEEL_", extra="ignore")
 
+    # Where ``timewheel serve`` listens (also --host / --port).
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
     redis_url: str | None = None
     redis_cluster: bool = False
     data_dir: Path = Path(".timewheel")
@@ -61,6 +64,16 @@ class Settings(BaseSettings):
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _not_a_service_link(cls, value: object) -> object:
+        # Kubernetes sets TIMEWHEEL_PORT=tcp://<ip>:<port> in pods of a namespace with a
+        # Service named "timewheel" (service links); say so rather than "not an integer".
+        if isinstance(value, str) and value.startswith("tcp://"):
+            raise ValueError(f"{value!r} looks like a Kubernetes service link for a Service "
+                             "named timewheel: pass --port, or set enableServiceLinks: false")
+        return value
 
     @field_validator("signing_secret")
     @classmethod

@@ -21,6 +21,9 @@ from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
 TaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
+# A first callback usually goes to a local receiver: the refusal says how to allow it.
+ALLOW_PRIVATE_HINT = ("set TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve "
+                      "--allow-private-networks) to allow it")
 _CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such task"}, 409: {"description": "conflict"},
     413: {"description": "body too large"}, 503: {"description": "Redis unavailable"},
@@ -47,7 +50,8 @@ def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
     try:
         wheel.policy.check_url_host(fields.callback_url)
     except BlockedAddress as exc:
-        raise _invalid("callback_url", str(exc), fields.callback_url) from exc
+        raise _invalid("callback_url", f"{exc}; {ALLOW_PRIVATE_HINT}", fields.callback_url
+                       ) from exc
     default_timeout = min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds)
     return prepare(fields, key, now, default_timeout=default_timeout)
 

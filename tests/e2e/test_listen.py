@@ -1,0 +1,149 @@
+"""``timewheel listen`` as a user runs it: a real process that prints what a real
+``timewheel serve`` sends it, and judges each request's signature."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+
+from tests.e2e.conftest import Service
+from tests.support.redis_server import free_port
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "whsec_" + base64.b64encode(b"listen-test-secret-32-bytes-long").decode()
+
+
+class Listener:
+    """One ``timewheel listen`` process; its stdout goes to a file the test reads."""
+
+    def __init__(self, directory: Path, *argv: str) -> None:
+        self.port = free_port()
+        self.out = directory / f"listen-{self.port}.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
+        with open(self.out, "wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "timewheel", "listen", "--port", str(self.port), *argv],
+                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.wait_for("timewheel listen: on")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the banner comes before the socket is bound
+            try:
+                httpx.get(f"{self.url}/ready", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise TimeoutError(self.text())
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def wait_for(self, needle: str, count: int = 1, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.text()
+            if text.count(needle) >= count:
+                return text
+            if self.process.poll() is not None:
+                raise RuntimeError(f"listen exited {self.process.returncode}:\n{text}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{needle!r} x{count} not printed in {timeout}s:\n{self.text()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+        return self.process.wait(20)
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[Callable[..., Listener]]:
+    started: list[Listener] = []
+
+    def start(*argv: str) -> Listener:
+        started.append(Listener(tmp_path, *argv))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.process.kill()
+        one.process.wait()
+
+
+def _requests(text: str) -> list[str]:
+    """The printed requests, each from its ``---`` line on (the /ready probe included)."""
+    return ["---" + part for part in text.split("\n---")[1:]]
+
+
+def test_a_signed_callback_from_serve_is_printed_and_verified(
+        start_service: Callable[..., Service], listener: Callable[..., Listener]) -> None:
+    listen = listener("--secret", SECRET)
+    service = start_service(signing_secret=SECRET)
+    with service.client() as client:
+        answer = client.post("/tasks", json={
+            "key": "first-callback", "callback_url": f"{listen.url}/hook?from=serve",
+            "headers": {"X-Greeting": "hello"}, "body": {"order": 42}})
+        assert answer.status_code == 201, answer.text
+    text = listen.wait_for("webhook-id: first-callback")
+    printed = next(r for r in _requests(text) if "first-callback" in r)
+    assert printed.splitlines()[0].endswith("POST /hook?from=serve")
+    assert "X-Greeting: hello" in printed
+    assert '"order": 42' in printed
+    assert printed.rstrip().endswith("signature ok"), printed
+    # The probe the fixture sent had no signature at all, and says so.
+    probe = _requests(text)[0]
+    assert probe.splitlines()[0].endswith("GET /ready")
+    assert "signature INVALID (no webhook-id, webhook-timestamp, webhook-signature header)" \
+        in probe
+    with service.client() as client:  # it answered 200 (the default): delivered
+        deadline = time.monotonic() + 20
+        while client.get("/tasks/first-callback").json()["status"] != "succeeded":
+            assert time.monotonic() < deadline, service.log()
+            time.sleep(0.05)
+    assert listen.stop() == 0
+
+
+def test_a_tampered_request_is_invalid_and_answered_with_the_given_status(
+        listener: Callable[..., Listener]) -> None:
+    listen = listener("--secret", SECRET, "--status", "503")
+    body = b'{"amount": 10}'
+    timestamp = int(time.time())
+    # Signed by the Standard Webhooks reference library, so the verifier is checked against it.
+    signature = Webhook(SECRET).sign("tampered", _dt(timestamp), body.decode())
+    headers = {"webhook-id": "tampered", "webhook-timestamp": str(timestamp),
+               "webhook-signature": signature, "content-type": "application/json"}
+    genuine = httpx.post(f"{listen.url}/genuine", content=body, headers=headers)
+    forged = httpx.post(f"{listen.url}/forged", content=b'{"amount": 1000}', headers=headers)
+    assert (genuine.status_code, forged.status_code) == (503, 503)
+    text = listen.wait_for("POST /forged")
+    verdicts = {r.splitlines()[0].split()[-1]: r.rstrip().splitlines()[-1]
+                for r in _requests(text)}
+    assert verdicts["/genuine"] == "signature ok"
+    assert verdicts["/forged"].startswith("signature INVALID (does not match"), text
+
+
+def test_listen_refuses_a_bad_secret_and_a_taken_port(listener: Callable[..., Listener]
+                                                      ) -> None:
+    bad = subprocess.run([sys.executable, "-m", "timewheel", "listen", "--secret", "nope"],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert bad.returncode == 2 and "whsec_" in bad.stderr
+    taken = listener()
+    again = subprocess.run([sys.executable, "-m", "timewheel", "listen", "--port",
+                            str(taken.port)], capture_output=True, text=True, timeout=30,
+                           check=False)
+    assert again.returncode == 1 and f"cannot listen on 127.0.0.1:{taken.port}" in again.stderr
+
+
+def _dt(timestamp: int):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(timestamp, tz=UTC)
