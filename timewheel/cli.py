@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
         # A switch given alone turns it on (--allow-private-networks); a value still works.
         switch: dict[str, Any] = {"nargs": "?", "const": "true"} if info.annotation is bool else {}
         serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
-                           metavar="VALUE", **switch,
+                           metavar=name.upper() if name in ("host", "port") else "VALUE",
+                           **switch,
                            help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
     # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
     client_cli.add_commands(commands)

@@ -147,6 +147,28 @@ def test_one_key_commands(router: respx.MockRouter, capsys: pytest.CaptureFixtur
     assert json.loads(capsys.readouterr().out) == printed
 
 
+@pytest.mark.parametrize(("argv", "body"), [
+    (["--delay", "600"], {"delay": 600}),
+    (["--at", "2027-01-15T09:30:00Z", "--max-attempts", "8"],
+     {"execute_at": "2027-01-15T09:30:00Z", "max_attempts": 8}),
+])
+def test_tasks_reschedule(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
+                          argv: list[str], body: dict[str, Any]) -> None:
+    route = router.patch("/tasks/k1").mock(return_value=httpx.Response(200, json=view("k1")))
+    assert run("tasks", "reschedule", "k1", *argv) == 0
+    assert sent(route) == ("PATCH", "/tasks/k1", {}, body)
+    assert json.loads(capsys.readouterr().out) == view("k1")
+
+
+@pytest.mark.parametrize("argv", [[], ["--delay", "5", "--at", "1800000000"], ["--at", "soon"]])
+def test_tasks_reschedule_needs_exactly_one_time(router: respx.MockRouter,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 argv: list[str]) -> None:
+    route = router.route().mock(return_value=httpx.Response(200, json=view("k1")))
+    assert run("tasks", "reschedule", "k1", *argv) == EXIT_USAGE
+    assert route.call_count == 0
+
+
 def test_tasks_list(router: respx.MockRouter, capsys: pytest.CaptureFixture[str]) -> None:
     page = {"tasks": [view("inv-2"), view("inv-1")], "next_cursor": "c9"}
     route = router.get("/tasks").mock(return_value=httpx.Response(200, json=page))

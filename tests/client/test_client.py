@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -82,6 +83,12 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, dict[str, str]
     ("put_task", ("k1", TaskCreate(callback_url=URL, key="k1")), {},
      "PUT", "/tasks/k1", {}, {"callback_url": URL},
      httpx.Response(201, json=view()), TaskView(**view())),
+    ("reschedule", ("k1",), {"delay": 90}, "PATCH", "/tasks/k1", {}, {"delay": 90},
+     httpx.Response(200, json=view()), TaskView(**view())),
+    ("reschedule", ("k1",), {"execute_at": datetime(2027, 1, 15, 9, 30, tzinfo=UTC),
+                             "max_attempts": 7},
+     "PATCH", "/tasks/k1", {}, {"execute_at": "2027-01-15T09:30:00+00:00", "max_attempts": 7},
+     httpx.Response(200, json=view()), TaskView(**view())),
     ("get_task", ("a:b.c-d_e",), {}, "GET", "/tasks/a:b.c-d_e", {}, NO_BODY,
      httpx.Response(200, json=view("a:b.c-d_e")), TaskView(**view("a:b.c-d_e"))),
     # ".." is a valid key; unencoded, URL normalisation would turn /tasks/.. into /.

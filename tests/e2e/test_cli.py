@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -146,3 +147,27 @@ def test_cli_schedules_and_flows(start_service: Callable[..., Service],
     assert ok(cli(service, "flows", "delete", "cli-flow")) == {"key": "cli-flow",
                                                                "deleted": True}
     assert ok(cli(service, "flows", "list")) == {"flows": []}
+
+
+def test_cli_reschedule_fires_at_the_new_time_with_the_original_request(
+        start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
+    """`tasks reschedule` (PATCH) moves a task due in an hour to a few seconds from now: the
+    callback arrives then, not before, with the body, headers and method it was created
+    with (PUT would have dropped them)."""
+    service = start_service(api_tokens=TOKEN)
+    ok(cli(service, "tasks", "add", receiver.url("/moved"), "--key", "moved-1", "--delay",
+           "3600", "--method", "put", "--body", '{"order": 42}', "--header", "X-Tenant: acme"))
+    moved = ok(cli(service, "tasks", "reschedule", "moved-1", "--delay", "2"))
+    assert (moved["status"], moved["method"]) == ("scheduled", "PUT")
+    new_time = datetime.fromisoformat(moved["execute_at"].replace("Z", "+00:00")).timestamp()
+    receiver.wait_for_sync(1, timeout=30, path="/moved")
+    arrival = receiver.arrivals_for("/moved")[0]
+    assert arrival.received_at >= new_time
+    assert (arrival.method, json.loads(arrival.body)) == ("PUT", {"order": 42})
+    assert arrival.headers["x-tenant"] == "acme"
+    assert arrival.headers["content-type"] == "application/json"
+    assert arrival.headers["timewheel-scheduled-at"] == moved["execute_at"]
+    wait_status(service, "moved-1", "succeeded")
+    late = cli(service, "tasks", "reschedule", "moved-1", "--delay", "5")
+    assert (late.returncode, late.stdout) == (1, "")
+    assert late.stderr == "timewheel: 409 Conflict: task 'moved-1' has already finished\n"

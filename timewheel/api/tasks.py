@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
@@ -11,9 +12,17 @@ from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.delivery.netguard import BlockedAddress
 from timewheel.errors import TaskConflict, TaskNotFound
-from timewheel.models import KEY_PATTERN, TaskCreate, TaskFields, TaskList, TaskStatus, TaskView
+from timewheel.models import (
+    KEY_PATTERN,
+    TaskCreate,
+    TaskFields,
+    TaskList,
+    TaskReschedule,
+    TaskStatus,
+    TaskView,
+)
 from timewheel.service import Wheel
-from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND
+from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND, TOO_FEW_ATTEMPTS
 from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor
 from timewheel.store.listing import list_tasks as list_page
 from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
@@ -35,18 +44,28 @@ def _invalid(field: str, message: str, value: object) -> RequestValidationError:
                                     "msg": message, "input": value}])
 
 
+def _within_horizon(wheel: Wheel, delay: float | None, execute_at: object,
+                    due: Callable[[], int], now: int) -> int:
+    """The due time, or 422 when it is beyond TIMEWHEEL_MAX_HORIZON_SECONDS."""
+    horizon = wheel.settings.max_horizon_seconds
+    # The delay is compared before it is turned into milliseconds: 1e305 s would overflow.
+    if delay is None or delay <= horizon:
+        due_at = due()
+        if due_at - now <= horizon * 1000:
+            return due_at
+    field, value = ("delay", delay) if delay is not None else ("execute_at", execute_at)
+    raise _invalid(field, f"is more than {horizon:g}s ahead (TIMEWHEEL_MAX_HORIZON_SECONDS)",
+                   value)
+
+
 def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
     """Limits that depend on settings, then the record to store. Raises 422 on bad input."""
     settings = wheel.settings
     if fields.timeout is not None and fields.timeout > settings.batch_deadline_seconds:
         raise _invalid("timeout", "must be at most the batch deadline "
                        f"({settings.batch_deadline_seconds:g}s)", fields.timeout)
-    # The delay is compared before it is turned into milliseconds: 1e305 s would overflow.
-    too_far = fields.delay is not None and fields.delay > settings.max_horizon_seconds
-    if too_far or due_ms(fields, now) - now > settings.max_horizon_seconds * 1000:
-        field = "delay" if fields.delay is not None else "execute_at"
-        raise _invalid(field, f"is more than {settings.max_horizon_seconds:g}s ahead "
-                       "(TIMEWHEEL_MAX_HORIZON_SECONDS)", getattr(fields, field))
+    _within_horizon(wheel, fields.delay, fields.execute_at,
+                    lambda: due_ms(fields, now), now)
     try:
         wheel.policy.check_url_host(fields.callback_url)
     except BlockedAddress as exc:
@@ -95,6 +114,29 @@ async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
         response.status_code = 201
         response.headers["Location"] = f"/tasks/{key}"
     return task.view(now)
+
+
+@router.patch("/{key}", response_model=TaskView, responses={
+    **_CONFLICT_RESPONSES, 409: {"description": "the task has finished (the body is its view)"}})
+async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -> TaskView:
+    """Move a task that has not finished to a new time (``execute_at`` or ``delay``, and
+    optionally a new ``max_attempts``), keeping everything else: callback, headers, body, flow,
+    timeout, backoff, attempts so far. A task being delivered right now is treated as ``PUT``
+    treats it: its claim is dropped, so an attempt not yet sent is not sent and the task fires
+    at the new time; an attempt already sent may still arrive."""
+    now = wheel.clock.now_ms()
+    due = _within_horizon(wheel, body.delay, body.execute_at, lambda: body.due_ms(now), now)
+    code = await wheel.store.reschedule(key, due_ms=due, max_attempts=body.max_attempts,
+                                        now_ms=now)
+    if code == NOT_FOUND:
+        raise TaskNotFound(key)
+    if code == NOT_ALLOWED:
+        raise TaskConflict(f"task {key!r} has already finished", await wheel.store.get(key))
+    if code == TOO_FEW_ATTEMPTS:
+        made = (await _existing_view(wheel, key)).attempts
+        raise _invalid("max_attempts", f"must be more than the {made} attempts already made",
+                       body.max_attempts)
+    return await _existing_view(wheel, key)
 
 
 @router.delete("/{key}", status_code=204, response_class=Response,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -88,8 +89,20 @@ class AsyncClient:
         return await self._run(calls.create_tasks(tasks))
 
     async def put_task(self, key: str, task: TaskFields | Mapping[str, Any]) -> TaskView:
-        """Create the task ``key``, or replace (reschedule) it if it has not finished."""
+        """Create the task ``key``, or replace the whole task if it has not finished (to move
+        it keeping its headers and body, use ``reschedule``)."""
         return await self._run(calls.put_task(key, task))
+
+    async def reschedule(self, key: str, *, delay: float | None = None,
+                         execute_at: str | float | datetime | None = None,
+                         max_attempts: int | None = None) -> TaskView:
+        """Move a task that has not finished to a new time (``PATCH /tasks/{key}``): give
+        exactly one of ``delay`` (seconds from now) and ``execute_at`` (RFC 3339 text, Unix
+        seconds or an aware ``datetime``), and optionally a new ``max_attempts``. Headers,
+        body and everything else are kept (``put_task`` replaces the whole task).
+        ``ConflictError`` (with ``view``) if it has finished, ``NotFoundError`` if unknown."""
+        return await self._run(calls.reschedule_task(key, execute_at=execute_at, delay=delay,
+                                                        max_attempts=max_attempts))
 
     async def get_task(self, key: str) -> TaskView:
         return await self._run(calls.get_task(key))

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
@@ -159,6 +160,20 @@ def put_task(key: str, task: TaskFields | Mapping[str, Any]) -> Call[TaskView]:
         return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView),
                     json=body(task, exclude={"key"}))
     return Call("PUT", f"/tasks/{segment(key)}", _model(TaskView), json=body(task))
+
+
+def reschedule_task(key: str, *, execute_at: str | float | datetime | None,
+                    delay: float | None, max_attempts: int | None) -> Call[TaskView]:
+    """``PATCH /tasks/{key}``: a new time (one of ``execute_at``, ``delay``), optionally a new
+    ``max_attempts``; the service keeps everything else. A ``datetime`` must carry its zone."""
+    if isinstance(execute_at, datetime):
+        if execute_at.tzinfo is None:
+            raise ValueError("execute_at needs a time zone (a naive datetime is ambiguous)")
+        execute_at = execute_at.isoformat()
+    payload = {name: value for name, value in (("execute_at", execute_at), ("delay", delay),
+                                               ("max_attempts", max_attempts))
+               if value is not None}
+    return Call("PATCH", f"/tasks/{segment(key)}", _model(TaskView), json=payload)
 
 
 def create_tasks(tasks: Iterable[TaskCreate | Mapping[str, Any]]) -> Call[BatchResult]:

@@ -192,6 +192,16 @@ def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
             ("replay", _replay_task, "schedule a failed or cancelled task again, now")):
         _command(group, name, common, handler, summary).add_argument("key", metavar="KEY")
 
+    move = _command(group, "reschedule", common, _reschedule_task,
+                    "move a task that has not finished to a new time, keeping its request "
+                    "(PATCH /tasks/{key})")
+    move.add_argument("key", metavar="KEY")
+    when = move.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay", type=_number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=_execute_at, metavar="TIME",
+                      help="RFC 3339 date-time with offset, or Unix seconds")
+    move.add_argument("--max-attempts", type=int, metavar="N", help="a new max_attempts")
+
     listing = _command(group, "list", common, _list_tasks,
                        "one page of tasks with a status (failed: the dead letters)")
     listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus])
@@ -210,6 +220,11 @@ def _add_task(client: Client, args: argparse.Namespace) -> Any:
 
 def _get_task(client: Client, args: argparse.Namespace) -> Any:
     return client.get_task(args.key)
+
+
+def _reschedule_task(client: Client, args: argparse.Namespace) -> Any:
+    return client.reschedule(args.key, delay=args.delay, execute_at=args.at,
+                             max_attempts=args.max_attempts)
 
 
 def _cancel_task(client: Client, args: argparse.Namespace) -> Any:

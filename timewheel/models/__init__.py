@@ -22,6 +22,7 @@ from timewheel.models.tasks import (
     TaskCreate,
     TaskFields,
     TaskList,
+    TaskReschedule,
     TaskStatus,
     TaskView,
     epoch_ms_ceil,
@@ -32,7 +33,7 @@ from timewheel.models.tasks import (
 __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", "MAX_BODY_BYTES",
            "MAX_HEADERS", "MAX_URL_LENGTH", "BatchCreate", "BatchItemResult", "BatchResult",
            "FlowLimits", "FlowList", "FlowView", "Method", "TaskCreate", "TaskFields",
-           "TaskList", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
+           "TaskList", "TaskReschedule", "TaskStatus", "TaskView", "epoch_ms_ceil", "format_ms",
            "parse_execute_at"]
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
             "ScheduleTask", "ScheduleView"]

@@ -210,6 +210,36 @@ class TaskCreate(TaskFields):
     key: Annotated[StrictStr, Field(pattern=KEY_PATTERN)] | None = None
 
 
+class TaskReschedule(BaseModel):
+    """Body of ``PATCH /tasks/{key}``: the new time (exactly one of ``execute_at`` and
+    ``delay``), and optionally a new ``max_attempts``; everything else is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    execute_at: StrictStr | Number | None = None
+    delay: NonNegative | None = None
+    max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] | None = None
+
+    @field_validator("execute_at")
+    @classmethod
+    def _valid_execute_at(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_execute_at(value)
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_time(self) -> TaskReschedule:
+        if (self.execute_at is None) == (self.delay is None):
+            raise ValueError("give exactly one of execute_at and delay")
+        return self
+
+    def due_ms(self, now_ms: int) -> int:
+        if self.execute_at is not None:
+            return parse_execute_at(self.execute_at)
+        assert self.delay is not None  # _exactly_one_time
+        return now_ms + round(self.delay * 1000)
+
+
 class TaskView(BaseModel):
     """What the API shows of a task."""
 

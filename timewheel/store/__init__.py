@@ -8,9 +8,11 @@ from timewheel.store.task_store import (
     NOT_ALLOWED,
     NOT_FOUND,
     REPLACED,
+    RESCHEDULED,
+    TOO_FEW_ATTEMPTS,
     Outcome,
     Store,
 )
 
-__all__ = ["CONFLICT", "CREATED", "EXISTS", "NOT_ALLOWED", "NOT_FOUND", "REPLACED", "Outcome",
-           "Store"]
+__all__ = ["CONFLICT", "CREATED", "EXISTS", "NOT_ALLOWED", "NOT_FOUND", "REPLACED", "RESCHEDULED",
+           "TOO_FEW_ATTEMPTS", "Outcome", "Store"]

@@ -31,9 +31,9 @@ from redis.commands.core import AsyncScript
 from timewheel.store.durability import NONE, Durability, DurableScript
 
 NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay", "park",
-         "unpark", "permits", "flow_limits")
+         "unpark", "permits", "flow_limits", "reschedule")
 # The scripts whose reply the API reports to a client: acknowledged once durable.
-ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "flow_limits", "sched_put",
+ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "reschedule", "flow_limits", "sched_put",
                           "sched_pause", "sched_resume", "sched_delete", "sched_tombstone"})
 
 
@@ -71,6 +71,7 @@ class Scripts:
     unpark: AsyncScript
     permits: AsyncScript
     flow_limits: AsyncScript
+    reschedule: AsyncScript
 
     def __init__(self, redis: Redis | RedisCluster, durability: Durability = NONE) -> None:
         self.redis = redis

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
 NOT_FOUND, NOT_ALLOWED = -1, -2
+RESCHEDULED, TOO_FEW_ATTEMPTS = 1, -3  # lua/reschedule.lua (with NOT_FOUND, NOT_ALLOWED)
 MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
 
@@ -163,6 +164,18 @@ class Store:
             return int(await self.scripts.replay(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, secrets.token_hex(8)]))
+
+    async def reschedule(self, key: str, *, due_ms: int, max_attempts: int | None,
+                         now_ms: int) -> int:
+        """Move a task that has not finished to ``due_ms``, keeping its request: RESCHEDULED,
+        NOT_FOUND, NOT_ALLOWED (finished) or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
+        than the attempts made; nothing written). The request id makes a redis-py retry of
+        this very call answer RESCHEDULED again."""
+        async with redis_errors("reschedule"):
+            return int(await self.scripts.reschedule(
+                keys=[self.keys.prefix(self.keys.bucket_of(key))],
+                args=[key, now_ms, secrets.token_hex(8), due_ms,
+                      "" if max_attempts is None else max_attempts]))
 
     async def get(self, key: str) -> TaskView | None:
         return (await self.views(self.keys.bucket_of(key), [key]))[0]

@@ -1,0 +1,49 @@
+-- lib: record, slices, parking
+-- reschedule: move a task that has not finished to a new due time (PATCH /tasks/{key}),
+-- keeping its request (url, method, headers, body, flow, timeout, backoff), its attempts so
+-- far and its fingerprint; optionally a new max_attempts.
+--
+-- A pending task's entry moves from its slice to the new minute's (the old entry is marked in
+-- the old minute's delete-set for the claimer to drop, as cancel and replace do). A task parked
+-- for its flow leaves the flow's waiting sets for the new slice. A claimed task loses its claim
+-- and lease, as with PUT: the holder's start finds no claim and sends nothing; an attempt
+-- already sent may still arrive, and its outcome is dropped as stale (complete.lua).
+--
+-- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
+-- ARGV[1]  task key
+-- ARGV[2]  now_ms
+-- ARGV[3]  request id, unique per API call: its digest is kept in the record (op), so the
+--          same call re-sent by redis-py after a lost reply answers 1 again
+-- ARGV[4]  the new due time, ms (becomes execute_at too)
+-- ARGV[5]  the new max_attempts, or "" to keep it
+--
+-- Reply:  1 rescheduled, -1 no such task, -2 already finished,
+--        -3 max_attempts is not more than the attempts already made (nothing written)
+local P = KEYS[1]
+local key, now = ARGV[1], tonumber(ARGV[2])
+local due, max = tonumber(ARGV[4]), tonumber(ARGV[5])
+local tkey = P .. 't:' .. key
+local op = digest(ARGV[3])
+
+local h, other = head(tkey)
+if other then return old_layout(key) end
+if not h then return -1 end
+if h[OP] == op then return 1 end
+if FINISHED_INDEX[h[ST]] then return -2 end
+if max and max <= h[ATT] then return -3 end
+
+-- All checks are done; writes follow.
+if h[ST] == 'd' then
+  redis.call('ZREM', P .. 'ls', key)
+elseif h[ST] == 'w' then
+  leave_parked(P, flow_of(tkey, h), key)
+else
+  redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
+end
+local minute = slice_minute(P, due, now)
+h[ST] = h[ATT] == 0 and 's' or 'r'
+h[DUE], h[EXEC], h[OP], h[CLAIM], h[STARTED] = due, due, op, NONE, 0
+if max then h[MAX] = max end
+put_head(tkey, h)
+into_slice(P, key, due, minute)
+return 1

@@ -1,0 +1,144 @@
+"""lua/reschedule.lua on its own (PATCH /tasks/{key}): seed raw state, run it once, assert the
+whole bucket afterwards. The request stays; only the time (and max_attempts) moves."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.support.bucket_state import (
+    FLOW,
+    M0,
+    MIN,
+    NOW,
+    RET,
+    P,
+    assert_ttls,
+    delivering,
+    dump,
+    minutes,
+    rec,
+    run,
+    seed,
+)
+from timewheel.store import Store
+
+# The standard record with a request that must survive the move.
+REQUEST = {"headers": "X-Order:42\nContent-Type:application/json", "body": '{"a":1}',
+           "timeout": 3000, "backoff": 2000, "created": NOW - 7}
+
+
+async def reschedule(store: Store, key: str, due: int, max_attempts: int | str = "",
+                     now: int = NOW, req: str = "r1") -> int:
+    return int(await run(store, "reschedule", key, now, req, due, max_attempts))
+
+
+async def test_a_scheduled_task_moves_to_the_new_minute_keeping_its_request(
+        store: Store, redis: Redis) -> None:
+    old, new = NOW + 61_000, NOW + 3 * MIN + 7
+    await seed(redis, {"t:a": rec(due=old, **REQUEST), f"ms:{M0 + 1}": {"a": old},
+                       **minutes(M0 + 1), "cur": str(M0), f"md:{M0 + 3}": {"a", "z"}})
+    assert await reschedule(store, "a", new, now=NOW + 1000) == 1
+    assert await dump(redis) == {
+        "t:a": rec(due=new, op="r1", **REQUEST), f"ms:{M0 + 1}": {"a": old},
+        f"md:{M0 + 1}": {"a"}, f"ms:{M0 + 3}": {"a": new}, f"md:{M0 + 3}": {"z"},
+        **minutes(M0 + 1, M0 + 3), "cur": str(M0)}
+    await assert_ttls(redis, {})
+
+
+async def test_within_its_own_minute_the_entry_is_only_rescored(store: Store,
+                                                                redis: Redis) -> None:
+    await seed(redis, {"t:a": rec(due=NOW + 50_000), f"ms:{M0}": {"a": NOW + 50_000},
+                       **minutes(M0), "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 10_000, max_attempts=9) == 1
+    assert await dump(redis) == {"t:a": rec(due=NOW + 10_000, max=9, op="r1"),
+                                 f"ms:{M0}": {"a": NOW + 10_000}, **minutes(M0),
+                                 "cur": str(M0)}
+
+
+async def test_a_past_time_lands_in_the_cursor_slice(store: Store, redis: Redis) -> None:
+    """As with POST: a time before the cursor fires as soon as possible, never dropped."""
+    due = NOW + 10 * MIN
+    await seed(redis, {"t:a": rec(due=due), f"ms:{M0 + 10}": {"a": due}, **minutes(M0 + 10),
+                       "cur": str(M0)})
+    assert await reschedule(store, "a", NOW - 5 * MIN) == 1
+    assert await dump(redis) == {
+        "t:a": rec(due=NOW - 5 * MIN, op="r1"), f"ms:{M0 + 10}": {"a": due},
+        f"md:{M0 + 10}": {"a"}, f"ms:{M0}": {"a": NOW - 5 * MIN}, **minutes(M0, M0 + 10),
+        "cur": str(M0)}
+
+
+async def test_a_retrying_task_keeps_its_attempts_and_last_outcome(store: Store,
+                                                                   redis: Redis) -> None:
+    due = NOW + 2 * MIN
+    last = {"attempts": 2, "last_at": NOW - 900, "last_code": 503, "last_err": "HTTP 503"}
+    await seed(redis, {"t:a": rec("retrying", due=due, exec=NOW - 9000, **last, **REQUEST),
+                       f"ms:{M0 + 2}": {"a": due}, **minutes(M0 + 2), "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 30 * MIN, max_attempts=3) == 1
+    assert await dump(redis) == {
+        "t:a": rec("retrying", due=NOW + 30 * MIN, max=3, op="r1", **last, **REQUEST),
+        f"ms:{M0 + 2}": {"a": due}, f"md:{M0 + 2}": {"a"},
+        f"ms:{M0 + 30}": {"a": NOW + 30 * MIN}, **minutes(M0 + 2, M0 + 30), "cur": str(M0)}
+
+
+async def test_a_parked_task_leaves_its_flow_for_the_new_slice(store: Store,
+                                                               redis: Redis) -> None:
+    """Parked for its flow (lua/park.lua): out of pw, pa and pf (the flow's other parked task
+    keeps the flow indexed at its own due time), into the slice, status from its attempts."""
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5, attempts=1),
+                       "t:b": rec("waiting", due=NOW - 2),
+                       f"pw:{FLOW}": {"a": NOW - 5, "b": NOW - 2},
+                       "pa": {"a": NOW - 5, "b": NOW - 2}, "pf": {FLOW: NOW - 5},
+                       "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + MIN) == 1
+    assert await dump(redis) == {
+        "t:a": rec("retrying", due=NOW + MIN, attempts=1, op="r1"),
+        "t:b": rec("waiting", due=NOW - 2), f"pw:{FLOW}": {"b": NOW - 2}, "pa": {"b": NOW - 2},
+        "pf": {FLOW: NOW - 2}, f"ms:{M0 + 1}": {"a": NOW + MIN}, **minutes(M0 + 1),
+        "cur": str(M0)}
+
+
+@pytest.mark.parametrize("started", [False, True])
+async def test_a_claimed_task_loses_its_claim_as_with_put(store: Store, redis: Redis,
+                                                          started: bool) -> None:
+    """Lease and claim dropped: the holder's start finds no claim (nothing is sent), and the
+    outcome of an attempt already sent is stale. The attempts made stay counted."""
+    attempts = 1 if started else 0
+    await seed(redis, {"t:a": delivering(started=started, attempts=attempts, **REQUEST),
+                       "ls": {"a": NOW + 15_000, "b": NOW + 9}, "cl:tok": ["a"],
+                       "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    status = "retrying" if started else "scheduled"
+    assert await dump(redis) == {
+        "t:a": rec(status, due=NOW + 2 * MIN, attempts=attempts, op="r1", **REQUEST),
+        "ls": {"b": NOW + 9}, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN}, **minutes(M0 + 2),
+        "cl:tok": ["a"], "cur": str(M0)}
+    assert await run(store, "start", NOW + 4, "a", "tok") == [0, b"", b""]
+    assert await run(store, "complete", NOW + 5, RET, "a", "tok", "ok", 200, "", "", NOW) == [0]
+
+
+async def test_a_repeat_by_a_client_retry_answers_the_same_and_writes_nothing(
+        store: Store, redis: Redis) -> None:
+    await seed(redis, {"t:a": rec(due=NOW + MIN), f"ms:{M0 + 1}": {"a": NOW + MIN},
+                       **minutes(M0 + 1), "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 5 * MIN) == 1
+    state = await dump(redis)
+    assert await reschedule(store, "a", NOW + 5 * MIN) == 1
+    assert await dump(redis) == state
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "cancelled"])
+async def test_finished_missing_and_too_few_attempts_are_refused_without_writes(
+        store: Store, redis: Redis, status: str) -> None:
+    await seed(redis, {"t:f": rec(status, finished=NOW - 1),
+                       "t:r": rec("retrying", due=NOW + MIN, attempts=2),
+                       f"ms:{M0 + 1}": {"r": NOW + MIN}, **minutes(M0 + 1), "cur": str(M0)})
+    await redis.pexpire(P + "t:f", RET)
+    before = await dump(redis)
+    assert await reschedule(store, "f", NOW + MIN) == -2
+    assert await reschedule(store, "nope", NOW + MIN) == -1
+    assert await reschedule(store, "r", NOW + 2 * MIN, max_attempts=2) == -3
+    assert await dump(redis) == before
+    await assert_ttls(redis, {"t:f": RET})
+    # The control: the same task with one attempt more allowed moves.
+    assert await reschedule(store, "r", NOW + 2 * MIN, max_attempts=3) == 1
