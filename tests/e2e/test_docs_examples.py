@@ -10,8 +10,9 @@ that stops working fails CI. The convention, also in the README's "Development" 
   test, so that a runnable-looking block cannot be skipped silently.
 - An HTML comment on the line just before a block changes what happens to it:
   ``<!-- not-run: why -->`` skips it (the reason is required);
-  ``<!-- background NAME: URL -->`` marks a command that keeps running (``timewheel serve``,
-  ``timewheel listen``): the test starts it, waits until URL answers, and stops it at the end.
+  ``<!-- background NAME: 127.0.0.1:PORT -->`` marks a command that keeps running
+  (``timewheel serve``, ``timewheel listen``): the test starts it, waits until that address
+  accepts a connection (no request: a listener would print it), and stops it at the end.
 - A comment on a line of its own, ``<!-- wait-for: NAME prints "TEXT" -->``, waits (up to 30 s)
   until the background command NAME has printed TEXT: how the test sees that a callback arrived.
 
@@ -22,9 +23,10 @@ What the test gives the blocks:
   ``127.0.0.1:9000`` / ``--port 9000`` in every block by free ports of its own, so that it can
   run beside other tests; nothing but loopback is ever called.
 - The environment: ``TIMEWHEEL_URL`` and ``TIMEWHEEL_PORT`` (that free port),
-  ``TIMEWHEEL_DATA_DIR`` in the test's tmp dir (the embedded Redis), the venv's ``bin`` first on
-  PATH (``timewheel``, ``python3``), and a curl configuration with ``--fail-with-body``: a
-  ``curl -s`` answered with a 4xx or 5xx fails its block, as it should fail a user.
+  ``TIMEWHEEL_DATA_DIR`` in the test's tmp dir (the embedded Redis), this Python's ``bin`` and
+  scripts dirs first on PATH (``python3``, ``timewheel``), and a curl configuration with
+  ``--fail-with-body``: a ``curl -s`` answered with a 4xx or 5xx fails its block, as it
+  should fail a user.
 - Each block has 60 s. A failure names the file, the block's line and its text, its output,
   and the last output of the background commands.
 """
@@ -35,15 +37,16 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import httpx
 import pytest
 
 from tests.support.redis_server import free_port
@@ -60,7 +63,7 @@ SERVICE_PORT, LISTEN_PORT = "8080", "9000"  # as the examples write them
 
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!--\s*(.*?)\s*-->\s*$")
-BACKGROUND = re.compile(r"^background ([\w-]+): (\S+)$")
+BACKGROUND = re.compile(r"^background ([\w-]+): (127\.0\.0\.1:\d+)$")
 WAIT_FOR = re.compile(r'^wait-for: ([\w-]+) prints "(.+)"$')
 ADDRESS = re.compile(r"(127\.0\.0\.1:|--port )(8080|9000)\b")
 
@@ -74,7 +77,7 @@ class Step:
     kind: str  # "sh", "python", "background" or "wait-for"
     text: str = ""
     name: str = ""  # background or wait-for: the command's name
-    target: str = ""  # background: the URL that answers once it is up; wait-for: the text
+    target: str = ""  # background: its address, host:port; wait-for: the text
 
     def where(self) -> str:
         return f"{self.document}, block at line {self.line}"
@@ -148,10 +151,12 @@ class Session:
         curl_home = directory / "curl"
         curl_home.mkdir()
         (curl_home / ".curlrc").write_text("fail-with-body\nshow-error\n")
-        bin_dir = str(Path(sys.executable).parent)
+        # This interpreter's dir (python3) and where pip put its scripts (timewheel): the
+        # same dir in a venv, not always for a system Python.
+        bin_dirs = dict.fromkeys([str(Path(sys.executable).parent), sysconfig.get_path("scripts")])
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
         self.env.update({
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PATH": os.pathsep.join([*bin_dirs, os.environ.get("PATH", "")]),
             "CURL_HOME": str(curl_home),
             "TIMEWHEEL_URL": f"http://127.0.0.1:{self.ports[SERVICE_PORT]}",
             "TIMEWHEEL_PORT": self.ports[SERVICE_PORT],
@@ -201,16 +206,15 @@ class Session:
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         self.background[step.name] = (process, log)
-        url = self.localise(step.target)
+        host, port = self.localise(step.target).rsplit(":", 1)
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             if process.poll() is not None:
                 self.fail(step, f"exited with status {process.returncode} instead of running")
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(url, timeout=1)
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
                 return
             if time.monotonic() > deadline:
-                self.fail(step, f"{url} did not answer within {WAIT_SECONDS} s")
+                self.fail(step, f"nothing listens on {host}:{port} after {WAIT_SECONDS} s")
             time.sleep(0.1)
 
     def wait_for(self, step: Step) -> None:
