@@ -32,7 +32,9 @@ def expected_view(key: str, **changes: Any) -> dict[str, Any]:
     view = {"key": key, "status": "scheduled", "execute_at": NOW, "callback_url": URL,
             "method": "POST", "attempts": 0, "max_attempts": 5, "next_attempt_at": NOW,
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
-            "created_at": NOW, "finished_at": None}
+            "created_at": NOW, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
+            "retry_backoff": 1.0, "flow_key": "127.0.0.1:9",
+            "attempts_url": f"/tasks/{key}/attempts"}
     view.update(changes)
     if "execute_at" in changes and "next_attempt_at" not in changes:
         view["next_attempt_at"] = changes["execute_at"]
@@ -92,7 +94,9 @@ async def test_largest_valid_values_are_accepted(client: httpx.AsyncClient) -> N
         "retry_backoff": 3600})
     assert r.status_code == 201, r.text
     assert r.json() == expected_view(key, callback_url=url, max_attempts=100,
-                                     execute_at="2028-01-15T08:00:00.000Z")
+                                     execute_at="2028-01-15T08:00:00.000Z",
+                                     headers={f"X-H{i}": "v" for i in range(50)}, timeout=30.0,
+                                     retry_backoff=3600.0, flow_key="127.0.0.1:80")
     r = await client.post("/tasks", json={"key": "d", "callback_url": URL, "delay": 1.5})
     assert r.json() == expected_view("d", execute_at="2027-01-15T08:00:01.500Z")
     r = await client.put("/tasks/h", json={"callback_url": URL, "delay": HORIZON_MS / 1000})
@@ -112,7 +116,8 @@ async def test_repeated_post_is_idempotent(client: httpx.AsyncClient, fake_clock
     assert again.status_code == 200
     assert "location" not in again.headers
     assert again.json() == first.json() == expected_view(
-        "same", execute_at="2027-01-15T08:01:00.000Z")
+        "same", execute_at="2027-01-15T08:01:00.000Z", body={"n": 1},
+        headers={"X-A": "1", "Content-Type": "application/json"})
     assert await snapshot(redis) == before
 
 
@@ -422,3 +427,37 @@ async def test_a_loopback_callback_refused_names_the_setting_that_allows_it(
             "TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve --allow-private-networks) to "
             "allow it")
         assert await snapshot(redis) == before
+
+
+@pytest.mark.parametrize(("fields", "headers", "body"), [
+    ({}, {}, None),
+    ({"body": {"a": [1, 2]}}, {"Content-Type": "application/json"}, {"a": [1, 2]}),
+    ({"body": "hello"}, {"Content-Type": "application/json"}, "hello"),
+    ({"body": "a,b\n1,2", "headers": {"content-type": "text/csv"}},
+     {"content-type": "text/csv"}, "a,b\n1,2"),
+    ({"body": None}, {"Content-Type": "application/json"}, None),
+])
+async def test_the_view_shows_the_request_each_attempt_sends(
+        client: httpx.AsyncClient, fields: dict[str, Any], headers: dict[str, str],
+        body: Any) -> None:
+    """docs/api.md v3: headers (as sent), body (its JSON value, or the text of a body that is
+    not JSON), timeout, retry_backoff, flow_key and attempts_url, in every answer."""
+    task = {"key": "req", "callback_url": URL, "timeout": 2.5, "retry_backoff": 0.5,
+            "flow_key": "billing", **fields}
+    expected = expected_view("req", headers=headers, body=body, timeout=2.5,
+                             retry_backoff=0.5, flow_key="billing")
+    assert (await client.post("/tasks", json=task)).json() == expected
+    assert (await client.get("/tasks/req")).json() == expected
+    listed = (await client.get("/tasks", params={"status": "scheduled"})).json()["tasks"]
+    assert listed == [expected]
+
+
+async def test_the_view_shows_that_put_replaced_the_whole_task(client: httpx.AsyncClient
+                                                               ) -> None:
+    """PUT is replace: a PUT without body and headers leaves the task with neither, which the
+    view now shows (PATCH keeps them: tests/test_api_reschedule.py)."""
+    await client.post("/tasks", json={"key": "w", "callback_url": URL, "delay": 60,
+                                      "headers": {"X-A": "1"}, "body": {"n": 1}})
+    r = await client.put("/tasks/w", json={"callback_url": URL, "delay": 120})
+    assert (r.json()["headers"], r.json()["body"]) == ({}, None)
+    assert (await client.get("/tasks/w")).json() == r.json()

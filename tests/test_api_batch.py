@@ -22,6 +22,7 @@ from tests.test_api import URL, expected_view, snapshot
 from tests.test_api_redis_down import make_settings, poll, task_keys
 from timewheel.api.app import MAX_REQUEST_BYTES, create_app
 from timewheel.api.batch import Times, created_view
+from timewheel.api.views import task_view
 from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.settings import Settings
@@ -211,11 +212,11 @@ async def test_openapi_documents_items_as_task_create(client: httpx.AsyncClient)
 def test_created_view_is_the_models_view(due_ms: int) -> None:
     """The dict built for a created item equals NewTask.view dumped by its model."""
     fields = TaskFields(callback_url=URL, execute_at=due_ms / 1000, method="patch",
-                        max_attempts=7)
+                        max_attempts=7, headers={"X-A": "1"}, body=[1, "two"], timeout=2.5)
     task = prepare(fields, "k", START_MS + 7, default_timeout=10)
     times = Times()
-    assert created_view(task, times(START_MS + 7), times) == task.view(
-        START_MS + 7).model_dump(mode="json")
+    assert created_view(task, times(START_MS + 7), times) == task_view(
+        task.as_record(START_MS + 7)).model_dump(mode="json")
     assert times(due_ms) == format_ms(due_ms) and times(due_ms + 1) == format_ms(due_ms + 1)
 
 

@@ -184,3 +184,28 @@ async def test_a_page_reads_a_bounded_number_of_entries(client: httpx.AsyncClien
     assert listing[0] == [] and len(listing) >= 2
     assert len(listing) <= 3000 // (100 * store.keys.buckets) + 3
     assert MAX_BUDGET <= 1000
+
+
+async def test_views_show_the_request_and_large_bodies_end_a_page_early(
+        client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each listed view carries its headers and body. A page reads at most
+    PAGE_REQUEST_BYTES of them: with bodies that pass it, pages end early with a cursor, and
+    following the cursors still lists every task once, in due order, each with its body."""
+    keys = [f"big-{i:02d}" for i in range(20)]  # more than the 16 buckets: some share one
+    for i, key in enumerate(keys):
+        r = await client.post("/tasks", json={
+            "key": key, "callback_url": URL, "execute_at": (START_MS + i) / 1000,
+            "headers": {"X-I": str(i)}, "body": {"i": i, "pad": "x" * 1000}})
+        assert r.status_code == 201, r.text
+    # The control: with the default budget one page holds all of them.
+    whole = await pages(client, "scheduled", 100)
+    assert len(whole) == 1 and [v["key"] for v in whole[0]] == keys
+    monkeypatch.setattr("timewheel.store.listing.PAGE_REQUEST_BYTES", 3000)
+    cut = await pages(client, "scheduled", 100)
+    assert len(cut) > 1
+    listed = [view for page in cut for view in page]
+    assert [v["key"] for v in listed] == keys
+    for i, view in enumerate(listed):
+        assert view["body"] == {"i": i, "pad": "x" * 1000}
+        assert view["headers"] == {"X-I": str(i), "Content-Type": "application/json"}
+        assert view["attempts_url"] == f"/tasks/big-{i:02d}/attempts"

@@ -94,10 +94,21 @@ async def test_parked_tasks_by_attempts(store: Store, redis: Redis) -> None:
 
 # -- view ----------------------------------------------------------------------------------------
 
-async def test_view_reads_no_headers_or_body(store: Store, redis: Redis) -> None:
-    """A view is the record's head, flow and url plus last_err; never its headers or body."""
-    await seed(redis, {"t:a": rec("failed", headers="X-A:1", body="b" * 5000, last_err="boom")})
+async def test_view_reads_headers_and_bodies_within_its_budget(store: Store,
+                                                              redis: Redis) -> None:
+    """A view is the record's head, flow and url, its last_err, and its headers and body while
+    the byte budget lasts: the first task's always, none after the first that would pass it."""
+    await seed(redis, {"t:a": rec("failed", headers="X-A:1", body="b" * 5000, last_err="boom"),
+                       "t:b": rec(headers="X-B:2", body="small"),
+                       "t:c": rec(body="c" * 100), "t:d": rec(body="tiny")})
     await redis.hset(P + "t:old", "status", "scheduled")
-    reply = await run(store, "view", "a", "none", "old")
-    assert reply[1:] == [b"boom", b"", b"", b"v1", b""]
+    reply = await run(store, "view", "", "a", "none", "old", "b")
+    assert reply[1:] == [b"boom", b"X-A:1" + b"b" * 5000, b"", b"", b"", b"v1", b"", b"",
+                         reply[9], b"", b"X-B:2small"]
     assert reply[0] == (await redis.get(P + "t:a"))[:85 + 11 + 21]
+    # A budget of 5100 bytes: a (5005) fits alone; b (10) would fit, c (100) would pass it.
+    # Nothing after the first task left unread is read, even what would fit (d).
+    reply = await run(store, "view", 5100, "a", "b", "c", "d")
+    assert reply[2::3] == [b"X-A:1" + b"b" * 5000, b"X-B:2small", None, None]
+    # The first task is read whatever the budget.
+    assert (await run(store, "view", 1, "c", "d"))[2::3] == [b"c" * 100, None]

@@ -71,7 +71,7 @@ async def test_every_second_is_materialized_two_ticks_ahead(store: Store, redis:
     assert await m.tick(NOW) == 1
     assert await task_keys(redis) == [f"hb.{NOW + 1000}", f"hb.{NOW + 2000}"]
     view = await store.get(f"hb.{NOW + 1000}")
-    assert view is not None and view.execute_at == "2027-01-15T08:00:01.000Z"
+    assert view is not None and view.execute_at_ms == NOW + 1000
     assert view.status == TaskStatus.SCHEDULED and view.callback_url == URL
     await m.tick(NOW + 1000)
     await m.tick(NOW + 1000)  # a second pass in the same tick finds nothing new
@@ -245,7 +245,7 @@ async def test_delete_cancels_created_and_tombstones_reserved(store: Store, redi
     late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
     assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
     view = await store.get(f"a.{NOW + 3000}")
-    assert view is not None and view.callback_url == URL and view.execute_at.endswith(":03.000Z")
+    assert view is not None and view.callback_url == URL and view.execute_at_ms == NOW + 3000
     m = materializer(store)
     await m.tick(NOW + 10_000)
     assert await task_keys(redis) == keys and await schedules.get("a") is None

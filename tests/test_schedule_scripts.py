@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
-from timewheel.models import TaskStatus, format_ms
+from timewheel.models import TaskStatus
 from timewheel.store import CONFLICT, CREATED, Store
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task
 from timewheel.store.scripts import source
@@ -260,7 +260,7 @@ async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
     view = await store.get(task.key)
     assert view is not None
     assert (view.status, view.callback_url, view.attempts) == (TaskStatus.CANCELLED, URL, 0)
-    assert view.execute_at == format_ms(NOW) and view.finished_at == format_ms(NOW + 5)
+    assert (view.execute_at_ms, view.finished_ms) == (NOW, NOW + 5)
     assert RET - 60_000 < await redis.pttl(store.keys.task(task.key)) <= RET
     # The late create of the same occurrence is refused; so is a second tombstone.
     assert await store.schedule(task, replace=False, now_ms=NOW + 6) == CONFLICT

@@ -52,7 +52,9 @@ def view(key: str = "k1", **changes: Any) -> dict[str, Any]:
     body = {"key": key, "status": "scheduled", "execute_at": AT, "callback_url": URL,
             "method": "POST", "attempts": 0, "max_attempts": 5, "next_attempt_at": AT,
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
-            "created_at": AT, "finished_at": None}
+            "created_at": AT, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
+            "retry_backoff": 1.0, "flow_key": "example.com:443",
+            "attempts_url": f"/tasks/{key}/attempts"}
     return body | changes
 
 

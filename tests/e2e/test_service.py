@@ -158,12 +158,19 @@ def test_task_fires_once_on_time_with_method_headers_and_body(start_service, rec
     assert plain.headers["webhook-id"] == "raw-task"
     assert plain.body == raw.encode()
 
+    requests = {
+        "/orders/42": ({"X-Trace-Id": "trace-123", "Authorization": "Bearer for-the-receiver",
+                        "Content-Type": "application/json"}, payload),
+        "/raw": ({"Content-Type": "text/csv; charset=utf-8"}, raw)}
     for view, path, method in ((json_view, "/orders/42", "PATCH"), (raw_view, "/raw", "POST")):
         assert view | {"created_at": None, "last_attempt_at": None, "finished_at": None} == {
             "key": view["key"], "status": "succeeded", "execute_at": rfc3339(due),
             "callback_url": receiver.url(path), "method": method, "attempts": 1,
             "max_attempts": 5, "next_attempt_at": None, "last_attempt_at": None,
             "last_status_code": 200, "last_error": None, "created_at": None, "finished_at": None,
+            "headers": requests[path][0], "body": requests[path][1], "timeout": 10.0,
+            "retry_backoff": 1.0, "flow_key": f"127.0.0.1:{receiver.port}",
+            "attempts_url": f"/tasks/{view['key']}/attempts",
         }
         assert view["last_attempt_at"] >= rfc3339(due)
         assert view["finished_at"] >= view["last_attempt_at"]

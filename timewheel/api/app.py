@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -13,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match, Route
+from starlette.staticfiles import StaticFiles
 
 from timewheel import __version__
 from timewheel.api import batch, flows, ops, schedules, stats, tasks, ui
@@ -29,6 +31,7 @@ from timewheel.settings import Settings
 from timewheel.store.record import BodyTooLarge
 from timewheel.tracing import Tracing
 
+DOCS_ASSETS = "/docs/assets"  # Swagger UI's files (fastapi-offline ships them)
 # The whole request may carry the 1 MiB body plus the other fields (URL, headers, ...).
 MAX_REQUEST_BYTES = MAX_BODY_BYTES + 128 * 1024
 
@@ -52,8 +55,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     public_docs = settings.docs_public
     app = FastAPI(
         title="timewheel", version=__version__, lifespan=lifespan,
-        description="Calls HTTP URLs at their scheduled millisecond. See API.md.",
-        docs_url="/docs" if public_docs else None,
+        description="Calls HTTP URLs at their scheduled millisecond. See docs/api.md.",
+        docs_url=None,  # _docs serves Swagger UI from the package, not a CDN
         openapi_url="/openapi.json" if public_docs else None,
         redoc_url=None,
     )
@@ -70,19 +73,33 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(stats.router)
     app.include_router(ui.router)  # the dashboard: no token for the page, its calls use one
     if not public_docs:
-        _private_docs(app)
+        _private_openapi(app)
+    _docs(app, public=public_docs)
     _error_handlers(app)
     return app
 
 
-def _private_docs(app: FastAPI) -> None:
+def _private_openapi(app: FastAPI) -> None:
     @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
-    @app.get("/docs", include_in_schema=False, dependencies=[Depends(require_token)])
+
+def _docs(app: FastAPI, *, public: bool) -> None:
+    """``/docs``: Swagger UI with its script, style and icon served from the fastapi-offline
+    package (FastAPI's own page loads them from a CDN: a blank page offline, or behind a
+    firewall). The assets are public either way; the page follows TIMEWHEEL_DOCS_PUBLIC."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")),
+              name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False,
+             dependencies=[] if public else [Depends(require_token)])
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="timewheel")
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="timewheel",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")
 
 
 def _error_handlers(app: FastAPI) -> None:

@@ -30,6 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import _prepare
+from timewheel.api.views import body_value, task_view
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
 from timewheel.store import CONFLICT, CREATED, EXISTS
 from timewheel.store.batch import get_many, schedule_many
@@ -98,8 +99,11 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
         if code == CREATED:
             view: dict[str, Any] | None = created_view(task, created_at, times)
         else:
+            # None: expired meanwhile, or past the byte budget of get_many (a conflicting
+            # task with a large body)
             found = views[task.key]
-            view = found.model_dump(mode="json") if found else None  # None: expired meanwhile
+            view = (task_view(found).model_dump(mode="json")
+                    if found is not None and found.headers is not None else None)
         results[index] = {
             "key": task.key, "status": _STATUS[code], "task": view,
             "detail": f"task {task.key!r} exists with other content" if code == CONFLICT else None}
@@ -126,10 +130,14 @@ class Times:
 
 
 def created_view(task: NewTask, created_at: str, times: Times) -> dict[str, Any]:
-    """``task.view(now).model_dump(mode="json")`` of a task just created, built directly."""
+    """``task_view(task.as_record(now)).model_dump(mode="json")`` of a task just created,
+    built directly."""
     due = times(task.due_ms)
     return {"key": task.key, "status": "scheduled", "execute_at": due,
             "callback_url": task.url, "method": task.method, "attempts": 0,
             "max_attempts": task.max_attempts, "next_attempt_at": due, "last_attempt_at": None,
             "last_status_code": None, "last_error": None, "created_at": created_at,
-            "finished_at": None}
+            "finished_at": None, "headers": dict(task.headers),
+            "body": body_value(task.headers, task.body or b""),
+            "timeout": task.timeout_ms / 1000, "retry_backoff": task.backoff_ms / 1000,
+            "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts"}

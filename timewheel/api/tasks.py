@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 
 from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
+from timewheel.api.views import task_view
 from timewheel.delivery.netguard import BlockedAddress
 from timewheel.errors import TaskConflict, TaskNotFound
 from timewheel.models import (
@@ -76,10 +77,16 @@ def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
 
 
 async def _existing_view(wheel: Wheel, key: str) -> TaskView:
-    view = await wheel.store.get(key)
-    if view is None:  # expired between the script and this read
+    record = await wheel.store.get(key)
+    if record is None:  # expired between the script and this read
         raise TaskNotFound(key)
-    return view
+    return task_view(record)
+
+
+async def _view_or_none(wheel: Wheel, key: str) -> TaskView | None:
+    """The view a 409 carries (None: the task expired meanwhile)."""
+    record = await wheel.store.get(key)
+    return None if record is None else task_view(record)
 
 
 @router.post("", status_code=201, response_model=TaskView, responses={
@@ -98,7 +105,7 @@ async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> 
         return await _existing_view(wheel, key)
     wheel.metrics.scheduled.inc()
     response.headers["Location"] = f"/tasks/{key}"
-    return task.view(now)
+    return task_view(task.as_record(now))
 
 
 @router.put("/{key}", response_model=TaskView, responses={201: {"description": "created"},
@@ -113,7 +120,7 @@ async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
     if code == CREATED:
         response.status_code = 201
         response.headers["Location"] = f"/tasks/{key}"
-    return task.view(now)
+    return task_view(task.as_record(now))
 
 
 @router.patch("/{key}", response_model=TaskView, responses={
@@ -131,7 +138,7 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
     if code == NOT_FOUND:
         raise TaskNotFound(key)
     if code == NOT_ALLOWED:
-        raise TaskConflict(f"task {key!r} has already finished", await wheel.store.get(key))
+        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
     if code == TOO_FEW_ATTEMPTS:
         made = (await _existing_view(wheel, key)).attempts
         raise _invalid("max_attempts", f"must be more than the {made} attempts already made",
@@ -147,17 +154,14 @@ async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     if code == NOT_FOUND:
         raise TaskNotFound(key)
     if code == NOT_ALLOWED:
-        raise TaskConflict(f"task {key!r} has already finished", await wheel.store.get(key))
+        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
     wheel.metrics.cancelled.inc()
     return Response(status_code=204)
 
 
 @router.get("/{key}", response_model=TaskView, responses=_CONFLICT_RESPONSES)
 async def get_task(key: TaskKey, wheel: WheelDep) -> TaskView:
-    view = await wheel.store.get(key)
-    if view is None:
-        raise TaskNotFound(key)
-    return view
+    return await _existing_view(wheel, key)
 
 
 @router.get("", response_model=TaskList, responses=_CONFLICT_RESPONSES)
@@ -181,9 +185,9 @@ async def list_tasks(
         except BadCursor as exc:
             raise RequestValidationError([{"type": "value_error", "loc": ("query", "cursor"),
                                            "msg": str(exc), "input": cursor}]) from exc
-    views, following = await list_page(wheel.store, status, key_prefix=key_prefix, limit=limit,
+    records, following = await list_page(wheel.store, status, key_prefix=key_prefix, limit=limit,
                                        cursor=after)
-    return TaskList(tasks=views,
+    return TaskList(tasks=[task_view(record) for record in records],
                     next_cursor=encode_cursor(status, following) if following else None)
 
 
@@ -195,5 +199,5 @@ async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
         raise TaskNotFound(key)
     if code == NOT_ALLOWED:
         raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
-                           await wheel.store.get(key))
+                           await _view_or_none(wheel, key))
     return await _existing_view(wheel, key)

@@ -241,7 +241,8 @@ class TaskReschedule(BaseModel):
 
 
 class TaskView(BaseModel):
-    """What the API shows of a task."""
+    """What the API shows of a task, the same object everywhere (GET, the answers of POST, PUT
+    and PATCH, listings, batch results), including what each attempt sends."""
 
     key: str
     status: TaskStatus
@@ -256,6 +257,14 @@ class TaskView(BaseModel):
     last_error: str | None
     created_at: str
     finished_at: str | None
+    headers: dict[str, str] = Field(description="the headers each attempt sends (Content-Type "
+                                    "included when the body is sent as JSON)")
+    body: Any = Field(description="the body each attempt sends: its JSON value, or a string "
+                      "for a body that is not JSON; null when there is none")
+    timeout: float = Field(description="per-attempt timeout, seconds")
+    retry_backoff: float = Field(description="seconds before the first retry, doubling")
+    flow_key: str = Field(description="the flow whose limits the task's attempts obey")
+    attempts_url: str = Field(description="where the task's attempts are listed")
 
 
 class TaskList(BaseModel):

@@ -31,9 +31,8 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from timewheel.models import TaskView
 from timewheel.store.durability import Call, DurableScript, run_acknowledged
-from timewheel.store.record import NewTask
+from timewheel.store.record import NewTask, TaskRecord
 from timewheel.store.task_store import Store, redis_errors
 
 
@@ -160,15 +159,23 @@ async def _exchange(redis: Redis, commands: Sequence[tuple[Any, ...]]) -> list[A
         await pool.release(conn)
 
 
-async def get_many(store: Store, keys: Sequence[str]) -> list[TaskView | None]:
-    """The views of ``keys`` (None for an unknown key): one lua/view.lua call per bucket, the
-    calls concurrent."""
+# Headers and bodies that get_many reads: the existing tasks a batch names are shown in its
+# answer, and 1000 of them with 1 MiB bodies must not be copied out of Redis at once.
+REQUEST_BYTES = 8 * 1024 * 1024
+
+
+async def get_many(store: Store, keys: Sequence[str]) -> list[TaskRecord | None]:
+    """The tasks of ``keys`` (None for an unknown key): one lua/view.lua call per bucket, the
+    calls concurrent. Headers and bodies are read up to REQUEST_BYTES in all (the first of
+    each bucket always); a task past that has them None."""
     if not keys:
         return []
     by_bucket: dict[int, list[str]] = {}
     for key in dict.fromkeys(keys):
         by_bucket.setdefault(store.keys.bucket_of(key), []).append(key)
-    groups = await asyncio.gather(*(store.views(b, ks) for b, ks in by_bucket.items()))
+    budget = REQUEST_BYTES // len(by_bucket)
+    groups = await asyncio.gather(*(store.views(b, ks, request_budget=budget)
+                                    for b, ks in by_bucket.items()))
     found = {key: view for ks, views in zip(by_bucket.values(), groups, strict=True)
              for key, view in zip(ks, views, strict=True)}
     return [found[key] for key in keys]

@@ -18,7 +18,11 @@ short, even empty, with a cursor). The views are read afterwards (lua/view.lua, 
 bucket), and a task whose status changed in between is left out.
 
 Cost: a page is at most buckets x indexes script calls of at most ``budget`` entries each
-(about a millisecond of Redis each), then one view call per bucket; no call scans more.
+(about a millisecond of Redis each), then one view call per bucket; no call scans more. The
+views carry each task's headers and body (the task view shows them), which can be 1 MiB a
+task: a page reads at most PAGE_REQUEST_BYTES of them (shared among its buckets' calls; the
+first task of each call is always read), and ends before the first task left unread, its
+cursor pointing there. With bodies of a few KiB a page of 1000 is never cut.
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from timewheel.models import KEY_PATTERN, TaskStatus, TaskView
+from timewheel.models import KEY_PATTERN, TaskStatus
+from timewheel.store.record import TaskRecord
 from timewheel.store.task_store import redis_errors
 
 if TYPE_CHECKING:
     from timewheel.store.task_store import Store
 
 MAX_BUDGET = 300  # index entries one list call may look at (keeps each call near 1 ms)
+PAGE_REQUEST_BYTES = 8 * 1024 * 1024  # headers and bodies one page reads (see above)
 _KEY = re.compile(KEY_PATTERN)
 
 
@@ -94,8 +100,8 @@ def _order(position: Position, desc: bool) -> tuple[Any, ...]:
 
 
 async def list_tasks(store: Store, status: TaskStatus, *, key_prefix: str, limit: int,
-                     cursor: Position | None) -> tuple[list[TaskView], Position | None]:
-    """One page: up to ``limit`` views and the position to pass back (None: the end)."""
+                     cursor: Position | None) -> tuple[list[TaskRecord], Position | None]:
+    """One page: up to ``limit`` tasks and the position to pass back (None: the end)."""
     sources = SOURCES[status]
     desc = sources[0].desc
     budget = min(max(2 * limit, 100), MAX_BUDGET)
@@ -128,14 +134,22 @@ async def list_tasks(store: Store, status: TaskStatus, *, key_prefix: str, limit
         following = frontier
     else:
         following = None
-    return await _views(store, status, [key for _, key in page]), following
+    found_records = await _records(store, [key for _, key in page])
+    unread = next((i for i, key in enumerate(page) if key[1] in found_records
+                   and found_records[key[1]].headers is None), None)
+    # The page's byte budget ran out: end the page before that task (never the first: the
+    # first task of each view call is always read).
+    if unread:
+        page, following = page[:unread], page[unread - 1]
+    return [found_records[key] for _, key in page
+            if key in found_records and found_records[key].status is status], following
 
 
-async def _views(store: Store, status: TaskStatus, keys: list[str]) -> list[TaskView]:
+async def _records(store: Store, keys: list[str]) -> dict[str, TaskRecord]:
     by_bucket: defaultdict[int, list[str]] = defaultdict(list)
     for key in keys:
         by_bucket[store.keys.bucket_of(key)].append(key)
-    buckets = list(by_bucket)
-    views = await asyncio.gather(*(store.views(b, by_bucket[b]) for b in buckets))
-    found = {view.key: view for group in views for view in group if view is not None}
-    return [found[key] for key in keys if key in found and found[key].status is status]
+    budget = PAGE_REQUEST_BYTES // max(len(by_bucket), 1)
+    groups = await asyncio.gather(*(store.views(b, ks, request_budget=budget)
+                                    for b, ks in by_bucket.items()))
+    return {record.key: record for group in groups for record in group if record is not None}

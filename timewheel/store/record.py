@@ -24,8 +24,6 @@ from timewheel.models import (
     TaskCreate,
     TaskFields,
     TaskStatus,
-    TaskView,
-    format_ms,
     parse_execute_at,
 )
 from timewheel.models.tasks import callback_url
@@ -64,13 +62,41 @@ class NewTask:
         """The record's part of a script's arguments (``lua/sched_tombstone.lua`` ARGV[5])."""
         return [self.record()]
 
-    def view(self, now_ms: int) -> TaskView:
-        return TaskView(
-            key=self.key, status=TaskStatus.SCHEDULED, execute_at=_fmt(self.due_ms),
-            callback_url=self.url, method=self.method, attempts=0, max_attempts=self.max_attempts,
-            next_attempt_at=_fmt(self.due_ms), last_attempt_at=None, last_status_code=None,
-            last_error=None, created_at=_fmt(now_ms), finished_at=None,
-        )
+    def as_record(self, now_ms: int) -> TaskRecord:
+        """The task as the store would read it back right after creating it at ``now_ms``."""
+        return TaskRecord(
+            key=self.key, status=TaskStatus.SCHEDULED, callback_url=self.url,
+            method=self.method, flow=self.flow, execute_at_ms=self.due_ms, due_ms=self.due_ms,
+            attempts=0, max_attempts=self.max_attempts, timeout_ms=self.timeout_ms,
+            backoff_ms=self.backoff_ms, created_ms=now_ms, last_attempt_ms=None,
+            last_status_code=None, last_error=None, finished_ms=None, headers=self.headers,
+            body=self.body or b"")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A stored task as the store reads it back (``Store.get``, the listings): domain values,
+    times in epoch ms. The API turns it into its view (timewheel/api/views.py)."""
+
+    key: str
+    status: TaskStatus  # as clients see it: a task parked for its flow is scheduled/retrying
+    callback_url: str
+    method: str
+    flow: str
+    execute_at_ms: int
+    due_ms: int | None  # the next attempt's time; None once the task is delivering or finished
+    attempts: int
+    max_attempts: int
+    timeout_ms: int
+    backoff_ms: int
+    created_ms: int
+    last_attempt_ms: int | None
+    last_status_code: int | None
+    last_error: str | None
+    finished_ms: int | None
+    # What each attempt sends; None when a listing left it unread (its page's byte budget).
+    headers: list[tuple[str, str]] | None
+    body: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,12 +336,6 @@ def _canonical_text(fields: TaskFields) -> str | None:
         ',"retry_backoff":', texts[3], ',"timeout":', texts[4], "}"))
 
 
-def _fmt(ms: int) -> str:
-    text = format_ms(ms)
-    assert text is not None
-    return text
-
-
 def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTask:
     """A claim reply's task (its record's head, flow and url). Raises layout.BadRecord."""
     head, flow, url = layout.split(prefix)
@@ -329,26 +349,33 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
 
-def view_from_record(key: str, prefix: bytes, last_err: bytes) -> TaskView:
-    """The view of a task from its record's head, flow and url (lua/view.lua) and last_err.
-    Raises layout.BadRecord."""
-    head, _, url = layout.split(prefix)
+def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes | None
+                      ) -> TaskRecord:
+    """A task from lua/view.lua's reply: its record's head, flow and url, its last_err, and
+    its headers and body (None: not read). Raises layout.BadRecord."""
+    head, flow, url = layout.split(prefix)
     try:
         stored = layout.STATUS_NAMES[head["st"]]
         method = layout.METHOD_NAMES[head["meth"]]
-        text = url.decode(), last_err.decode()
+        text = url.decode(), last_err.decode(), flow.decode()
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
+    headers = None
+    if request is not None:
+        try:
+            headers = layout.decode_headers(request[:head["hl"]])
+        except (layout.BadRecord, UnicodeDecodeError):
+            headers = []  # such a task is failed at start, its last_error says why (Store.start)
     attempts = head["att"]
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
     status = TaskStatus(stored)
     waiting = status in (TaskStatus.SCHEDULED, TaskStatus.RETRYING)
-    return TaskView(
-        key=key, status=status, execute_at=_fmt(head["exec"]), callback_url=text[0],
-        method=method, attempts=attempts, max_attempts=head["max"],
-        next_attempt_at=format_ms(head["due"]) if waiting else None,
-        last_attempt_at=format_ms(head["last_at"] or None),
+    return TaskRecord(
+        key=key, status=status, callback_url=text[0], method=method, flow=text[2],
+        execute_at_ms=head["exec"], due_ms=head["due"] if waiting else None, attempts=attempts,
+        max_attempts=head["max"], timeout_ms=head["timeout"], backoff_ms=head["backoff"],
+        created_ms=head["created"], last_attempt_ms=head["last_at"] or None,
         last_status_code=head["last_code"] or None, last_error=text[1] or None,
-        created_at=_fmt(head["created"]), finished_at=format_ms(head["finished"] or None),
-    )
+        finished_ms=head["finished"] or None, headers=headers,
+        body=None if request is None else request[head["hl"]:head["hl"] + head["bl"]])

@@ -19,7 +19,6 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable, WheelMismatch
-from timewheel.models import TaskView
 from timewheel.store import layout
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.record import (
@@ -27,8 +26,9 @@ from timewheel.store.record import (
     ClaimedTask,
     NewTask,
     Started,
+    TaskRecord,
     claimed_task,
-    view_from_record,
+    record_from_reply,
 )
 from timewheel.store.scripts import Scripts, source
 
@@ -177,20 +177,24 @@ class Store:
                 args=[key, now_ms, secrets.token_hex(8), due_ms,
                       "" if max_attempts is None else max_attempts]))
 
-    async def get(self, key: str) -> TaskView | None:
+    async def get(self, key: str) -> TaskRecord | None:
+        """The task, headers and body included; None: no such task."""
         return (await self.views(self.keys.bucket_of(key), [key]))[0]
 
-    async def views(self, bucket: int, keys: Sequence[str]) -> list[TaskView | None]:
-        """The views of tasks of one bucket (None: no such task), read by lua/view.lua without
-        their headers and bodies."""
+    async def views(self, bucket: int, keys: Sequence[str], *,
+                    request_budget: int | None = None) -> list[TaskRecord | None]:
+        """Tasks of one bucket (None: no such task), read by lua/view.lua. With
+        ``request_budget``, headers and bodies are read only while their bytes fit in it (the
+        first task's always): a later task's come back as None."""
         if not keys:
             return []
+        budget = "" if request_budget is None else request_budget
         async with redis_errors("view"):
             reply: list[Any] = await self.view_script(keys=[self.keys.prefix(bucket)],
-                                                      args=list(keys))
-        out: list[TaskView | None] = []
+                                                      args=[budget, *keys])
+        out: list[TaskRecord | None] = []
         for i, key in enumerate(keys):
-            prefix, last_err = reply[2 * i], reply[2 * i + 1]
+            prefix, last_err, request = reply[3 * i], reply[3 * i + 1], reply[3 * i + 2]
             if not prefix:
                 out.append(None)
                 continue
@@ -198,7 +202,7 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
                                        "restart a timewheel process to migrate it")
             try:
-                out.append(view_from_record(key, prefix, last_err))
+                out.append(record_from_reply(key, prefix, last_err, request))
             except layout.BadRecord as exc:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out

@@ -1,0 +1,50 @@
+"""The task view (docs/api.md "Task view", and v3: the request it sends): built here from the
+store's domain record, so nothing under timewheel/store/ knows the API's models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from timewheel.models import TaskView, format_ms
+from timewheel.store.record import TaskRecord
+
+_JSON_TYPES = ("application/json",)
+
+
+def task_view(record: TaskRecord) -> TaskView:
+    """The API's view of a task. A record whose headers and body were left unread (a
+    listing's byte budget) must not get here: the listing ends its page before it."""
+    headers = record.headers or []
+    return TaskView(
+        key=record.key, status=record.status, execute_at=_when(record.execute_at_ms),
+        callback_url=record.callback_url, method=record.method, attempts=record.attempts,
+        max_attempts=record.max_attempts, next_attempt_at=format_ms(record.due_ms),
+        last_attempt_at=format_ms(record.last_attempt_ms),
+        last_status_code=record.last_status_code, last_error=record.last_error,
+        created_at=_when(record.created_ms), finished_at=format_ms(record.finished_ms),
+        headers=dict(headers), body=body_value(headers, record.body or b""),
+        timeout=record.timeout_ms / 1000, retry_backoff=record.backoff_ms / 1000,
+        flow_key=record.flow, attempts_url=f"/tasks/{record.key}/attempts")
+
+
+def body_value(headers: list[tuple[str, str]], body: bytes) -> Any:
+    """The body as the view shows it: the JSON value when it is sent as JSON, else the text;
+    None when there is none (no bytes and no Content-Type of its own)."""
+    content_type = next((value for name, value in headers if name.lower() == "content-type"),
+                        None)
+    if not body and content_type is None:
+        return None
+    text = body.decode(errors="replace")  # bodies are stored from JSON text: UTF-8
+    if content_type is not None and content_type.split(";")[0].strip().lower() in _JSON_TYPES:
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _when(ms: int) -> str:
+    text = format_ms(ms)
+    assert text is not None
+    return text
