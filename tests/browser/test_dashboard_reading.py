@@ -170,12 +170,14 @@ def test_the_task_page_shows_the_request(page: Any, service: Service, api: httpx
            body={"invoice": 42, "lines": [1, 2]}, timeout=7.5, retry_backoff=3,
            flow_key="tenant-acme")
     view = api.get(f"/tasks/{key}").json()
-    assert view["headers"] == {"X-Tenant": "acme"}, view
+    # What will be sent: the task's headers and the Content-Type its JSON body gets.
+    assert view["headers"] == {"X-Tenant": "acme", "Content-Type": "application/json"}, view
 
     open_ui(page, service, f"#/task/{key}")
     section = page.locator("#task-request")
     expect(section.locator("#task-headers")).to_contain_text("X-Tenant")
     expect(section.locator("#task-headers")).to_contain_text("acme")
+    expect(section.locator("#task-headers")).to_contain_text("application/json")
     expect(section.locator("#task-body")).to_have_text(
         '{\n  "invoice": 42,\n  "lines": [\n    1,\n    2\n  ]\n}')
     expect(section).to_contain_text("7.5 s per attempt")

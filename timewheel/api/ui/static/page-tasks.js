@@ -182,7 +182,8 @@ export function renderTask(root, key) {
             field("Error", task.last_error || "—"))),
         h("section", { class: "panel" }, h("h2", {}, "Task"),
           h("dl", {},
-            field("Callback", `${task.method} ${task.callback_url}`),
+            // With the request section below, the callback line is shown there.
+            task.headers === undefined ? field("Callback", `${task.method} ${task.callback_url}`) : null,
             field("Execute at", time(task.execute_at)),
             field("Next attempt", time(task.next_attempt_at)),
             field("Attempts", `${task.attempts} of ${task.max_attempts}`),
