@@ -2,7 +2,7 @@
 
     python -m bench.fake_service --port 8080
 
-It speaks just enough of shared/API.md for bench/run.py (``POST /tasks``,
+It speaks just enough of docs/api.md for bench/run.py (``POST /tasks``,
 ``GET/DELETE /tasks/{key}``, ``GET /healthz``) and fires each task from the
 event loop at its ``execute_at`` with aiohttp, retrying 5xx with a jittered,
 doubling backoff. No Redis, no persistence, no validation worth the name: its

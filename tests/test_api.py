@@ -1,4 +1,5 @@
-"""HTTP API against a real Redis, fake clock, no ticker: every status code and field of API.md."""
+"""HTTP API against a real Redis, fake clock, no ticker: every status code and field of
+docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``/flows`` over HTTP (API.md, Flow control): views, defaults, bad input changes nothing."""
+"""``/flows`` over HTTP (docs/api.md, Flow control): views, defaults, bad input changes
+nothing."""
 
 from __future__ import annotations
 

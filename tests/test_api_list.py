@@ -1,5 +1,5 @@
-"""GET /tasks: every status, in its order, paged with opaque cursors, in bounded steps (API.md
-"GET /tasks — list and search"; timewheel/store/listing.py)."""
+"""GET /tasks: every status, in its order, paged with opaque cursors, in bounded steps
+(docs/api.md "GET /tasks — list and search"; timewheel/store/listing.py)."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ async def test_tasks_endpoints_need_a_token(make_client: MakeClient, token_setti
 @pytest.mark.parametrize(("method", "path"), [("POST", "/tasks"), ("PUT", "/tasks/k")])
 async def test_token_checked_before_the_body(make_client: MakeClient, token_settings: Settings,
                                              method: str, path: str) -> None:
-    """API.md: every /tasks call without a right token is 401, whatever its body."""
+    """docs/api.md: every /tasks call without a right token is 401, whatever its body."""
     async with make_client(token_settings) as client:
         r = await client.request(method, path, content=b'{"callback_url": ',
                                  headers={"content-type": "application/json"})

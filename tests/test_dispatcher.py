@@ -424,7 +424,7 @@ async def test_max_attempts_exhausted_fails(wheel: Harness, router: respx.MockRo
 async def test_task_cancelled_after_claim_is_never_sent(wheel: Harness,
                                                         router: respx.MockRouter) -> None:
     """Cancel after the claim, before the due time: once cancel returns, no attempt starts
-    (API.md, DELETE) - the dispatcher's start check sees the claim is gone."""
+    (docs/api.md, DELETE) - the dispatcher's start check sees the claim is gone."""
     route = router.post(URL).respond(200)
     await wheel.add()
     tasks = await wheel.claim()

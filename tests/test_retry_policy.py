@@ -1,4 +1,4 @@
-"""retry_policy: which answers are retried, the backoff schedule, Retry-After (API.md)."""
+"""retry_policy: which answers are retried, the backoff schedule, Retry-After (docs/api.md)."""
 
 from __future__ import annotations
 

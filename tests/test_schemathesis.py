@@ -103,7 +103,7 @@ def not_a_known_bug(context: HookContext, failure: Failure, case: schemathesis.C
             and set(failure.undocumented_methods) <= {"GET", "PUT", "PATCH", "DELETE"}
             and not failure.missing_methods):
         return False
-    # Not a bug: API.md validates each batch item on its own, so a request with invalid items
+    # Not a bug: docs/api.md validates each batch item on its own, so a request with invalid items
     # is a 200 whose results report those items as 422 (only a bad envelope is a 422).
     if (isinstance(failure, AcceptedNegativeData) and label == "POST /tasks/batch"
             and response.status_code == 200

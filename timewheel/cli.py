@@ -63,7 +63,7 @@ def serve(settings: Settings, host: str, port: int) -> None:
 
     # uvicorn restores the previous SIGTERM handler after its graceful shutdown and raises the
     # signal again, so with the default handler the process would die by it (status 143).
-    # API.md promises exit 0 after a SIGTERM shutdown: make the re-raised signal a no-op.
+    # docs/api.md promises exit 0 after a SIGTERM shutdown: make the re-raised signal a no-op.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     level = settings.log_level.upper()
     from timewheel.logs import configure_logging

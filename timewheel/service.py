@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from timewheel import __version__
 from timewheel.clock import Clock, RedisClock
 from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import Sender, make_sender
@@ -54,6 +55,7 @@ class Wheel:
     @classmethod
     async def open(cls, settings: Settings, *, clock: Clock | None = None,
                    sender: Sender | None = None, metrics: Metrics | None = None) -> Wheel:
+        log.info("timewheel %s starting with settings: %s", __version__, settings.summary())
         embedded = None
         url = settings.redis_url
         if url is None:
@@ -83,7 +85,8 @@ class Wheel:
                                 max_concurrency=settings.max_concurrency,
                                 batch_deadline_ms=int(settings.batch_deadline_seconds * 1000),
                                 tokens=tokens, flow_local_cap=settings.flow_local_waiting,
-                                tracing=Tracing.from_env())
+                                tracing=Tracing.from_env(),
+                                log_deliveries=settings.log_deliveries)
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,

@@ -1,10 +1,11 @@
-"""Settings from flags or ``TIMEWHEEL_*`` environment variables (names fixed by API.md)."""
+"""Settings from flags or ``TIMEWHEEL_*`` environment variables (names fixed by docs/api.md)."""
 
 from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -16,6 +17,22 @@ def _split_csv(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user part and of a ``password=`` query parameter
+    replaced by ``***`` (redis-py reads both)."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        user, _, host = parts.netloc.rpartition("@")
+        name, colon, _ = user.partition(":")
+        url = url.replace(parts.netloc, f"{name}{':***' if colon else ''}@{host}", 1)
+    if parts.query:
+        query = "&".join(f"{pair.partition('=')[0]}=***"
+                         if pair.partition("=")[0].lower() == "password" else pair
+                         for pair in parts.query.split("&"))
+        url = url.replace(f"?{parts.query}", f"?{query}", 1)
+    return url
 
 
 class Settings(BaseSettings):
@@ -39,7 +56,7 @@ class Settings(BaseSettings):
     max_horizon_seconds: float = Field(default=31_536_000, gt=0)
     flow_parallelism: int = Field(default=100, ge=1, le=10_000)
 
-    # Beyond API.md: operational knobs with safe defaults.
+    # Beyond docs/api.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)
     lease_margin_seconds: float = Field(default=5.0, gt=0)
     claim_batch: int = Field(default=100, ge=1, le=10_000)
@@ -59,6 +76,28 @@ class Settings(BaseSettings):
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=4000)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (timewheel.logs)
+    # One INFO line per callback attempt (key, attempt, status or error, duration); without
+    # it successes are logged at DEBUG (failures and retries are always INFO).
+    log_deliveries: bool = False
+
+    def summary(self) -> str:
+        """Every setting as ``name=value`` (no spaces in a value), for the start-up log line:
+        secrets say only how many are set, and a Redis URL's password is replaced by ``***``."""
+        parts = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, list) and value and isinstance(value[0], SecretStr):
+                shown = f"<redacted:{len(value)}>"  # how many are set
+            elif isinstance(value, SecretStr):
+                shown = "<redacted>"
+            elif name == "redis_url" and value is not None:
+                shown = redact_url(value)
+            elif isinstance(value, list):
+                shown = ",".join(map(str, value)) or "[]"
+            else:
+                shown = str(value)
+            parts.append(f"{name}={shown}")
+        return " ".join(parts)
 
     @field_validator("api_tokens", "signing_secret", "allowed_networks", mode="before")
     @classmethod

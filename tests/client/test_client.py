@@ -209,7 +209,7 @@ async def test_422_message_names_each_field(both: Both, router: respx.MockRouter
 
 
 async def test_conflict_carries_the_task_view(both: Both, router: respx.MockRouter) -> None:
-    """A cancel of a finished task: 409 with the view next to the detail (API.md)."""
+    """A cancel of a finished task: 409 with the view next to the detail (docs/api.md)."""
     finished = view(status="succeeded", attempts=1, finished_at=AT)
     router.route().mock(return_value=httpx.Response(
         409, json=finished | {"detail": "task 'k1' has already finished"}))
@@ -298,6 +298,14 @@ async def test_put_with_another_key_is_refused_before_sending(both: Both,
     route = router.route().mock(return_value=httpx.Response(200, json=view()))
     with pytest.raises(ValueError, match="'other' is not the key 'k1'"):
         await both.call("put_task", "k1", TaskCreate(callback_url=URL, key="other"))
+    assert route.call_count == 0
+
+
+async def test_reschedule_to_a_naive_datetime_is_refused_before_sending(
+        both: Both, router: respx.MockRouter) -> None:
+    route = router.route().mock(return_value=httpx.Response(200, json=view()))
+    with pytest.raises(ValueError, match="needs a time zone"):
+        await both.call("reschedule", "k1", execute_at=datetime(2027, 1, 15, 9, 30))  # noqa: DTZ001
     assert route.call_count == 0
 
 

@@ -287,7 +287,7 @@ async def test_init_and_clock_on_a_cluster(cluster: RedisCluster, cluster_redis:
 async def test_eviction_warning_covers_every_master(cluster: RedisCluster, cluster_redis: Any,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     """A master other than the client's default node with an evicting policy is warned about
-    at start-up (DESIGN.md invariant 5: warn if Redis does not run with noeviction)."""
+    at start-up (docs/design.md invariant 5: warn if Redis does not run with noeviction)."""
     await cluster_redis.initialize()
     default_port = cluster_redis.get_default_node().port
     others = [node for node in cluster.nodes if node.port != default_port]
@@ -319,7 +319,7 @@ def no_keys_left(cluster: RedisCluster, *suffixes: str) -> list[str]:
 
 def assert_stops_gracefully(service: Service) -> None:
     """SIGTERM runs the lifespan's shutdown (ticker, dispatcher, cluster client) without error
-    and exits 0 (API.md)."""
+    and exits 0 (docs/api.md)."""
     assert service.stop() == 0
     log = service.log()
     assert "Application shutdown complete." in log
@@ -388,7 +388,7 @@ def test_two_serve_processes_on_a_cluster_split_the_work(
 
 async def test_health_check_sees_a_master_down(tmp_path: Path) -> None:
     """With a master dead and the cluster in state fail, every task operation is refused
-    (StoreUnavailable, the API's 503), and so is the health check (API.md: 503 then). Closing
+    (StoreUnavailable, the API's 503), and so is the health check (docs/api.md: 503 then). Closing
     the client then closes every connection it opened, to the dead node and to nodes redis-py
     dropped from its table included: nothing is left to the garbage collector."""
     with RedisCluster(tmp_path / "own-cluster") as own:

@@ -1,8 +1,8 @@
 """Delivery end to end: real `timewheel serve` processes, a real Redis, a real receiver.
 
 Retries and backoff, timeouts, permanent failures and replay, exhausted attempts, and the
-faults of API.md / DESIGN.md: a process killed or stopped mid-delivery, SIGTERM with attempts
-in flight, Redis killed and restarted from its append-only file.
+faults of docs/api.md / docs/design.md: a process killed or stopped mid-delivery, SIGTERM with
+attempts in flight, Redis killed and restarted from its append-only file.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def test_sigterm_finishes_in_flight_and_hands_back_the_rest(
     receiver.wait_for_sync(5, timeout=15, path="/term")
     first.signal(signal.SIGTERM)
     code = first.stop(timeout=30)
-    # A graceful exit; its exit status (0 per API.md) is test_sigterm_exit_status_is_zero's.
+    # A graceful exit; its exit status (0 per docs/api.md) is test_sigterm_exit_status_is_zero's.
     assert code == 0, first.log()
     assert "Application shutdown complete" in first.log()
 
@@ -333,7 +333,7 @@ def test_sigterm_finishes_in_flight_and_hands_back_the_rest(
 
 def test_sigterm_exit_status_is_zero(start_service, receiver: ThreadedReceiver,
                                      redis_server_e2e: RedisServer) -> None:
-    """API.md: SIGTERM with an attempt in flight finishes it and exits with status 0."""
+    """docs/api.md: SIGTERM with an attempt in flight finishes it and exits with status 0."""
     receiver.respond("/bye", [Reply(200, delay=1)])
     service = start_service(batch_deadline_seconds="10")
     with service.client() as client:

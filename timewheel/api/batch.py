@@ -1,4 +1,4 @@
-"""``POST /tasks/batch``: schedule up to 1000 tasks in one request (API.md).
+"""``POST /tasks/batch``: schedule up to 1000 tasks in one request (docs/api.md).
 
 Each item is validated on its own, exactly as ``POST /tasks`` validates its body (the model, then
 ``_prepare``'s settings-dependent limits), and an invalid item is that item's 422 while the
@@ -7,7 +7,7 @@ others are stored. The valid ones are stored through pipelined ``schedule`` call
 
 - Item statuses: 201 created, 200 an identical task exists, 409 the key holds other content,
   422 invalid. An item whose encoded ``body`` is over 1 MiB is a 422 (``type: too_large``):
-  API.md allows only these four statuses per item, and 413 stays the answer for a whole request
+  docs/api.md allows only these four statuses per item, and 413 stays the answer for a whole request
   over the size limit (api/limits.py, before the body is parsed).
 - A key given twice in one batch acts as two POSTs in request order: the first is created, a
   later identical one is 200, a later different one is 409.
@@ -52,7 +52,7 @@ def _item_errors(index: int, errors: list[Any]) -> list[dict[str, Any]]:
 
 
 def _given_key(item: Any) -> str | None:
-    """The item's own key when it is a valid one (API.md: null for an item without one)."""
+    """The item's own key when it is a valid one (docs/api.md: null for an item without one)."""
     key = item.get("key") if isinstance(item, dict) else None
     return key if isinstance(key, str) and _VALID_KEY.fullmatch(key) else None
 

@@ -1,4 +1,4 @@
-"""``/flows``: a flow's limits, in force over every process at once (API.md, Flow control)."""
+"""``/flows``: a flow's limits, in force over every process at once (docs/api.md, Flow control)."""
 
 from __future__ import annotations
 

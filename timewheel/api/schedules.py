@@ -1,5 +1,5 @@
 """``/schedules``: recurring schedules, create/replace, inspect, list, delete, pause, resume
-(API.md, "Recurring schedules"). The engine turns their occurrences into tasks
+(docs/api.md, "Recurring schedules"). The engine turns their occurrences into tasks
 (timewheel/engine/materializer.py)."""
 
 from __future__ import annotations

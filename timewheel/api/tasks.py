@@ -1,4 +1,4 @@
-"""``/tasks``: schedule, replace, cancel, inspect, list and search, replay (API.md)."""
+"""``/tasks``: schedule, replace, cancel, inspect, list and search, replay (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def body(value: BaseModel | Mapping[str, Any], *,
     """A request body. A model (validated when it was built) sends only the fields the caller
     set, so the service applies its own defaults; a mapping is sent as given and the service
     validates it (422 -> InvalidRequestError): the service stays the one judge of input, and a
-    batch item that is wrong fails alone, as API.md promises."""
+    batch item that is wrong fails alone, as docs/api.md promises."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_unset=True, exclude=exclude)
     return {name: item for name, item in value.items() if name not in (exclude or ())}

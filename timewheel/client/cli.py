@@ -1,4 +1,4 @@
-"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (API.md,
+"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (docs/api.md,
 "Operations"). ``timewheel/cli.py`` owns the parser and ``serve``; it hands every other command
 to ``run`` here.
 
@@ -37,7 +37,7 @@ Handler = Callable[[Client, argparse.Namespace], Any]
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``tasks``, ``schedules`` and ``flows`` to the ``timewheel`` parser. Input is
-    checked by the service (API.md's rules, 422 -> exit 1), except what argparse can tell on
+    checked by the service (docs/api.md's rules, 422 -> exit 1), except what argparse can tell on
     its own (a header without a colon, --delay with --at, a number that is not one)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--base-url", metavar="BASE_URL", help="the service's URL (default: "

@@ -149,7 +149,8 @@ def error_for(response: httpx.Response) -> APIError:
 
 
 def _view_in(body: Any) -> TaskView | None:
-    """The task view a 409 carries next to its ``detail`` (API.md: cancel of a finished task)."""
+    """The task view a 409 carries next to its ``detail`` (docs/api.md: cancel of a finished
+    task)."""
     if not isinstance(body, dict):
         return None
     fields = {name: value for name, value in body.items() if name != "detail"}

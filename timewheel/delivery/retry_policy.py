@@ -1,4 +1,4 @@
-"""What an attempt's answer means, and when the next attempt is due (API.md, Callbacks)."""
+"""What an attempt's answer means, and when the next attempt is due (docs/api.md, Callbacks)."""
 
 from __future__ import annotations
 

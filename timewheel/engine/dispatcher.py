@@ -65,8 +65,11 @@ class Dispatcher:
     def __init__(self, store: Store, flows: FlowStore, clock: Clock, sender: Sender,
                  metrics: Metrics, *, signer: Signer | None, max_concurrency: int,
                  batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 10_000,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None, log_deliveries: bool = False) -> None:
         self._store = store
+        # Successes at DEBUG unless TIMEWHEEL_LOG_DELIVERIES: at thousands of callbacks a
+        # second, a line each costs real CPU.
+        self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         self._clock = clock
         self._sender = sender
         self._metrics = metrics
@@ -279,8 +282,7 @@ class Dispatcher:
             code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
         if verdict == "retry" and attempt >= task.max_attempts:
             verdict = "fail"
-        # Successes at DEBUG: at thousands of callbacks a second, a line each costs real CPU.
-        log.log(logging.DEBUG if verdict == "ok" else logging.INFO,
+        log.log(self._ok_level if verdict == "ok" else logging.INFO,
                 "callback %s attempt=%d %s %.3fs -> %s", task.key, attempt,
                 code if code is not None else message, took, verdict,
                 extra={"task_key": task.key, "flow_key": task.flow, "attempt": attempt,

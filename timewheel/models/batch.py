@@ -1,4 +1,4 @@
-"""Models of ``POST /tasks/batch`` (API.md, "POST /tasks/batch").
+"""Models of ``POST /tasks/batch`` (docs/api.md, "POST /tasks/batch").
 
 Each item is validated on its own, so that one bad item does not fail the whole request: the
 request model accepts any JSON value as an item and the handler validates each into

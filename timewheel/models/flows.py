@@ -1,4 +1,4 @@
-"""Models of ``/flows`` (API.md, "Flow control")."""
+"""Models of ``/flows`` (docs/api.md, "Flow control")."""
 
 from __future__ import annotations
 

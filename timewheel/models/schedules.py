@@ -1,4 +1,4 @@
-"""Models of ``/schedules`` (API.md, "Recurring schedules").
+"""Models of ``/schedules`` (docs/api.md, "Recurring schedules").
 
 A schedule is a cron expression (read in an IANA time zone) or a fixed period counted from the
 Unix epoch, plus the template of the task each occurrence becomes. The template is the body of

@@ -1,4 +1,4 @@
-"""Models of ``/tasks`` (API.md, "Tasks")."""
+"""Models of ``/tasks`` (docs/api.md, "Tasks")."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 # RFC 9110 token: the characters a header name may hold.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_VALUE_CHARS = re.compile(r"[\r\n\x00]")
-# Hop-by-hop and framing headers: the HTTP client owns them (API.md).
+# Hop-by-hop and framing headers: the HTTP client owns them (docs/api.md).
 _HOP_BY_HOP = {"host", "connection", "content-length", "transfer-encoding", "te", "trailer",
                "upgrade", "keep-alive"}
 # Headers the service sets on every callback; a task may not forge or blur them.

@@ -1,5 +1,5 @@
 """``GET /tasks``: pages of the tasks of one status, in order, across every bucket, in bounded
-steps (API.md "GET /tasks — list and search").
+steps (docs/api.md "GET /tasks — list and search").
 
 Each status is read from the indexes that hold its tasks, never from the keyspace:
 

@@ -34,7 +34,7 @@ PARKED = "waiting"  # the stored status of a task parked until its flow has room
 
 
 class BodyTooLarge(ValueError):
-    """The encoded ``body`` is over MAX_BODY_BYTES (API.md: 413)."""
+    """The encoded ``body`` is over MAX_BODY_BYTES (docs/api.md: 413)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +139,7 @@ def new_key() -> str:
 
 def default_flow(url: str) -> str:
     """The flow of a task that names none: its destination, ``host:port`` in lower case with
-    the port always written, an IPv6 literal's colons as dashes (API.md ``flow_key``)."""
+    the port always written, an IPv6 literal's colons as dashes (docs/api.md ``flow_key``)."""
     if type(url) is str:  # the parse validation made, for a valid callback URL
         flow = callback_url(url).flow
         if flow is not None:

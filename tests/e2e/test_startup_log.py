@@ -1,0 +1,46 @@
+"""What a real ``timewheel serve`` logs: the settings it starts with (secrets redacted), and
+with TIMEWHEEL_LOG_DELIVERIES one INFO line per callback attempt."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+from tests.e2e.conftest import Service
+from tests.e2e.test_cli import TOKEN, wait_status
+from tests.support.receiver import ThreadedReceiver
+
+pytestmark = pytest.mark.e2e
+
+
+
+def _add(service: Service, key: str, url: str) -> None:
+    with service.client() as client:
+        r = client.post("/tasks", json={"key": key, "callback_url": url},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 201, r.text
+
+
+def test_delivery_lines_are_logged_only_with_log_deliveries(
+        start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
+    receiver.respond("/bad", [400])
+    quiet = start_service(api_tokens=TOKEN)
+    _add(quiet, "quiet-ok", receiver.url("/ok"))
+    _add(quiet, "quiet-bad", receiver.url("/bad"))
+    wait_status(quiet, "quiet-ok", "succeeded")
+    wait_status(quiet, "quiet-bad", "failed")
+    # The control: a failure is logged (at INFO) by the time it is recorded; a success is not.
+    assert re.search(r"callback quiet-bad attempt=1 400 [\d.]+s -> fail", quiet.log())
+    assert "callback quiet-ok" not in quiet.log()
+    line = next(x for x in quiet.log().splitlines() if "starting with settings:" in x)
+    assert "api_tokens=<redacted:1>" in line and TOKEN not in line
+    assert "log_deliveries=False" in line and f"port={quiet.port}" in line
+
+    # A wheel of its own (another key prefix): the quiet process must not deliver its task.
+    loud = start_service(api_tokens=TOKEN, log_deliveries="true", key_prefix="loud")
+    _add(loud, "loud-ok", receiver.url("/ok"))
+    wait_status(loud, "loud-ok", "succeeded")
+    assert re.search(r"INFO .*callback loud-ok attempt=1 200 [\d.]+s -> ok", loud.log()), \
+        loud.log()
