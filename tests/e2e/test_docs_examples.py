@@ -29,6 +29,9 @@ What the test gives the blocks:
   should fail a user.
 - Each block has 60 s. A failure names the file, the block's line and its text, its output,
   and the last output of the background commands.
+
+A block that only defines something is only run; the README's signature snippet is also called,
+by the second test, on a signed callback without a body.
 """
 
 from __future__ import annotations
@@ -277,3 +280,30 @@ def test_readme_and_client_examples_work_when_pasted_in_order(session: Session) 
     assert {"serve", "listen"} <= session.background.keys(), (
         "README.md must start `timewheel serve` and `timewheel listen` as background blocks "
         "(its first callback goes to the listener)")
+
+
+def test_the_readme_signature_snippet_verifies_a_callback_without_a_body() -> None:
+    """The README's standardwebhooks snippet, taken from the README, accepts a callback with
+    no body (a GET, a schedule without one) signed as the dispatcher signs it, and refuses a
+    forged one; the control shows that the library's default (json_parse) fails on it."""
+    from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+    from timewheel.delivery.signing import Signer
+
+    snippets = [step.text for step in steps_of("README.md")[0]
+                if step.kind == "python" and "standardwebhooks" in step.text]
+    assert len(snippets) == 1, "README.md: one ```python block with the standardwebhooks snippet"
+    namespace: dict[str, object] = {}
+    exec(snippets[0], namespace)  # the README's own code, as a reader would run it
+    verified = namespace["verified"]
+    assert callable(verified)
+
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    now = int(time.time())
+    headers = {"webhook-id": "nightly.1800000000000", "webhook-timestamp": str(now),
+               "webhook-signature": Signer([secret]).sign("nightly.1800000000000", now, b"")}
+    assert verified(secret, b"", headers) == b""
+    with pytest.raises(WebhookVerificationError):
+        verified(secret, b"", {**headers, "webhook-id": "forged"})
+    with pytest.raises(ValueError):  # json.JSONDecodeError: what the issue saw
+        Webhook(secret).verify(b"", headers)
