@@ -2,7 +2,7 @@
 // attempt's outcome (GET /tasks/{key}), cancel (DELETE) and replay (POST .../replay).
 
 import { api, seg } from "./api.js";
-import { badge, confirmButton, h, notify, table, time, fill } from "./dom.js";
+import { badge, confirmButton, h, localTime, notify, table, time, fill } from "./dom.js";
 
 const STATUSES = ["scheduled", "retrying", "delivering", "failed", "succeeded", "cancelled"];
 const OPEN = new Set(["scheduled", "retrying", "delivering", "waiting"]);
@@ -21,7 +21,7 @@ async function cancel(key) {
 
 async function replay(key) {
   const view = await api.post(`tasks/${seg(key)}/replay`);
-  notify(`Replayed ${key}: ${view.status}, due ${view.execute_at}.`);
+  notify(`Replayed ${key}: ${view.status}, due ${localTime(view.execute_at)}.`);
 }
 
 // Runs `action`; an error becomes the page's notice instead of an unhandled rejection.
@@ -143,7 +143,7 @@ export function renderTask(root, key) {
     const then = {
       succeeded: "the task succeeded",
       failed: "the task failed for good and is in the dead letters",
-      retrying: `it will be retried at ${task.next_attempt_at}`,
+      retrying: `it will be retried at ${localTime(task.next_attempt_at)}`,
       delivering: "an attempt is in flight",
       cancelled: "the task was cancelled",
       scheduled: "the task was scheduled again",
