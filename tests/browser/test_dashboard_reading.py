@@ -25,6 +25,9 @@ expect = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'").expect
 
 
+REFRESH_WAIT_MS = 6500  # the flows page refreshes every 5 s (page-flows.js REFRESH_MS)
+
+
 def uid() -> str:
     return uuid.uuid4().hex[:8]
 
@@ -190,3 +193,27 @@ def test_the_task_page_shows_the_request(page: Any, service: Service, api: httpx
     page.goto(f"{service.base_url}/ui#/task/{text_key}")
     expect(page.locator("#task-request")).to_contain_text("GET ")
     expect(page.locator("#task-request")).to_contain_text("none")  # no headers, no body
+
+
+def test_the_flows_page_does_not_refresh_a_question_away(
+        page: Any, service: Service, api: httpx.Client) -> None:
+    """The flows page refreshes every 5 s, but not while "Back to the defaults?" waits for its
+    answer (a refresh used to redraw the row and take the question away under the click).
+    Control: once answered "No", the same wait shows a flow added meanwhile."""
+    tag = uid()
+    shown, added = f"shown-{tag}", f"added-{tag}"
+    assert api.put(f"/flows/{shown}", json={"parallelism": 5}).status_code == 200
+    open_ui(page, service, "#/flows")
+    row = page.locator(f'#flow-results tr[data-key="{shown}"]')
+    row.get_by_role("button", name="Reset").click()
+    expect(row.get_by_role("button", name="Yes")).to_be_visible()
+    assert api.put(f"/flows/{added}", json={"parallelism": 2}).status_code == 200
+
+    page.wait_for_timeout(REFRESH_WAIT_MS)  # more than one refresh period
+    assert row.get_by_role("button", name="Yes").is_visible()
+    assert page.locator(f'#flow-results tr[data-key="{added}"]').count() == 0
+
+    row.get_by_role("button", name="No").click()
+    page.wait_for_timeout(REFRESH_WAIT_MS)  # the same wait: a refresh does happen in it
+    assert page.locator(f'#flow-results tr[data-key="{added}"]').count() == 1
+    assert api.get(f"/flows/{shown}").json()["parallelism"] == 5  # nothing was reset
