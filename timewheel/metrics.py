@@ -21,7 +21,8 @@ class Metrics:
             "(succeeded, retried, failed, abandoned)", ["outcome"], registry=r)
         self.lateness = Histogram(
             "timewheel_callback_lateness_seconds",
-            "Start of an attempt minus the time it was due (execute_at for first attempts)",
+            "Start of an attempt minus the time it was due (execute_at for first attempts), "
+            "or minus the time it was created or replaced when that is later",
             ["attempt"], buckets=_LATENESS_BUCKETS, registry=r)
         self.duration = Histogram("timewheel_callback_duration_seconds",
                                   "Time from sending a callback to its answer", registry=r)

@@ -45,7 +45,10 @@ def seed(api: httpx.Client, receiver: ThreadedReceiver) -> None:
     for start in range(0, len(tasks), 1000):
         assert api.post("/tasks/batch", json={"tasks": tasks[start:start + 1000]}).is_success
     for name in ("order-7731-shipped", "order-7734-shipped", "signup-5521-welcome"):
-        api.post("/tasks", json={"key": name, "callback_url": receiver.url("/hooks/broken")})
+        api.post("/tasks", json={
+            "key": name, "callback_url": receiver.url("/hooks/broken"), "max_attempts": 3,
+            "headers": {"X-Tenant": "acme"}, "flow_key": "tenant-acme", "timeout": 5,
+            "body": {"order": name.split("-")[1], "event": name.split("-")[2]}})
     api.put("/flows/api.example.com:443", json={"parallelism": 10, "rate": 50})
     api.put("/flows/tenant-acme", json={"parallelism": 4})
     api.put("/flows/payments.internal:8443", json={"parallelism": 2, "rate": 0.5})
@@ -81,14 +84,15 @@ def main(out: Path) -> None:
                 expect(page.locator("#due-chart svg")).to_be_visible()
                 expect(page.locator("#rate-note")).to_contain_text("over the last", timeout=15_000)
                 page.screenshot(path=str(out / "dashboard-overview.png"))
-                for name, fragment, ready in [
-                    ("dead-letters", "#/dead-letters", "#dead-results table"),
-                    ("flows", "#/flows", "#flow-results table"),
-                    ("schedules", "#/schedules", "#schedule-results table"),
+                for name, fragment, ready, height in [
+                    ("task", "#/task/order-7731-shipped", "#task-request", 900),
+                    ("dead-letters", "#/dead-letters", "#dead-results table", 390),
+                    ("flows", "#/flows", "#flow-results table", 390),
+                    ("schedules", "#/schedules", "#schedule-results table", 390),
                 ]:
                     page.goto(f"{service.base_url}/ui{fragment}")
                     expect(page.locator(ready)).to_be_visible()
-                    page.set_viewport_size({"width": VIEWPORT["width"], "height": 390})
+                    page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
                     page.screenshot(path=str(out / f"dashboard-{name}.png"))
                 browser.close()
         finally:

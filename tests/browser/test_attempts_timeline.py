@@ -123,8 +123,9 @@ def test_no_attempt_yet_then_a_delivered_one(page: Any, service: Service, api: h
 
 def test_times_are_shown_in_the_browsers_zone(browser: Any, service: Service, api: httpx.Client,
                                               receiver: ThreadedReceiver) -> None:
-    """The same instant in a browser in New York: local time, named zone; the UTC value stays
-    in the element's datetime."""
+    """The same instant in a browser in New York: UTC by default (the dashboard's zone toggle),
+    the browser's local time with its zone named once local is chosen; the UTC value stays in
+    the element's datetime either way."""
     key = f"zone-{uid()}"
     create(api, key, receiver.url("/zone"), delay=7200)
     seed(service, key, json.dumps({"n": 1, "o": "retry", "s": T0 + 5, "d": 3, "c": 503,
@@ -134,6 +135,9 @@ def test_times_are_shown_in_the_browsers_zone(browser: Any, service: Service, ap
         page = context.new_page()
         open_ui(page, service, f"#/task/{key}")
         head = page.locator("#attempts li.attempt .attempt-head time")
+        expect(head).to_have_text("2027-01-15 08:00:00.005 UTC")
+        page.evaluate("localStorage.setItem('timewheel.zone', 'local')")
+        page.reload()
         expect(head).to_have_text("2027-01-15 03:00:00.005 EST")
         expect(head).to_have_attribute("datetime", "2027-01-15T08:00:00.005Z")
         expect(page.locator("#attempts .next")).to_have_text(

@@ -4,6 +4,7 @@ outcome over the API. Screenshots of every page go to the test's tmp dir."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -253,6 +254,8 @@ def test_pause_and_resume_a_schedule(page: Any, service: Service, api: httpx.Cli
 
     row.get_by_role("button", name="Resume").click()
     expect(row.locator(".badge")).to_have_text("active")
+    expect(page.locator("#notice")).to_contain_text(
+        re.compile(r"next run \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\.$"))  # with its zone
     view = api.get(f"/schedules/{schedule}").json()
     assert view["paused"] is False and view["next_run_at"] is not None
     expect(row.locator(".next-run time")).to_have_attribute("datetime", view["next_run_at"])

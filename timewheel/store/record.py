@@ -110,6 +110,7 @@ class ClaimedTask:
     token: str
     due_ms: int
     execute_at_ms: int
+    created_ms: int  # a task created (or replaced) with a past due time is late from here
     attempts: int  # attempts made before this one
     max_attempts: int
     backoff_ms: int
@@ -117,7 +118,6 @@ class ClaimedTask:
     url: str
     method: str
     flow: str
-    created_ms: int = 0  # lateness counts from max(due, created): a task made late is not late
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,10 +342,9 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
     try:
         return ClaimedTask(
             key=key, bucket=bucket, token=token, due_ms=head["due"],
-            execute_at_ms=head["exec"], attempts=head["att"], max_attempts=head["max"],
-            backoff_ms=head["backoff"], timeout_ms=head["timeout"], url=url.decode(),
-            method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode(),
-            created_ms=head["created"])
+            execute_at_ms=head["exec"], created_ms=head["created"], attempts=head["att"],
+            max_attempts=head["max"], backoff_ms=head["backoff"], timeout_ms=head["timeout"],
+            url=url.decode(), method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 

@@ -1,4 +1,4 @@
-"""``GET /ui``: the dashboard, static files served by the service itself (API.md, Operations).
+"""``GET /ui``: the dashboard, static files served by the service itself (docs/api.md, Operations).
 
 The page holds no data, so it needs no token; everything it shows comes from the public API,
 called by the browser with the token the user entered (``/stats``, ``/tasks``, ``/flows``,

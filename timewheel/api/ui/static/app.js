@@ -8,6 +8,7 @@ import * as flows from "./page-flows.js";
 import * as overview from "./page-overview.js";
 import * as schedules from "./page-schedules.js";
 import * as tasks from "./page-tasks.js";
+import { browserZone, setZoneMode, zoneMode } from "./zone.js";
 
 const HEALTH_MS = 10000;
 
@@ -108,7 +109,22 @@ async function health() {
   }
 }
 
+// The header's time zone toggle: UTC (the API's zone) or the browser's; the page is drawn again.
+function zoneToggle() {
+  const button = document.getElementById("zone-button");
+  const show = () => {
+    button.textContent = zoneMode() === "utc" ? "Times: UTC" : `Times: ${browserZone()}`;
+  };
+  button.addEventListener("click", () => {
+    setZoneMode(zoneMode() === "utc" ? "local" : "utc");
+    show();
+    route();
+  });
+  show();
+}
+
 tokenDialog();
+zoneToggle();
 window.addEventListener("hashchange", route);
 route();
 health();

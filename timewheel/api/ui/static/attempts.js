@@ -4,22 +4,9 @@
 
 import { api, seg } from "./api.js";
 import { badge, fill, h } from "./dom.js";
+import { fields, zoneLabel } from "./zone.js"; // the dashboard's UTC / local toggle
 
 const pad = (n, width = 2) => String(n).padStart(width, "0");
-
-// The date's fields and its zone's short name ("UTC", "EST", "GMT+1") in the browser's zone.
-// Same shapes as fields() and zoneLabel() of the fhdocs branch's zone.js (the dashboard's
-// UTC/local toggle): once both are merged, import those instead of these two.
-function fields(d) {
-  return { year: d.getFullYear(), month: d.getMonth() + 1, day: d.getDate(),
-    hours: d.getHours(), minutes: d.getMinutes(), seconds: d.getSeconds() };
-}
-
-function zoneLabel(d) {
-  const part = new Intl.DateTimeFormat(undefined, { timeZoneName: "short" }).formatToParts(d)
-    .find((p) => p.type === "timeZoneName");
-  return part ? part.value : "local";
-}
 
 // "2027-01-15 08:00:00.005 UTC", to the millisecond, zone named; the RFC 3339 value in the
 // element's datetime and title.

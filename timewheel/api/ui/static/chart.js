@@ -1,6 +1,7 @@
 // The due-load chart: one bar per minute, drawn as SVG (no library).
 
 import { hhmm, svg } from "./dom.js";
+import { fields, zoneLabel } from "./zone.js";
 
 const WIDTH = 960;
 const HEIGHT = 260;
@@ -32,6 +33,8 @@ export function dueChart(points) {
   const barW = plotW / n;
   const y = (v) => M.top + plotH - (v / top) * plotH;
 
+  // The x labels are wall-clock times in this zone (the panel's heading names it too).
+  const zone = zoneLabel(new Date(points.length ? points[0].minute : Date.now()));
   const root = svg("svg", {
     viewBox: `0 0 ${WIDTH} ${HEIGHT}`, class: "chart", role: "img",
     "aria-label": `Tasks due per minute for the next ${points.length} minutes; at most ${max}`,
@@ -48,7 +51,8 @@ export function dueChart(points) {
   const every = labelEvery(n);
   points.forEach((p, i) => {
     const d = new Date(p.minute);
-    if ((d.getHours() * 60 + d.getMinutes()) % every === 0) {
+    const f = fields(d);
+    if ((f.hours * 60 + f.minutes) % every === 0) {
       const x = M.left + i * barW;
       axis.append(
         svg("line", { x1: x, x2: x, y1: M.top + plotH, y2: M.top + plotH + 4 }),
@@ -65,7 +69,7 @@ export function dueChart(points) {
       x: M.left + i * barW + (barW > 3 ? 0.5 : 0), y: top,
       width: Math.max(barW - (barW > 3 ? 1 : 0), 0.8), height: M.top + plotH - top,
       "data-minute": p.minute, "data-due": p.due,
-    }, svg("title", {}, `${hhmm(new Date(p.minute))}: ${p.due} due`)));
+    }, svg("title", {}, `${hhmm(new Date(p.minute))} ${zone}: ${p.due} due`)));
   });
   root.append(bars);
   return root;

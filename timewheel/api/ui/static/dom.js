@@ -1,6 +1,8 @@
 // Small DOM helpers. Every value from the API goes in as text (textContent, attributes), never
 // as HTML: a task key or an error message must not be able to run script next to the token.
 
+import { fields, zoneLabel } from "./zone.js";
+
 export function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [name, value] of Object.entries(attrs || {})) {
@@ -45,17 +47,21 @@ export function svg(tag, attrs = {}, ...children) {
 
 const pad = (n, width = 2) => String(n).padStart(width, "0");
 
-// "2026-11-22 11:00:00" in the browser's time zone; the RFC 3339 UTC value goes in a title.
+// "2026-11-22 11:00:00 UTC", or in the browser's zone with its name ("12:00:00 CET") when the
+// header's toggle says local; the RFC 3339 UTC value goes in a title.
 export function localTime(iso) {
   if (!iso) return "—";
   const d = new Date(iso);
   if (Number.isNaN(d.getTime())) return iso;
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
-    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  const f = fields(d);
+  return `${f.year}-${pad(f.month)}-${pad(f.day)} ` +
+    `${pad(f.hours)}:${pad(f.minutes)}:${pad(f.seconds)} ${zoneLabel(d)}`;
 }
 
+// "11:00" in the chosen zone, without its name (the caller shows it once, beside).
 export function hhmm(date) {
-  return `${pad(date.getHours())}:${pad(date.getMinutes())}`;
+  const f = fields(date);
+  return `${pad(f.hours)}:${pad(f.minutes)}`;
 }
 
 // "in 4 min", "12 s ago": relative to the browser's clock, which is close enough to show.

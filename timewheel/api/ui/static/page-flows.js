@@ -107,7 +107,11 @@ export function render(root) {
   }
 
   load();
-  const timer = window.setInterval(() => { if (editing === null) load(); }, REFRESH_MS);
+  // No refresh under the user's hands: not while a row is edited, nor while a "Reset?" question
+  // waits for its answer (a redraw would take the question away before the click).
+  const timer = window.setInterval(() => {
+    if (editing === null && !results.querySelector(".confirm .question")) load();
+  }, REFRESH_MS);
   return () => {
     alive = false;
     window.clearInterval(timer);

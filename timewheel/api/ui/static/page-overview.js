@@ -4,8 +4,10 @@
 import { api } from "./api.js";
 import { dueChart } from "./chart.js";
 import { h, hhmm, fill } from "./dom.js";
+import { zoneLabel } from "./zone.js";
 
 const REFRESH_MS = 5000;
+const MIN_WINDOW_S = 2; // shortest window a rate is computed over
 const RANGES = [[60, "1 hour"], [180, "3 hours"], [360, "6 hours"], [720, "12 hours"],
   [1440, "24 hours"]];
 
@@ -13,6 +15,11 @@ function seconds(value) {
   if (value === null || value === undefined) return "—";
   if (value < 1) return `${(value * 1000).toFixed(value < 0.01 ? 1 : 0)} ms`;
   return `${value.toFixed(value < 10 ? 2 : 0)} s`;
+}
+
+// "4.8 s", "12 s": the length of the window a figure was measured over.
+function span(seconds) {
+  return `${seconds < 10 ? seconds.toFixed(1) : Math.round(seconds)} s`;
 }
 
 function total(callbacks) {
@@ -62,8 +69,8 @@ function showPair(a, b) {
   return `${first} / ${second}`;
 }
 
-function card(title, id, note) {
-  return h("div", { class: "card" },
+function card(title, id, note, hint) {
+  return h("div", { class: "card", title: hint },
     h("div", { class: "card-title" }, title),
     h("div", { class: "card-value", id }, "…"),
     h("div", { class: "card-note", id: `${id}-note` }, note || ""));
@@ -89,11 +96,13 @@ export function render(root) {
       card("Due next hour", "due-hour", "whole wheel"),
       card("In flight", "in-flight", "attempts being sent"),
       card("Callbacks / s", "rate", "measuring…"),
-      card("Lateness p50 / p99", "lateness", "first attempts"),
+      card("Lateness p50 / p99", "lateness", "first attempts",
+        "How long after its due time a first attempt started (after its creation, for a task " +
+        "created with an execute_at already past: it could not start sooner)"),
       card("Dead letters", "dead", "whole wheel")),
     h("section", { class: "panel" },
       h("div", { class: "panel-head" },
-        h("h2", {}, "Due per minute"),
+        h("h2", {}, "Due per minute ", h("span", { class: "muted small", id: "chart-zone" })),
         h("label", { class: "inline" }, "for the next ", range)),
       summary, chartBox),
     footnote);
@@ -107,9 +116,11 @@ export function render(root) {
     document.getElementById("due-hour").textContent =
       String(points.slice(0, 60).reduce((a, p) => a + p.due, 0));
     summary.textContent = sum ?
-      `${sum} tasks due in the next ${points.length} minutes; busiest minute ${hhmm(new Date(peak.minute))} with ${peak.due}.` :
+      `${sum} tasks due in the next ${points.length} minutes; busiest minute ${hhmm(new Date(peak.minute))} ${zoneLabel(new Date(peak.minute))} with ${peak.due}.` :
       `No tasks due in the next ${points.length} minutes.`;
     if (load.clamped) summary.textContent += ` Limited to ${points.length} minutes (${load.buckets} buckets).`;
+    document.getElementById("chart-zone").textContent =
+      `(times in ${zoneLabel(new Date(points.length ? points[0].minute : Date.now()))})`;
     fill(chartBox, dueChart(points));
   }
 
@@ -124,19 +135,23 @@ export function render(root) {
     set("dead", String(stats.dead_letters), `whole wheel; attempts here since start: ` +
       `${stats.callbacks.failed} failed, ${stats.callbacks.retried} retried`);
     const first = stats.lateness.first;
+    // Rates and recent lateness compare two samples of the same process at least
+    // MIN_WINDOW_S apart: a refresh sooner than that (a range change) keeps the older sample,
+    // so the window shown is never "the last 0 s".
     const same = previous && previous.process === stats.process;
     const dt = same ? (Date.parse(stats.now) - Date.parse(previous.now)) / 1000 : 0;
-    if (same && dt > 0) {
+    const windowed = same && dt >= MIN_WINDOW_S;
+    if (windowed) {
       const done = total(stats.callbacks) - total(previous.callbacks);
-      set("rate", (done / dt).toFixed(done / dt < 10 ? 1 : 0), `over the last ${Math.round(dt)} s`);
+      set("rate", (done / dt).toFixed(done / dt < 10 ? 1 : 0), `over the last ${span(dt)}`);
     }
     let hist = first;
     let note = "first attempts, since start";
-    if (same && first && previous.lateness.first) {
+    if (windowed && first && previous.lateness.first) {
       const recent = minus(first, previous.lateness.first);
       if (recent.count > 0) {
         hist = recent;
-        note = `first attempts, last ${Math.round(dt)} s`;
+        note = `first attempts, last ${span(dt)}`;
       }
     }
     set("lateness", showPair(quantile(hist, 0.5), quantile(hist, 0.99)),
@@ -144,7 +159,7 @@ export function render(root) {
     footnote.textContent = `Callbacks, in flight and lateness: the process that answered ` +
       `(${stats.process}), since it started. Due load and dead letters: the whole wheel. ` +
       `Updated every ${REFRESH_MS / 1000} s.`;
-    previous = stats;
+    if (!same || windowed) previous = stats;
   }
 
   async function refresh() {

@@ -2,7 +2,7 @@
 // (POST /schedules/{id}/pause, /resume).
 
 import { api, seg } from "./api.js";
-import { h, notify, table, time, fill } from "./dom.js";
+import { h, localTime, notify, table, time, fill } from "./dom.js";
 import { attempt } from "./page-tasks.js";
 
 function when(schedule) {
@@ -27,14 +27,14 @@ export function render(root) {
     const verb = schedule.paused ? "resume" : "pause";
     const view = await api.post(`schedules/${seg(schedule.id)}/${verb}`);
     notify(view.paused ? `Paused ${view.id}.` :
-      `Resumed ${view.id}; next run ${view.next_run_at}.`);
+      `Resumed ${view.id}; next run ${localTime(view.next_run_at)}.`);
   }
 
   function row(schedule) {
     return h("tr", { "data-id": schedule.id },
       h("td", { class: "key" }, schedule.id),
       h("td", {}, when(schedule)),
-      h("td", { class: "clip", title: schedule.task.callback_url },
+      h("td", { class: "clip", title: `${schedule.task.method || "POST"} ${schedule.task.callback_url}` },
         `${schedule.task.method || "POST"} ${schedule.task.callback_url}`),
       h("td", {}, h("span", { class: `badge badge-${schedule.paused ? "paused" : "active"}` },
         schedule.paused ? "paused" : "active")),

@@ -3,7 +3,7 @@
 
 import { api, seg } from "./api.js";
 import { attemptsPanel } from "./attempts.js";
-import { badge, confirmButton, h, notify, table, time, fill } from "./dom.js";
+import { badge, confirmButton, h, localTime, notify, table, time, fill } from "./dom.js";
 
 const STATUSES = ["scheduled", "retrying", "delivering", "failed", "succeeded", "cancelled"];
 const OPEN = new Set(["scheduled", "retrying", "delivering", "waiting"]);
@@ -22,7 +22,7 @@ async function cancel(key) {
 
 async function replay(key) {
   const view = await api.post(`tasks/${seg(key)}/replay`);
-  notify(`Replayed ${key}: ${view.status}, due ${view.execute_at}.`);
+  notify(`Replayed ${key}: ${view.status}, due ${localTime(view.execute_at)}.`);
 }
 
 // Runs `action`; an error becomes the page's notice instead of an unhandled rejection.
@@ -122,6 +122,13 @@ export function render(root, params) {
   load();
 }
 
+// A task's body as sent: JSON pretty-printed, a string (own Content-Type) as is.
+function bodyOf(body) {
+  if (body === null || body === undefined) return h("span", { class: "muted" }, "none");
+  const text = typeof body === "string" ? body : JSON.stringify(body, null, 2);
+  return h("pre", { class: "body", id: "task-body" }, text);
+}
+
 export function renderTask(root, key) {
   const body = h("div", { id: "task-detail" }, h("p", { class: "muted" }, "Loading…"));
   root.append(h("p", {}, h("a", { href: "#/tasks" }, "← Tasks")), h("h1", { class: "key" }, key), body);
@@ -137,12 +144,30 @@ export function renderTask(root, key) {
     const then = {
       succeeded: "the task succeeded",
       failed: "the task failed for good and is in the dead letters",
-      retrying: `it will be retried at ${task.next_attempt_at}`,
+      retrying: `it will be retried at ${localTime(task.next_attempt_at)}`,
       delivering: "an attempt is in flight",
       cancelled: "the task was cancelled",
       scheduled: "the task was scheduled again",
     }[task.status] || task.status;
     return `Attempt ${task.attempts} ${what}; ${then}.`;
+  }
+
+  // What each attempt sends besides the callback line: headers, body, timeout, backoff, flow.
+  // Absent from a service older than API v3: then the section is left out.
+  function request(task) {
+    if (task.headers === undefined) return null;
+    const headers = Object.entries(task.headers || {});
+    return h("section", { class: "panel", id: "task-request" }, h("h2", {}, "Request"),
+      h("dl", {},
+        field("Callback", h("span", { class: "url" }, `${task.method} ${task.callback_url}`)),
+        field("Headers", headers.length ? h("table", { class: "headers", id: "task-headers" },
+          h("tbody", {}, headers.map(([name, value]) =>
+            h("tr", {}, h("th", {}, name), h("td", {}, value))))) : "none"),
+        field("Body", bodyOf(task.body)),
+        field("Timeout", task.timeout != null ? `${task.timeout} s per attempt` : "—"),
+        field("Retry backoff", task.retry_backoff != null ?
+          `${task.retry_backoff} s before the first retry, doubling each time` : "—"),
+        field("Flow", task.flow_key ? h("a", { href: "#/flows", id: "task-flow" }, task.flow_key) : "—")));
   }
 
   async function load() {
@@ -158,12 +183,14 @@ export function renderTask(root, key) {
             field("Error", task.last_error || "—"))),
         h("section", { class: "panel" }, h("h2", {}, "Task"),
           h("dl", {},
-            field("Callback", `${task.method} ${task.callback_url}`),
+            // With the request section below, the callback line is shown there.
+            task.headers === undefined ? field("Callback", `${task.method} ${task.callback_url}`) : null,
             field("Execute at", time(task.execute_at)),
             field("Next attempt", time(task.next_attempt_at)),
             field("Attempts", `${task.attempts} of ${task.max_attempts}`),
             field("Created", time(task.created_at)),
-            field("Finished", time(task.finished_at)))));
+            field("Finished", time(task.finished_at)))),
+        request(task));
     } catch (err) {
       fill(body, h("p", { class: "error" }, `Could not load the task: ${err.message}`));
     }
