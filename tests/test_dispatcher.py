@@ -11,7 +11,7 @@ import asyncio
 import gc
 import itertools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
@@ -21,6 +21,7 @@ import pytest
 import respx
 
 from tests.conftest import START_MS
+from tests.support.waiting import wait_until
 from timewheel import __version__
 from timewheel.api.views import task_view
 from timewheel.clock import FakeClock
@@ -44,14 +45,6 @@ WAIT_SECONDS = 10.0
 REQUEST_FIELDS = {"headers", "body", "timeout", "retry_backoff", "flow_key", "attempts_url"}
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Bounded polling for a condition (never a timing assertion)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + WAIT_SECONDS
-    while not await predicate():
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def flow_store(store: Store, parallelism: int = 100) -> FlowStore:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import respx
 
-from tests.test_dispatcher import URL, Harness, flow_store, router, wait_until, wheel
+from tests.support.waiting import wait_until
+from tests.test_dispatcher import URL, Harness, flow_store, router, wheel
 from timewheel.clock import FakeClock
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import claim_tokens

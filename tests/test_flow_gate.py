@@ -11,7 +11,8 @@ import httpx
 import pytest
 import respx
 
-from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router, wait_until
+from tests.support.waiting import wait_until
+from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router
 from timewheel.clock import FakeClock
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
@@ -287,8 +288,8 @@ def bare_gate(store: Store, clock: FakeClock
 
 def waiting_attempt(lifecycle: Lifecycle, key: str) -> Attempt:
     """An attempt of FLOW waiting for a permit, having asked for permit ``p-<key>``."""
-    task = ClaimedTask(key=key, bucket=0, token="t", due_ms=0, execute_at_ms=0, attempts=0,
-                       max_attempts=5, backoff_ms=1000, timeout_ms=10_000, url=URL,
+    task = ClaimedTask(key=key, bucket=0, token="t", due_ms=0, execute_at_ms=0, created_ms=0,
+                       attempts=0, max_attempts=5, backoff_ms=1000, timeout_ms=10_000, url=URL,
                        method="POST", flow=FLOW)
     attempt = lifecycle.add(Attempt.claimed(task, 0, batch_deadline_ms=30_000,
                                             lease_margin_ms=5000))

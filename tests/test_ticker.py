@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from tests.conftest import START_MS
+from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock
 from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
@@ -101,17 +101,6 @@ def make_ticker(store: Store | FlakyStore, clock: FakeClock, dispatcher: FakeDis
     return ticker, metrics
 
 
-async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], what: str) -> None:
-    """Bounded polling for a condition (never a timing assertion)."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + 20.0
-    while True:
-        result = predicate()
-        if result if isinstance(result, bool) else await result:
-            return
-        if loop.time() > give_up:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 # -- tick() --------------------------------------------------------------------------------------

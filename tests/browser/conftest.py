@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -114,10 +113,3 @@ def shot(page: Any, tmp_path: Path) -> Callable[[str], Path]:
     return take
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll ``check`` (an API read) until it holds; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

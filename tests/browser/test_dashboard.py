@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import TOKEN, wait_until
+from tests.browser.conftest import TOKEN
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
+from tests.support.waiting import settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 expect = pytest.importorskip(
@@ -167,7 +168,7 @@ def test_replay_dead_letters(page: Any, service: Service, api: httpx.Client,
         receiver.respond(f"/dead-{tag}-{name}", [400, 200])
         create(api, key, receiver.url(f"/dead-{tag}-{name}"), max_attempts=3)
     for key in keys.values():
-        wait_until(lambda key=key: status_of(api, key) == "failed", what=f"{key} to fail")
+        settle(lambda key=key: status_of(api, key) == "failed", 20.0, f"{key} to fail")
 
     open_ui(page, service, "#/dead-letters")
     rows = page.locator("#dead-results tbody tr")
@@ -184,8 +185,8 @@ def test_replay_dead_letters(page: Any, service: Service, api: httpx.Client,
     expect(page.locator("#notice")).to_contain_text(f"Replayed 1 task: {keys['c']}")
 
     for name in ("a", "c"):
-        wait_until(lambda name=name: status_of(api, keys[name]) == "succeeded",
-                   what=f"{keys[name]} to succeed after its replay")
+        settle(lambda name=name: status_of(api, keys[name]) == "succeeded", 20.0,
+               f"{keys[name]} to succeed after its replay")
         assert len(receiver.arrivals_for(f"/dead-{tag}-{name}")) == 2
     assert status_of(api, keys["b"]) == "failed"
     assert len(receiver.arrivals_for(f"/dead-{tag}-b")) == 1

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import wait_until
 from tests.browser.test_dashboard import create, open_ui, status_of
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
+from tests.support.waiting import settle
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 expect = pytest.importorskip(
@@ -132,7 +132,7 @@ def test_a_task_created_with_a_past_execute_at_is_not_late(
     before = api.get("/stats").json()["lateness"]["first"]
     key = f"past-{uid()}"
     create(api, key, receiver.url("/past"), execute_at=time.time() - 39 * 3600)
-    wait_until(lambda: status_of(api, key) == "succeeded", what=f"{key} to be delivered")
+    settle(lambda: status_of(api, key) == "succeeded", 20.0, f"{key} to be delivered")
     after = api.get("/stats").json()["lateness"]["first"]
     assert after["count"] == before["count"] + 1
     assert after["sum"] - before["sum"] < 5, after  # it was 140,400 s when counted from execute_at

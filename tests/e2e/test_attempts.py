@@ -1,6 +1,6 @@
 """The attempt history end to end: a real `timewheel serve`, a real Redis, a real receiver that
 answers 503, 503, then 200; GET /tasks/{key}/attempts shows the three attempts as they were
-made (API.md v3)."""
+made (docs/api.md v3)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import httpx
@@ -18,6 +18,7 @@ import pytest
 from tests.e2e.conftest import Service
 from tests.support.receiver import Arrival, Reply, ThreadedReceiver
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import settle
 from timewheel.store import layout
 from timewheel.store.keys import Keyspace
 
@@ -32,16 +33,6 @@ CLOCK_SLACK = 0.02
 
 # -- helpers ---------------------------------------------------------------------------------
 
-def wait_until(probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def schedule(client: httpx.Client, url: str, key: str, **fields: Any) -> dict[str, Any]:
@@ -67,7 +58,7 @@ def wait_status(client: httpx.Client, keys: Iterable[str], status: str,
         done = all(v["status"] == status for v in views.values())
         return views if done else None
 
-    return wait_until(probe, timeout, f"{len(keys)} task(s) {status}")
+    return settle(probe, timeout, f"{len(keys)} task(s) {status}")
 
 
 def attempt_numbers(arrivals: list[Arrival]) -> list[str]:
@@ -265,7 +256,7 @@ def test_stopped_process_cannot_overwrite_outcomes(start_service, receiver: Thre
     with stalled.client() as client:
         for key in keys:
             schedule(client, receiver.url(paths[key]), key, execute_at=at, timeout=3)
-    wait_until(lambda: len(receiver.arrivals) >= len(keys), 15, "first attempts in flight")
+    settle(lambda: len(receiver.arrivals) >= len(keys), 15, "first attempts in flight")
     stalled.signal(signal.SIGSTOP)
     for key in keys:  # stopped while the attempts were in flight
         assert raw_task(redis_server_e2e, key)["status"] == "delivering", key
@@ -282,7 +273,7 @@ def test_stopped_process_cannot_overwrite_outcomes(start_service, receiver: Thre
             assert {key: view(client, key) for key in keys} == finished  # never flips
             return dropped_in_log(stalled, keys)
 
-        wait_until(refused, 20, "the stale process to report its outcomes dropped")
+        settle(refused, 20, "the stale process to report its outcomes dropped")
         time.sleep(1.5)  # a tick of both processes: nothing is re-sent or rewritten
         assert {key: view(client, key) for key in keys} == finished
 

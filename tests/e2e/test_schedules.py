@@ -16,18 +16,13 @@ from redis import Redis
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
 StartService = Callable[..., Service]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 def occurrences(receiver: ThreadedReceiver, schedule_id: str) -> list[tuple[int, float]]:
@@ -72,7 +67,7 @@ def test_every_second_on_two_processes_fires_each_occurrence_once(
         start_service: StartService, receiver: ThreadedReceiver) -> None:
     first, second = start_service(), start_service()
     put(first, receiver, "hb", every=1)
-    wait_until(lambda: len(occurrences(receiver, "hb")) >= 6, 15, "six occurrences")
+    settle(lambda: len(occurrences(receiver, "hb")) >= 6, 15, "six occurrences")
     assert call(second, "DELETE", "/schedules/hb") == 204
     stopped = time.time() * 1000
     found = occurrences(receiver, "hb")
@@ -89,7 +84,7 @@ def test_six_field_cron_fires_on_even_seconds(start_service: StartService,
     service = start_service()
     view = put(service, receiver, "even", cron="*/2 * * * * *")
     assert view["next_run_at"][17:19] in {f"{s:02d}" for s in range(0, 60, 2)}
-    wait_until(lambda: len(occurrences(receiver, "even")) >= 3, 15, "three occurrences")
+    settle(lambda: len(occurrences(receiver, "even")) >= 3, 15, "three occurrences")
     found = occurrences(receiver, "even")
     assert_once_and_never_early(found)
     seen = sorted(occ for occ, _ in found)
@@ -108,7 +103,7 @@ def test_pause_and_delete_stop_occurrences_at_once_and_resume_restarts(
         start_service: StartService, receiver: ThreadedReceiver) -> None:
     service = start_service()
     put(service, receiver, "p", every=1)
-    wait_until(lambda: len(occurrences(receiver, "p")) >= 2, 10, "two occurrences")
+    settle(lambda: len(occurrences(receiver, "p")) >= 2, 10, "two occurrences")
 
     assert call(service, "POST", "/schedules/p/pause") == 200
     paused = time.time() * 1000
@@ -117,7 +112,7 @@ def test_pause_and_delete_stop_occurrences_at_once_and_resume_restarts(
 
     assert call(service, "POST", "/schedules/p/resume") == 200
     resumed = time.time() * 1000
-    wait_until(lambda: count_after(receiver, "p", resumed) >= 2, 10, "occurrences again")
+    settle(lambda: count_after(receiver, "p", resumed) >= 2, 10, "occurrences again")
     # Nothing of the paused stretch was made up for.
     assert [occ for occ, _ in occurrences(receiver, "p") if paused < occ <= resumed] == []
 
@@ -135,7 +130,7 @@ def test_after_every_process_was_down_only_the_latest_missed_fires(
         redis_server_e2e: RedisServer) -> None:
     first, second = start_service(), start_service()
     put(first, receiver, "d", every=1)
-    wait_until(lambda: len(occurrences(receiver, "d")) >= 2, 10, "two occurrences")
+    settle(lambda: len(occurrences(receiver, "d")) >= 2, 10, "two occurrences")
     first.kill()
     second.kill()
     # The latest occurrence materialized before the crash: everything up to it was a task.
@@ -147,7 +142,7 @@ def test_after_every_process_was_down_only_the_latest_missed_fires(
     restarted = time.time() * 1000
     first.start()
     second.start()
-    wait_until(lambda: count_after(receiver, "d", restarted) >= 2, 15, "occurrences again")
+    settle(lambda: count_after(receiver, "d", restarted) >= 2, 15, "occurrences again")
 
     found = occurrences(receiver, "d")
     assert_once_and_never_early(found)

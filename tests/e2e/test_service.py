@@ -13,7 +13,6 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support.receiver import Arrival, ThreadedReceiver
+from tests.support.waiting import settle
 from timewheel import __version__
 
 pytestmark = pytest.mark.e2e
@@ -33,13 +33,6 @@ USER_AGENT = f"timewheel/{__version__}"
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
 
 
 def ahead_ms(seconds: float) -> int:
@@ -81,7 +74,7 @@ def wait_finished(client: httpx.Client, key: str, timeout: float = 15) -> dict[s
         seen.update(get_view(client, key))
         return seen["status"] in ("succeeded", "failed", "cancelled")
 
-    wait_until(finished, timeout, f"task {key} finished (last seen {seen})")
+    settle(finished, timeout, f"task {key} finished (last seen {seen})")
     return seen
 
 
@@ -192,10 +185,10 @@ def test_sigkill_with_embedded_redis_then_restart_fires_every_task(
     first.kill()
     try:
         # The orphaned redis-server must not outlive its service (it would hold the AOF).
-        wait_until(lambda: not pid_alive(old_redis_pid), 15,
+        settle(lambda: not pid_alive(old_redis_pid), 15,
                    f"embedded redis-server {old_redis_pid} exits after its service was killed")
         last_due = max(dues.values())
-        wait_until(lambda: time.time() * 1000 > last_due + 500, 15, "every task is overdue")
+        settle(lambda: time.time() * 1000 > last_due + 500, 15, "every task is overdue")
         assert receiver.arrivals == []  # nobody was running to fire them
 
         second = start_service(redis_url=None)
@@ -227,7 +220,7 @@ def test_sigkill_with_embedded_redis_then_restart_fires_every_task(
             "succeeded", 200, rfc3339(dues[key]))
         assert view["attempts"] == counts[key]
     assert second.stop() == 0
-    wait_until(lambda: not pid_alive(new_redis_pid), 15, "the embedded Redis stops with it")
+    settle(lambda: not pid_alive(new_redis_pid), 15, "the embedded Redis stops with it")
 
 
 def test_two_processes_share_one_redis_and_deliver_each_task_once(
@@ -253,14 +246,14 @@ def test_two_processes_share_one_redis_and_deliver_each_task_once(
             return sum(metric(c, "timewheel_callbacks_total", outcome="succeeded")
                        for c in clients)
 
-        wait_until(lambda: succeeded() >= len(dues), 20, "every outcome recorded")
+        settle(lambda: succeeded() >= len(dues), 20, "every outcome recorded")
 
         def claim_counts() -> list[float]:
             return [metric(c, "timewheel_tasks_claimed_total") for c in clients]
 
         dropped = sum(metric(c, "timewheel_claims_dropped_total") for c in clients)
         # The claim counter is bumped after a tick's claims; wait for the last tick to count.
-        wait_until(lambda: sum(claim_counts()) == len(dues) + dropped, 10,
+        settle(lambda: sum(claim_counts()) == len(dues) + dropped, 10,
                    f"claims {claim_counts()} add up to {len(dues)} + {dropped} handed back")
         views = [get_view(clients[0], key) for key in dues]
         assert succeeded() == len(dues)  # no task was sent twice

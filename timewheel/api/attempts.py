@@ -1,4 +1,4 @@
-"""``GET /tasks/{key}/attempts``: the attempt history of a task (API.md v3). The store reads
+"""``GET /tasks/{key}/attempts``: the attempt history of a task (docs/api.md v3). The store reads
 domain records (``timewheel/store/attempts.py``); this module turns them into the API's views.
 Its own router, beside ``tasks.router``, with the same route class (token first)."""
 

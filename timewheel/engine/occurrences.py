@@ -4,7 +4,7 @@
 on the occurrences without talking to the others.
 
 ``cron``: cronsim matches the expression against naive wall-clock time in the schedule's zone;
-zoneinfo maps each matching wall-clock time to an instant (API.md):
+zoneinfo maps each matching wall-clock time to an instant (docs/api.md):
 
 - a wall-clock time that does not exist (the hour skipped when DST starts) is skipped;
 - one that occurs twice (the hour repeated when DST ends) fires once, at its first instant.

@@ -1,4 +1,4 @@
-"""Models of ``GET /tasks/{key}/attempts`` (API.md v3, "The task view shows the request, and
+"""Models of ``GET /tasks/{key}/attempts`` (docs/api.md v3, "The task view shows the request, and
 every attempt")."""
 
 from __future__ import annotations
