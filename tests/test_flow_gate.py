@@ -16,7 +16,8 @@ from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router
 from timewheel.clock import FakeClock
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
-from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate, FlowState, Lease
+from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
+from timewheel.engine.flow_state import FlowState, Lease
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics

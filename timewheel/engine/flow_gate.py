@@ -25,12 +25,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from timewheel.clock import Clock
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
+from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
 from timewheel.errors import StoreUnavailable
@@ -40,7 +39,6 @@ from timewheel.store.flow_store import FlowStore, new_permit_id
 
 log = logging.getLogger(__name__)
 
-MAX_WANT = 256  # permit ids asked for in one call
 UNPARK_BATCH = 256  # parked tasks taken back in one go
 SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
 RETRY_MS = 200  # after a failed permits call
@@ -51,33 +49,6 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A permit held by this process: its lease in Redis runs out at ``expiry_ms``."""
-
-    expiry_ms: float
-
-
-@dataclass(eq=False)
-class FlowState:
-    key: str
-    queue: deque[Attempt] = field(default_factory=deque)
-    releases: list[str] = field(default_factory=list)
-    parked_buckets: set[int] = field(default_factory=set)
-    parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
-    exchange: asyncio.Task[None] | None = None  # the permits call under way
-    again: bool = False  # something changed while it was under way: call once more
-    alarm_ms: float | None = None  # the earliest alarm set for this flow
-    # The flow had a rate at the last permits call. True until a call says otherwise: a
-    # permit is handed on without Redis only for a flow known to have no rate.
-    rated: bool = True
-    room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
-
-    @property
-    def idle(self) -> bool:
-        return not (self.queue or self.releases or self.parked_buckets or self.exchange)
 
 
 class FlowGate:
