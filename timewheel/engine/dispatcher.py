@@ -135,7 +135,12 @@ class Dispatcher:
             # answers, rather than leave it to its whole lease.
             self._hand_back(attempt, f"Redis did not answer its start: {exc}")
             return
-        if not started.attempt:
+        if not started.attempt:  # cancelled or replaced since the claim: not ours to send
+            if attempt.started is not None:
+                # Started once already (a rated flow's attempt that asked again), then
+                # cancelled: release.lua clears the claim cancel kept and notes it in the history.
+                self._hand_back(attempt, "cancelled after its start")
+                return
             self._lifecycle.move(attempt, Stage.SKIPPED)
             self._gate.give_back(attempt)
             self._metrics.skipped.inc()
