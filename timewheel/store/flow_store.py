@@ -19,8 +19,6 @@ from timewheel.store.keys import Keyspace
 from timewheel.store.scripts import Scripts
 from timewheel.store.task_store import redis_errors
 
-WAIT_FOR_RELEASE = -1  # PermitReply.wait_ms: the flow is at its parallelism
-
 
 @dataclass(frozen=True, slots=True)
 class StoredLimits:
@@ -33,7 +31,7 @@ class StoredLimits:
 @dataclass(frozen=True, slots=True)
 class PermitReply:
     granted: int  # the first `granted` of the wanted permit ids are held now
-    wait_ms: int  # when short: WAIT_FOR_RELEASE, or ms until the rate window has room
+    wait_ms: int  # when short: -1 wait for a release, or ms until the rate window has room
     in_flight: int
     room: int  # how many more permits could be taken now (< 0: over a lowered limit)
     rated: bool  # the flow has a rate: starts are logged at the start times given

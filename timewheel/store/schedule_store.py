@@ -21,20 +21,17 @@ import hashlib
 import heapq
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
-from timewheel.errors import StoreUnavailable
 from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
 from timewheel.store.batch import get_many
 from timewheel.store.record import NewTask, prepare
-from timewheel.store.task_store import Store
+from timewheel.store.task_store import Store, redis_errors
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
            "sched_delete", "sched_tombstone", "sched_due", "sched_checks")
@@ -124,15 +121,6 @@ def _member(schedule_id: str, occ_ms: int) -> str:
 
 def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
-
-
-@asynccontextmanager
-async def redis_errors(what: str) -> AsyncIterator[None]:
-    """Redis failures as StoreUnavailable (the API's 503), keeping the cause."""
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
 class ScheduleStore:

@@ -71,8 +71,6 @@ async def redis_errors(what: str) -> AsyncIterator[None]:
         raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
-_redis_errors = redis_errors  # the name sibling modules used before it was shared
-
 
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
@@ -238,18 +236,6 @@ class Store:
             raw: Any = await self.redis.get(self.keys.task(key))
         return None if raw is None else layout.decode(raw)
 
-    async def task_statuses(self, keys: Sequence[str]) -> list[str | None]:
-        """The stored status of each task ("scheduled", "waiting", ...; None: no such task),
-        one byte of each record read in one pipeline."""
-        if not keys:
-            return []
-        pipe: Any = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.getrange(self.keys.task(key), 1, 1)
-        async with redis_errors("task statuses"):
-            rows: list[Any] = await pipe.execute()
-        return [layout.STATUS_NAMES[row.decode()] if row else None for row in rows]
-
     # -- the ticker's and dispatcher's operations ----------------------------------------------
 
     async def claim(self, bucket: int, *, now_ms: int, horizon_ms: int, limit: int, token: str,
@@ -316,7 +302,7 @@ class Store:
         async with redis_errors("start"):
             reply = await self.scripts.start(
                 keys=[self.keys.prefix(bucket)],
-                args=[now_ms, *(part for claim in claims for part in claim)])
+                args=[part for claim in claims for part in claim])
         out, bad = [], []
         for i, (key, token) in enumerate(claims):
             attempt, headers, body = int(reply[3 * i]), reply[3 * i + 1], reply[3 * i + 2]
