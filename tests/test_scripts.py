@@ -375,13 +375,6 @@ async def test_claim_trims_old_finished_entries(store: Store, redis: Redis) -> N
     assert await dump(redis) == {"ff": fresh, "fs": fresh, "fc": fresh}
 
 
-async def test_claim_reports_keys_of_the_v1_layout(store: Store, redis: Redis) -> None:
-    """A bucket that still has the v1 cursor says so (the Store then migrates it)."""
-    await seed(redis, {"cursor": str(M0)})
-    reply = await run(store, "claim", NOW, NOW, 10, "tok", MARGIN, 10, RET)
-    assert reply == [0, 0, 1]
-
-
 # -- start ---------------------------------------------------------------------------------------
 
 async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Redis) -> None:

@@ -33,7 +33,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from timewheel.store.durability import Call, DurableScript, run_acknowledged
 from timewheel.store.record import NewTask, TaskRecord
-from timewheel.store.task_store import Store, redis_errors
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.task_store import Store
 
 
 def rounds(keys: Sequence[str]) -> list[list[int]]:

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from timewheel.store.keys import Keyspace
+from timewheel.store.redis_errors import redis_errors
 from timewheel.store.scripts import Scripts
-from timewheel.store.task_store import redis_errors
 
 
 @dataclass(frozen=True, slots=True)

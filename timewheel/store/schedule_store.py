@@ -31,7 +31,8 @@ from redis.commands.core import AsyncScript
 from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
 from timewheel.store.batch import get_many
 from timewheel.store.record import NewTask, prepare
-from timewheel.store.task_store import Store, redis_errors
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.task_store import Store
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
            "sched_delete", "sched_tombstone", "sched_due", "sched_checks")

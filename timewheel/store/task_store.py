@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.store import attempts, layout
 from timewheel.store.attempts import AttemptRecord
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.store.migrate import migrate_v1
 from timewheel.store.record import (
     NOT_STARTED,
     ClaimedTask,
@@ -31,6 +31,7 @@ from timewheel.store.record import (
     claimed_task,
     record_from_reply,
 )
+from timewheel.store.redis_errors import redis_errors
 from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,6 @@ CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
 NOT_FOUND, NOT_ALLOWED = -1, -2
 RESCHEDULED, TOO_FEW_ATTEMPTS = 1, -3  # lua/reschedule.lua (with NOT_FOUND, NOT_ALLOWED)
 DEFAULT_ATTEMPTS_KEPT = 20
-MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +63,6 @@ def _no_history(o: Outcome) -> str:
                           body_truncated=False, next_attempt_ms=o.next_due_ms, process="")
 
 
-@asynccontextmanager
-async def redis_errors(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
 
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
@@ -83,17 +75,16 @@ class Store:
         self.lease_margin_ms = lease_margin_ms
         self.attempts_kept = attempts_kept  # history entries kept per task (lua/lib/attempts.lua)
         self.scripts = Scripts(redis)
-        # Read-only scripts (and the one-off migration) are the store's own, not Scripts'.
+        # Read-only scripts are the store's own, not Scripts'.
         self.view_script = redis.register_script(source("view"))
         self.list_script = redis.register_script(source("list"))
-        self.migrate_script = redis.register_script(source("migrate"))
-        self.ready = False  # init() has read the bucket count
-        self._migration: asyncio.Task[int] | None = None
-        self._migrated_at = float("-inf")
+        self.ready = False  # init() has read the bucket count and migrated v1 records
 
     async def init(self) -> None:
-        """Read (or fix, the first time) the wheel's bucket count; warn about eviction.
-        Raises WheelMismatch if the configured count is not the one the wheel has."""
+        """Read (or fix, the first time) the wheel's bucket count, migrate what layout 1 left
+        (store/migrate.py), warn about eviction. Raises WheelMismatch if the configured count
+        is not the one the wheel has. A process calls it before it claims or serves anything
+        (again after a start-up without Redis, until it succeeds)."""
         async with redis_errors("init"):
             await self.redis.set(self.keys.buckets_key, self.wanted_buckets or DEFAULT_BUCKETS,
                                  nx=True)
@@ -107,10 +98,8 @@ class Store:
                     "wheel under another TIMEWHEEL_KEY_PREFIX")
             if buckets != self.keys.buckets:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
+        await migrate_v1(self.redis, self.keys)
         self.ready = True
-        from timewheel.store.migrate import migrate_v1
-
-        await migrate_v1(self)
         try:
             policies = await self._eviction_policies()
         except RedisError:  # managed Redis often refuses CONFIG
@@ -248,8 +237,6 @@ class Store:
                 args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
                       self.retention_ms, self.attempts_kept],
             )
-        if int(reply[2]):
-            self._migrate_soon(bucket, now_ms)
         return await self._claimed(bucket, token, reply, now_ms)
 
     async def _claimed(self, bucket: int, token: str, reply: list[Any], now_ms: int
@@ -258,7 +245,7 @@ class Store:
         failed at once with the reason, instead of holding back the rest of its batch."""
         more, count = int(reply[0]), int(reply[1])
         tasks, bad = [], []
-        for i in range(3, 3 + 2 * count, 2):
+        for i in range(2, 2 + 2 * count, 2):
             key = reply[i].decode(errors="replace")
             try:
                 tasks.append(claimed_task(key, bucket, token, reply[i + 1]))
@@ -273,26 +260,6 @@ class Store:
         log.error("task %s has an undecodable record, failing it: %s", key, exc)
         return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
                        started_ms=now_ms)
-
-    def _migrate_soon(self, bucket: int, now_ms: int) -> None:
-        """A claim found keys of the v1 layout (a v1 process still writes to this wheel):
-        migrate them in the background, at most once a minute per process."""
-        loop = asyncio.get_running_loop()
-        if self._migration is not None or loop.time() - self._migrated_at < MIGRATION_PAUSE_S:
-            return
-        from timewheel.store.migrate import migrate_v1
-
-        log.warning("bucket %d holds keys of the v1 layout (is a v1 process still running "
-                    "against this wheel?); migrating them", bucket)
-        self._migrated_at = loop.time()
-        self._migration = asyncio.create_task(migrate_v1(self, now_ms))
-
-        def done(task: asyncio.Task[int]) -> None:
-            self._migration = None
-            if not task.cancelled() and task.exception() is not None:
-                log.error("migrating v1 records failed: %s", task.exception())
-
-        self._migration.add_done_callback(done)
 
     async def start(self, bucket: int, *, now_ms: int,
                     claims: Sequence[tuple[str, str]]) -> list[Started]:
