@@ -12,7 +12,7 @@ from timewheel.engine.materializer import Materializer
 from timewheel.engine.occurrences import next_after
 from timewheel.errors import StoreUnavailable
 from timewheel.models import ScheduleCreate, TaskStatus
-from timewheel.store import CONFLICT, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task, spec_json
 
@@ -215,7 +215,7 @@ async def test_pause_with_a_reservation_in_progress_leaves_nothing_to_start(
     await schedules.cancel_occurrences("a", outstanding, {"callback_url": URL}, now_ms=NOW + 1001)
     # The stalled creator wakes up and creates its occurrence: refused.
     late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
+    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == ScheduleReply.CONFLICT
     keys = await task_keys(redis)
     assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
     # No process materializes or recovers anything of a paused schedule.
@@ -243,7 +243,7 @@ async def test_delete_cancels_created_and_tombstones_reserved(store: Store, redi
     assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
     # The reserved one is a tombstone: its creator's late create is refused.
     late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
+    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == ScheduleReply.CONFLICT
     view = await store.get(f"a.{NOW + 3000}")
     assert view is not None and view.callback_url == URL and view.execute_at_ms == NOW + 3000
     m = materializer(store)

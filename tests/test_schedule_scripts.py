@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from timewheel.models import TaskStatus
-from timewheel.store import CONFLICT, CREATED, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task
 from timewheel.store.scripts import source
 
@@ -263,7 +263,7 @@ async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
     assert (view.execute_at_ms, view.finished_ms) == (NOW, NOW + 5)
     assert RET - 60_000 < await redis.pttl(store.keys.task(task.key)) <= RET
     # The late create of the same occurrence is refused; so is a second tombstone.
-    assert await store.schedule(task, replace=False, now_ms=NOW + 6) == CONFLICT
+    assert await store.schedule(task, replace=False, now_ms=NOW + 6) == ScheduleReply.CONFLICT
     assert await schedules.tombstone(task, now_ms=NOW + 7) is False
     assert await store.get(task.key) == view
 
@@ -271,7 +271,7 @@ async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
 async def test_tombstone_leaves_an_existing_task_alone(store: Store, redis: Redis) -> None:
     schedules = ScheduleStore(store, default_timeout=10.0)
     task = occurrence_task("a", NOW, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(task, replace=False, now_ms=NOW) == CREATED
+    assert await store.schedule(task, replace=False, now_ms=NOW) == ScheduleReply.CREATED
     before = await store.get(task.key)
     assert await schedules.tombstone(task, now_ms=NOW + 5) is False
     assert await store.get(task.key) == before

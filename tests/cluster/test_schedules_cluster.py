@@ -15,7 +15,7 @@ from tests.support.redis_server import RedisCluster
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.occurrences import next_after
 from timewheel.models import ScheduleCreate, TaskStatus
-from timewheel.store import CONFLICT, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task
 
 from .conftest import node_clients, slot_owners
@@ -71,7 +71,8 @@ async def test_schedules_on_a_cluster(cluster: RedisCluster, cluster_store: Stor
         now_ms=NOW + 4001)
     assert tomb is True
     late = occurrence_task("c0", NOW + 9000, {"callback_url": URL}, default_timeout=10.0)
-    assert await cluster_store.schedule(late, replace=False, now_ms=NOW + 4002) == CONFLICT
+    assert await cluster_store.schedule(late, replace=False,
+            now_ms=NOW + 4002) == ScheduleReply.CONFLICT
 
     # The listing merges every bucket, on every node, in id order.
     seen: list[str] = []

@@ -32,13 +32,14 @@ from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import _prepare
 from timewheel.api.views import body_value, task_view
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
-from timewheel.store import CONFLICT, CREATED, EXISTS
+from timewheel.store import ScheduleReply
 from timewheel.store.batch import get_many, schedule_many
 from timewheel.store.record import BodyTooLarge, NewTask, new_key
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
-_STATUS: dict[int, Literal[201, 200, 409]] = {CREATED: 201, EXISTS: 200, CONFLICT: 409}
+_STATUS: dict[ScheduleReply, Literal[201, 200, 409]] = {
+    ScheduleReply.CREATED: 201, ScheduleReply.EXISTS: 200, ScheduleReply.CONFLICT: 409}
 _VALID_KEY = re.compile(KEY_PATTERN)
 _ITEMS = TypeAdapter(list[TaskCreate])
 
@@ -91,12 +92,13 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
         results.append({"key": _given_key(item), "status": 422, "task": None, "detail": errors})
 
     codes = await schedule_many(wheel.store, tasks, now)
-    existing = [task.key for task, code in zip(tasks, codes, strict=True) if code != CREATED]
+    existing = [task.key for task, code in zip(tasks, codes, strict=True)
+                if code is not ScheduleReply.CREATED]
     views = dict(zip(existing, await get_many(wheel.store, existing), strict=True))
     times = Times()
     created_at = times(now)
     for task, code, index in zip(tasks, codes, positions, strict=True):
-        if code == CREATED:
+        if code is ScheduleReply.CREATED:
             view: dict[str, Any] | None = created_view(task, created_at, times)
         else:
             # None: expired meanwhile, or past the byte budget of get_many (a conflicting
@@ -106,8 +108,9 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
                     if found is not None and found.headers is not None else None)
         results[index] = {
             "key": task.key, "status": _STATUS[code], "task": view,
-            "detail": f"task {task.key!r} exists with other content" if code == CONFLICT else None}
-    wheel.metrics.scheduled.inc(codes.count(CREATED))
+            "detail": (f"task {task.key!r} exists with other content"
+                       if code is ScheduleReply.CONFLICT else None)}
+    wheel.metrics.scheduled.inc(codes.count(ScheduleReply.CREATED))
     # Plain dicts, encoded once: BatchResult and TaskView objects for 1000 items (and FastAPI's
     # validation of a returned model) cost more than storing the tasks; tests/test_api_batch.py
     # checks these dicts against the models.

@@ -22,7 +22,8 @@ from timewheel.models import (
     format_ms,
 )
 from timewheel.service import Wheel
-from timewheel.store.schedule_store import CREATED, ScheduleRecord, ScheduleStore
+from timewheel.store.replies import SchedPutReply
+from timewheel.store.schedule_store import ScheduleRecord, ScheduleStore
 
 router = APIRouter(prefix="/schedules", tags=["schedules"], route_class=TaskRoute)
 
@@ -87,7 +88,7 @@ async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: Whe
     if outstanding:  # paused by this PUT: its materialized occurrences must not start
         template = body.task.model_dump(mode="json", exclude_unset=True)
         await schedules.cancel_occurrences(schedule_id, outstanding, template, now_ms=now)
-    if code == CREATED:
+    if code is SchedPutReply.CREATED:
         response.status_code = 201
         response.headers["Location"] = f"/schedules/{schedule_id}"
     return await _current(wheel, schedule_id)

@@ -23,7 +23,7 @@ from timewheel.models import (
     TaskView,
 )
 from timewheel.service import Wheel
-from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND, TOO_FEW_ATTEMPTS
+from timewheel.store import CancelReply, ReplayReply, RescheduleReply, ScheduleReply
 from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor
 from timewheel.store.listing import list_tasks as list_page
 from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
@@ -98,9 +98,9 @@ async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> 
     now = wheel.clock.now_ms()
     task = _prepare(wheel, body, key, now)
     code = await wheel.store.schedule(task, replace=False, now_ms=now)
-    if code == CONFLICT:
+    if code is ScheduleReply.CONFLICT:
         raise TaskConflict(f"task {key!r} exists with other content")
-    if code == EXISTS:
+    if code is ScheduleReply.EXISTS:
         response.status_code = 200
         return await _existing_view(wheel, key)
     wheel.metrics.scheduled.inc()
@@ -117,7 +117,7 @@ async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
     task = _prepare(wheel, body, key, now)
     code = await wheel.store.schedule(task, replace=True, now_ms=now)
     wheel.metrics.scheduled.inc()
-    if code == CREATED:
+    if code is ScheduleReply.CREATED:
         response.status_code = 201
         response.headers["Location"] = f"/tasks/{key}"
     return task_view(task.as_record(now))
@@ -135,11 +135,11 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
     due = _within_horizon(wheel, body.delay, body.execute_at, lambda: body.due_ms(now), now)
     code = await wheel.store.reschedule(key, due_ms=due, max_attempts=body.max_attempts,
                                         now_ms=now)
-    if code == NOT_FOUND:
+    if code is RescheduleReply.NOT_FOUND:
         raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
+    if code is RescheduleReply.FINISHED:
         raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
-    if code == TOO_FEW_ATTEMPTS:
+    if code is RescheduleReply.TOO_FEW_ATTEMPTS:
         made = (await _existing_view(wheel, key)).attempts
         raise _invalid("max_attempts", f"must be more than the {made} attempts already made",
                        body.max_attempts)
@@ -151,9 +151,9 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
 async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     """Cancel: once this returns 204, no attempt starts (one in flight may still arrive)."""
     code = await wheel.store.cancel(key, now_ms=wheel.clock.now_ms())
-    if code == NOT_FOUND:
+    if code is CancelReply.NOT_FOUND:
         raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
+    if code is CancelReply.FINISHED:
         raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
     wheel.metrics.cancelled.inc()
     return Response(status_code=204)
@@ -195,9 +195,9 @@ async def list_tasks(
 async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
     """Schedule a failed or cancelled task again, now, with its attempts reset."""
     code = await wheel.store.replay(key, now_ms=wheel.clock.now_ms())
-    if code == NOT_FOUND:
+    if code is ReplayReply.NOT_FOUND:
         raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
+    if code is ReplayReply.NOT_FAILED:
         raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
                            await _view_or_none(wheel, key))
     return await _existing_view(wheel, key)

@@ -30,7 +30,7 @@ from timewheel.clock import Clock
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
 from timewheel.models import FINISHED
-from timewheel.store import CONFLICT, CREATED, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import (
@@ -184,9 +184,9 @@ class Materializer:
                 done[n] = False
             return done
         for task, code in zip(tasks, codes, strict=True):
-            if code == CREATED:
+            if code is ScheduleReply.CREATED:
                 self.created += 1
-            elif code == CONFLICT:  # cancelled by a pause or delete before it was created
+            elif code is ScheduleReply.CONFLICT:  # cancelled (a pause, a delete) before created
                 log.debug("occurrence %s exists with other content", task.key)
         return done
 

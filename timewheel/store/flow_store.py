@@ -17,6 +17,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from timewheel.store.keys import Keyspace
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import FlowLimitsReply
 from timewheel.store.scripts import Scripts
 
 
@@ -72,13 +73,13 @@ class FlowStore:
         """Store the limits (read by every permits call: in force at once). One script, so
         two PUTs racing each other leave one of them whole."""
         async with redis_errors("set flow limits"):
-            limited = int(await self.scripts.flow_limits(
+            reply = FlowLimitsReply(int(await self.scripts.flow_limits(
                 keys=[self.keys.flow(flow)],
                 args=["" if limits.parallelism is None else limits.parallelism,
-                      "" if limits.rate is None else repr(float(limits.rate))]))
+                      "" if limits.rate is None else repr(float(limits.rate))])))
             # The registry of configured flows lives in another slot: a hint for listings
             # and metrics, written after the limits themselves.
-            if limited:
+            if reply is FlowLimitsReply.LIMITED:
                 await self.redis.sadd(self.keys.configured_flows, flow)
             else:
                 await self.redis.srem(self.keys.configured_flows, flow)

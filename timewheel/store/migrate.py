@@ -44,6 +44,7 @@ from timewheel.store import layout
 from timewheel.store.keys import Keyspace
 from timewheel.store.record import default_flow
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import MigrateReply
 from timewheel.store.scripts import source
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,10 @@ async def _batch(target: _Target, bucket: int, keys: list[str], now: int | None)
         if not present:
             return done
         reply = await target.migrate_script(keys=[target.keys.prefix(bucket)], args=args)
-        done += sum(1 for code in reply if int(code) == 1)
-        keys = [key for (key, _), code in zip(present, reply, strict=True) if int(code) == -1]
+        codes = [MigrateReply(int(code)) for code in reply]
+        done += codes.count(MigrateReply.MIGRATED)
+        keys = [key for (key, _), code in zip(present, codes, strict=True)
+                if code is MigrateReply.CHANGED]
         if not keys:
             return done
     log.error("%d v1 records kept changing during the migration; they are left for the next "

@@ -32,12 +32,18 @@ from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
 from timewheel.store.batch import get_many
 from timewheel.store.record import NewTask, prepare
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import (
+    SchedDeleteReply,
+    SchedPauseReply,
+    SchedPutReply,
+    SchedReserveReply,
+    SchedResumeReply,
+    SchedTombstoneReply,
+)
 from timewheel.store.task_store import Store
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
            "sched_delete", "sched_tombstone", "sched_due", "sched_checks")
-CREATED, REPLACED = 0, 1
-NOT_FOUND, STALE = -1, -3
 # The fingerprint of a tombstone: real ones are 64 hex digits, so a create never matches it.
 TOMBSTONE_FP = "tombstone"
 # Where a tombstone of a schedule that is long gone would call, if someone replayed it.
@@ -189,7 +195,7 @@ class ScheduleStore:
         return (ver.decode() if live else ""), _int(hi)
 
     async def put(self, schedule_id: str, spec: ScheduleCreate, *, now_ms: int,
-                  next_after: NextAfter) -> tuple[int, list[int]]:
+                  next_after: NextAfter) -> tuple[SchedPutReply, list[int]]:
         """Create or replace. Returns (CREATED or REPLACED, outstanding occurrences that the
         caller must cancel: see ``cancel_occurrences``). The next occurrence comes after now and
         after every occurrence reserved before (``hi``), so no occurrence key is used twice."""
@@ -201,14 +207,17 @@ class ScheduleStore:
             reply = await self._run("sched_put", self.bucket_of(schedule_id), [
                 schedule_id, version, text, "1" if spec.paused else "0",
                 "" if nxt is None else nxt, now_ms, request_id])
-            if int(reply[0]) != STALE:
-                return int(reply[0]), [int(x) for x in reply[1:]]
+            code = SchedPutReply(int(reply[0]))
+            if code is not SchedPutReply.STALE:
+                return code, [int(x) for x in reply[1:]]
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being written")
 
     async def pause(self, schedule_id: str) -> list[int] | None:
         """Outstanding occurrences to cancel, or None if there is no such schedule."""
         reply = await self._run("sched_pause", self.bucket_of(schedule_id), [schedule_id])
-        return None if int(reply[0]) == NOT_FOUND else [int(x) for x in reply[1:]]
+        if SchedPauseReply(int(reply[0])) is SchedPauseReply.NOT_FOUND:
+            return None
+        return [int(x) for x in reply[1:]]
 
     async def resume(self, schedule_id: str, *, now_ms: int, next_after: NextAfter) -> bool:
         """Materialize again from the next occurrence after now (no backlog). False: no such
@@ -218,10 +227,11 @@ class ScheduleStore:
             if record is None:
                 return False
             nxt = next_after(record.spec, max(now_ms, record.hi_ms or 0))
-            code = int(await self._run("sched_resume", self.bucket_of(schedule_id), [
-                schedule_id, record.version, "" if nxt is None else nxt]))
-            if code != STALE:
-                return code != NOT_FOUND
+            code = SchedResumeReply(int(await self._run(
+                "sched_resume", self.bucket_of(schedule_id),
+                [schedule_id, record.version, "" if nxt is None else nxt])))
+            if code is not SchedResumeReply.STALE:
+                return code is not SchedResumeReply.NOT_FOUND
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being resumed")
 
     async def delete(self, schedule_id: str) -> tuple[list[int], dict[str, Any] | None] | None:
@@ -233,7 +243,7 @@ class ScheduleStore:
             raw = await self.redis.hget(key, "spec")
         reply = await self._run("sched_delete", bucket,
                                 [schedule_id, secrets.token_hex(8), self.keep_deleted_ms])
-        if int(reply[0]) == NOT_FOUND:
+        if SchedDeleteReply(int(reply[0])) is SchedDeleteReply.NOT_FOUND:
             return None
         return [int(x) for x in reply[1:]], (json.loads(raw)["task"] if raw else None)
 
@@ -274,8 +284,9 @@ class ScheduleStore:
     async def tombstone(self, task: NewTask, *, now_ms: int) -> bool:
         """True: written (the task did not exist); False: the task exists."""
         keys = self.store.keys
-        return bool(await self._run("sched_tombstone", keys.bucket_of(task.key), [
-            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()]))
+        reply = await self._run("sched_tombstone", keys.bucket_of(task.key), [
+            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()])
+        return SchedTombstoneReply(int(reply)) is SchedTombstoneReply.WRITTEN
 
     async def drop(self, bucket: int, members: Sequence[str]) -> None:
         if members:
@@ -310,7 +321,7 @@ class ScheduleStore:
             args += [r.id, r.version, r.expected_next, "" if r.new_next is None else r.new_next,
                      len(r.occurrences), *r.occurrences]
         reply = await self._run("sched_reserve", bucket, args)
-        return [bool(int(x)) for x in reply]
+        return [SchedReserveReply(int(x)) is SchedReserveReply.RESERVED for x in reply]
 
     async def settle(self, bucket: int, entries: Sequence[tuple[str, int, int]]) -> None:
         """Look at (id, occ) again at the given ms, if it is still outstanding (XX: an entry

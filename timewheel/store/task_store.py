@@ -32,13 +32,19 @@ from timewheel.store.record import (
     record_from_reply,
 )
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import (
+    CancelReply,
+    CompleteReply,
+    ParkReply,
+    ReleaseReply,
+    ReplayReply,
+    RescheduleReply,
+    ScheduleReply,
+)
 from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
 
-CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
-NOT_FOUND, NOT_ALLOWED = -1, -2
-RESCHEDULED, TOO_FEW_ATTEMPTS = 1, -3  # lua/reschedule.lua (with NOT_FOUND, NOT_ALLOWED)
 DEFAULT_ATTEMPTS_KEPT = 20
 
 
@@ -134,13 +140,13 @@ class Store:
 
     # -- the API's operations -----------------------------------------------------------------
 
-    async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> int:
+    async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> ScheduleReply:
         """CREATED, REPLACED, EXISTS (identical, create only) or CONFLICT (create only).
         The request id makes a redis-py retry of this very call answer as the first did."""
         async with redis_errors("schedule"):
-            return int(await self.scripts.schedule(
+            return ScheduleReply(int(await self.scripts.schedule(
                 keys=[self.keys.prefix(self.keys.bucket_of(task.key))],
-                args=self.schedule_args(task, replace=replace, now_ms=now_ms)))
+                args=self.schedule_args(task, replace=replace, now_ms=now_ms))))
 
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
@@ -148,33 +154,33 @@ class Store:
         return [task.key, "replace" if replace else "create", now_ms,
                 request_id or secrets.token_hex(8), task.record()]
 
-    async def cancel(self, key: str, *, now_ms: int) -> int:
-        """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished). The request id makes a
-        redis-py retry of this very call answer 1 again."""
+    async def cancel(self, key: str, *, now_ms: int) -> CancelReply:
+        """CANCELLED, NOT_FOUND, or FINISHED (already finished). The request id makes a
+        redis-py retry of this very call answer CANCELLED again."""
         async with redis_errors("cancel"):
-            return int(await self.scripts.cancel(
+            return CancelReply(int(await self.scripts.cancel(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, self.retention_ms, secrets.token_hex(8), self.attempts_kept],
-            ))
+            )))
 
-    async def replay(self, key: str, *, now_ms: int) -> int:
-        """1 scheduled again, NOT_FOUND, or NOT_ALLOWED (not failed or cancelled)."""
+    async def replay(self, key: str, *, now_ms: int) -> ReplayReply:
+        """REPLAYED (scheduled again), NOT_FOUND, or NOT_FAILED (not failed or cancelled)."""
         async with redis_errors("replay"):
-            return int(await self.scripts.replay(
+            return ReplayReply(int(await self.scripts.replay(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
-                args=[key, now_ms, secrets.token_hex(8)]))
+                args=[key, now_ms, secrets.token_hex(8)])))
 
     async def reschedule(self, key: str, *, due_ms: int, max_attempts: int | None,
-                         now_ms: int) -> int:
+                         now_ms: int) -> RescheduleReply:
         """Move a task that has not finished to ``due_ms``, keeping its request: RESCHEDULED,
-        NOT_FOUND, NOT_ALLOWED (finished) or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
+        NOT_FOUND, FINISHED or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
         than the attempts made; nothing written). The request id makes a redis-py retry of
         this very call answer RESCHEDULED again."""
         async with redis_errors("reschedule"):
-            return int(await self.scripts.reschedule(
+            return RescheduleReply(int(await self.scripts.reschedule(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, secrets.token_hex(8), due_ms,
-                      "" if max_attempts is None else max_attempts]))
+                      "" if max_attempts is None else max_attempts])))
 
     async def get(self, key: str) -> TaskRecord | None:
         """The task, headers and body included; None: no such task."""
@@ -286,7 +292,7 @@ class Store:
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,
-                       outcomes: Sequence[Outcome]) -> list[int]:
+                       outcomes: Sequence[Outcome]) -> list[CompleteReply]:
         """Record outcomes with their history entries: RECORDED, STALE (the claim was no
         longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry)."""
         args: list[str | int] = [now_ms, self.retention_ms, self.attempts_kept]
@@ -296,26 +302,28 @@ class Store:
                      o.started_ms, o.history or _no_history(o)]
         async with redis_errors("complete"):
             reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
-        return [int(x) for x in reply]
+        return [CompleteReply(int(x)) for x in reply]
 
-    async def release(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Hand back claims whose attempt this process did not send (started or not);
-        1 each handed back, 0 not ours any more, 2 cancelled meanwhile (lua/release.lua)."""
+    async def release(self, bucket: int, claims: Sequence[tuple[str, str]]
+                      ) -> list[ReleaseReply]:
+        """Hand back claims whose attempt this process did not send (started or not):
+        HANDED_BACK, STALE (not ours any more) or CANCELLED (meanwhile) each."""
         async with redis_errors("release"):
             reply = await self.scripts.release(
                 keys=[self.keys.prefix(bucket)],
                 args=[self.attempts_kept, *(part for claim in claims for part in claim)])
-        return [int(x) for x in reply]
+        return [ReleaseReply(int(x)) for x in reply]
 
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------
 
-    async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Set claimed, unstarted tasks aside until their flow has room; 1 each parked."""
+    async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[ParkReply]:
+        """Set claimed, unstarted tasks aside until their flow has room: PARKED or STALE
+        (not ours any more) each."""
         async with redis_errors("park"):
             reply = await self.scripts.park(
                 keys=[self.keys.prefix(bucket)],
                 args=[part for claim in claims for part in claim])
-        return [int(x) for x in reply]
+        return [ParkReply(int(x)) for x in reply]
 
     async def parked_flows(self, bucket: int, limit: int) -> list[tuple[str, int]]:
         """Flows with parked tasks in a bucket, and the due time of each one's earliest."""
