@@ -25,11 +25,11 @@ from timewheel.api.batch import Times, created_view
 from timewheel.api.views import task_view
 from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
+from timewheel.operations.prepare import prepare
 from timewheel.settings import Settings
 from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import get_many, rounds, schedule_many
 from timewheel.store.keys import Keyspace
-from timewheel.store.record import prepare
 
 LATER = "2027-01-15T08:01:00.000Z"  # START_MS + 60 s
 

@@ -21,13 +21,13 @@ from tests.conftest import START_MS
 from tests.support.redis_server import HOST, RedisServer
 from timewheel.errors import NotReplicated
 from timewheel.models import ScheduleCreate
+from timewheel.operations.schedules import schedule_store, spec_of
 from timewheel.settings import Settings
 from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.durability import Durability, DurableScript, marker
 from timewheel.store.flow_store import FlowStore, StoredLimits
 from timewheel.store.record import NewTask
-from timewheel.store.schedule_store import ScheduleStore
 from timewheel.store.scripts import ACKNOWLEDGED, Scripts
 
 WAIT_MS = 300
@@ -193,7 +193,7 @@ async def test_schedule_and_flow_changes_are_acknowledged(
         replicated: Replicated, master: Redis) -> None:
     """PUT /schedules and PUT/DELETE /flows go through acknowledged scripts as well."""
     store = await durable_store(master)
-    schedules = ScheduleStore(store, default_timeout=10.0)
+    schedules = schedule_store(store, default_timeout=10.0)
     flows = FlowStore(master, store.keys, store.scripts, default_parallelism=100)
     spec = ScheduleCreate.model_validate({"every": 60, "task": {"callback_url": URL}})
 
@@ -202,7 +202,8 @@ async def test_schedule_and_flow_changes_are_acknowledged(
 
     with replicated.replica_stopped():
         with pytest.raises(NotReplicated):
-            await schedules.put("s1", spec, now_ms=START_MS, next_after=nxt)
+            await schedules.put("s1", spec_of(spec), paused=False, now_ms=START_MS,
+                                next_after=nxt)
         with pytest.raises(NotReplicated):
             await flows.set_limits("f1", StoredLimits(3, None))
         with pytest.raises(NotReplicated):

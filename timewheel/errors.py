@@ -3,6 +3,7 @@
     TimeWheelError
      +-- TaskNotFound          no such task (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
+     +-- BodyTooLarge          the encoded body is over 1 MiB (413; also a ValueError)
      +-- StoreUnavailable      Redis cannot be reached or answered with an error (503)
      |    +-- NotReplicated    written on the master, but too few replicas confirmed it (503)
      +-- WheelMismatch         the settings disagree with the wheel stored in Redis (no start)
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timewheel.models import TaskView
+    from timewheel.store.record import TaskRecord
 
 
 class TimeWheelError(Exception):
@@ -27,9 +28,16 @@ class TaskNotFound(TimeWheelError):
 
 
 class TaskConflict(TimeWheelError):
-    def __init__(self, message: str, view: TaskView | None = None) -> None:
+    """``record``: the task as it is now, which the answer shows (None: it expired
+    meanwhile)."""
+
+    def __init__(self, message: str, record: TaskRecord | None = None) -> None:
         super().__init__(message)
-        self.view = view
+        self.record = record
+
+
+class BodyTooLarge(TimeWheelError, ValueError):
+    """The encoded ``body`` is over MAX_BODY_BYTES (docs/api.md: 413)."""
 
 
 class StoreUnavailable(TimeWheelError):

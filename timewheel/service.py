@@ -22,13 +22,14 @@ from timewheel.engine.materializer import Materializer
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
+from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS
+from timewheel.operations.schedules import schedule_store
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
-from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS
 from timewheel.store.schedule_store import ScheduleStore
 from timewheel.tracing import Tracing
 
@@ -94,7 +95,7 @@ class Wheel:
                         max_pending=settings.max_concurrency * 20, tokens=tokens)
         wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
                     sender, embedded)
-        wheel.schedules = ScheduleStore(
+        wheel.schedules = schedule_store(
             store, default_timeout=min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds))
         wheel.materializer = Materializer(store, wheel.schedules, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))

@@ -12,9 +12,10 @@ from tests.conftest import START_MS
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
 from timewheel.models import TaskFields
+from timewheel.operations.prepare import prepare
 from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import get_many, schedule_many
-from timewheel.store.record import NewTask, prepare
+from timewheel.store.record import NewTask
 
 from .conftest import node_clients, once_each, slot_owners, wait_finished
 from .test_cluster import keys_in_every_bucket

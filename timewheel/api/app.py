@@ -21,14 +21,20 @@ from timewheel.api import attempts, batch, flows, ops, schedules, stats, tasks, 
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
+from timewheel.api.views import task_view
 from timewheel.clock import Clock
 from timewheel.delivery.senders import Sender
-from timewheel.errors import NotReplicated, StoreUnavailable, TaskConflict, TaskNotFound
+from timewheel.errors import (
+    BodyTooLarge,
+    NotReplicated,
+    StoreUnavailable,
+    TaskConflict,
+    TaskNotFound,
+)
 from timewheel.metrics import Metrics
 from timewheel.models import MAX_BODY_BYTES
 from timewheel.service import Wheel
 from timewheel.settings import Settings
-from timewheel.store.record import BodyTooLarge
 from timewheel.tracing import Tracing
 
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's files (fastapi-offline ships them)
@@ -124,7 +130,8 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TaskConflict)
     async def conflict(request: Request, exc: TaskConflict) -> JSONResponse:
         # The body is the task view (when there is one) plus the reason.
-        body: dict[str, Any] = exc.view.model_dump(mode="json") if exc.view else {}
+        body: dict[str, Any] = (task_view(exc.record).model_dump(mode="json")
+                                if exc.record is not None else {})
         body["detail"] = str(exc)
         return JSONResponse(body, status_code=409)
 

@@ -31,10 +31,11 @@ from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import _prepare
 from timewheel.api.views import body_value, task_view
+from timewheel.errors import BodyTooLarge
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
 from timewheel.store import ScheduleReply
 from timewheel.store.batch import get_many, schedule_many
-from timewheel.store.record import BodyTooLarge, NewTask, new_key
+from timewheel.store.record import NewTask, new_key
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 

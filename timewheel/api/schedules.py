@@ -21,6 +21,7 @@ from timewheel.models import (
     ScheduleView,
     format_ms,
 )
+from timewheel.operations.schedules import spec_of
 from timewheel.service import Wheel
 from timewheel.store.replies import SchedPutReply
 from timewheel.store.schedule_store import ScheduleRecord, ScheduleStore
@@ -84,10 +85,11 @@ async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: Whe
     now = wheel.clock.now_ms()
     _check_task(wheel, schedule_id, body.task, now)
     schedules = _schedules(wheel)
-    code, outstanding = await schedules.put(schedule_id, body, now_ms=now, next_after=next_after)
+    spec = spec_of(body)
+    code, outstanding = await schedules.put(schedule_id, spec, paused=body.paused, now_ms=now,
+                                            next_after=next_after)
     if outstanding:  # paused by this PUT: its materialized occurrences must not start
-        template = body.task.model_dump(mode="json", exclude_unset=True)
-        await schedules.cancel_occurrences(schedule_id, outstanding, template, now_ms=now)
+        await schedules.cancel_occurrences(schedule_id, outstanding, spec["task"], now_ms=now)
     if code is SchedPutReply.CREATED:
         response.status_code = 201
         response.headers["Location"] = f"/schedules/{schedule_id}"

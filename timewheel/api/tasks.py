@@ -22,11 +22,12 @@ from timewheel.models import (
     TaskStatus,
     TaskView,
 )
+from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS, due_ms, prepare
 from timewheel.service import Wheel
 from timewheel.store import CancelReply, ReplayReply, RescheduleReply, ScheduleReply
 from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor
 from timewheel.store.listing import list_tasks as list_page
-from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
+from timewheel.store.record import NewTask, TaskRecord, new_key
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
@@ -83,10 +84,9 @@ async def _existing_view(wheel: Wheel, key: str) -> TaskView:
     return task_view(record)
 
 
-async def _view_or_none(wheel: Wheel, key: str) -> TaskView | None:
-    """The view a 409 carries (None: the task expired meanwhile)."""
-    record = await wheel.store.get(key)
-    return None if record is None else task_view(record)
+async def _record_or_none(wheel: Wheel, key: str) -> TaskRecord | None:
+    """The task a 409 shows (None: the task expired meanwhile)."""
+    return await wheel.store.get(key)
 
 
 @router.post("", status_code=201, response_model=TaskView, responses={
@@ -138,7 +138,7 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
     if code is RescheduleReply.NOT_FOUND:
         raise TaskNotFound(key)
     if code is RescheduleReply.FINISHED:
-        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
+        raise TaskConflict(f"task {key!r} has already finished", await _record_or_none(wheel, key))
     if code is RescheduleReply.TOO_FEW_ATTEMPTS:
         made = (await _existing_view(wheel, key)).attempts
         raise _invalid("max_attempts", f"must be more than the {made} attempts already made",
@@ -154,7 +154,7 @@ async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     if code is CancelReply.NOT_FOUND:
         raise TaskNotFound(key)
     if code is CancelReply.FINISHED:
-        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
+        raise TaskConflict(f"task {key!r} has already finished", await _record_or_none(wheel, key))
     wheel.metrics.cancelled.inc()
     return Response(status_code=204)
 
@@ -199,5 +199,5 @@ async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
         raise TaskNotFound(key)
     if code is ReplayReply.NOT_FAILED:
         raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
-                           await _view_or_none(wheel, key))
+                           await _record_or_none(wheel, key))
     return await _existing_view(wheel, key)

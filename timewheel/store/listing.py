@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from timewheel.models import KEY_PATTERN, TaskStatus
+from timewheel.domain import KEY_PATTERN, TaskStatus
 from timewheel.store.record import TaskRecord
 from timewheel.store.redis_errors import redis_errors
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 
-from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
+from timewheel.domain import TaskStatus
 from timewheel.store.batch import get_many
-from timewheel.store.record import NewTask, prepare
+from timewheel.store.record import NewTask
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import (
     SchedDeleteReply,
@@ -53,6 +53,10 @@ _CAS_TRIES = 10
 # When a schedule fires next, strictly after a given ms: (spec, after_ms) -> ms or None. The
 # engine computes it (timewheel.engine.occurrences); the store only stores the answer.
 NextAfter = Callable[[dict[str, Any], int], "int | None"]
+# A task template (the client's JSON) as the task it stands for, validated and prepared: given
+# by the service (timewheel/operations/prepare.py ``template_task``), since validating a
+# request is not the store's business. Raises ValueError when the template does not validate.
+TemplateTask = Callable[[dict[str, Any]], NewTask]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,33 +94,21 @@ class Reservation:
     occurrences: tuple[int, ...]
 
 
-def spec_json(spec: ScheduleCreate) -> str:
-    """The stored form of a schedule: the task only with the fields the client set, so an
-    occurrence's task is validated (and fingerprinted) exactly as the POST it stands for."""
-    return json.dumps({"cron": spec.cron, "every": spec.every, "timezone": spec.timezone,
-                       "task": spec.task.model_dump(mode="json", exclude_unset=True)},
-                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def spec_json(spec: dict[str, Any]) -> str:
+    """The stored form of a schedule, ``{cron, every, timezone, task}`` with the task only with
+    the fields the client set (operations/schedules.py ``spec_of``), so an occurrence's task is
+    validated (and fingerprinted) exactly as the POST it stands for."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def occurrence_key(schedule_id: str, occ_ms: int) -> str:
     return f"{schedule_id}.{occ_ms}"
 
 
-def template_task(template: dict[str, Any], *, default_timeout: float) -> NewTask:
-    """The template validated and prepared as a POST /tasks body (execute_at 0), once per
-    schedule version: its occurrences differ from it only in key, time and fingerprint.
-    Raises ValueError (pydantic's ValidationError) if the template does not validate."""
-    fields = TaskFields.model_validate({**template, "execute_at": 0})
-    return prepare(fields, "template", 0, default_timeout=default_timeout)
-
-
-def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any] | NewTask, *,
-                    default_timeout: float) -> NewTask:
-    """The task of one occurrence: the template with execute_at = the occurrence. Every
-    process builds the same record and fingerprint for it, so a second create of the same
-    occurrence answers EXISTS."""
-    base = (template if isinstance(template, NewTask)
-            else template_task(template, default_timeout=default_timeout))
+def occurrence_task(schedule_id: str, occ_ms: int, base: NewTask) -> NewTask:
+    """The task of one occurrence: the prepared template (``TemplateTask``) with execute_at =
+    the occurrence. Every process builds the same record and fingerprint for it, so a second
+    create of the same occurrence answers EXISTS."""
     fingerprint = hashlib.sha256(f"{base.fingerprint}:{occ_ms}".encode()).hexdigest()
     return replace(base, key=occurrence_key(schedule_id, occ_ms), due_ms=occ_ms,
                    fingerprint=fingerprint)
@@ -133,11 +125,11 @@ def _int(value: bytes | None) -> int | None:
 class ScheduleStore:
     """Every read and write of schedules; the scripts' reply codes become values here."""
 
-    def __init__(self, store: Store, *, default_timeout: float,
+    def __init__(self, store: Store, *, template_task: TemplateTask,
                  keep_deleted_ms: int = 3_600_000, concurrency: int = 32) -> None:
         self.store = store
         self.redis = store.redis
-        self.default_timeout = default_timeout
+        self.template_task = template_task
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
         self.scripts: dict[str, AsyncScript] = {
@@ -194,18 +186,19 @@ class ScheduleStore:
         live = ver is not None and state != b"deleted"
         return (ver.decode() if live else ""), _int(hi)
 
-    async def put(self, schedule_id: str, spec: ScheduleCreate, *, now_ms: int,
+    async def put(self, schedule_id: str, spec: dict[str, Any], *, paused: bool, now_ms: int,
                   next_after: NextAfter) -> tuple[SchedPutReply, list[int]]:
-        """Create or replace. Returns (CREATED or REPLACED, outstanding occurrences that the
-        caller must cancel: see ``cancel_occurrences``). The next occurrence comes after now and
-        after every occurrence reserved before (``hi``), so no occurrence key is used twice."""
+        """Create or replace (``spec``: see ``spec_json``). Returns (CREATED or REPLACED,
+        outstanding occurrences that the caller must cancel: see ``cancel_occurrences``). The
+        next occurrence comes after now and after every occurrence reserved before (``hi``),
+        so no occurrence key is used twice."""
         text = spec_json(spec)
         request_id = secrets.token_hex(8)
         for _ in range(_CAS_TRIES):
             version, hi = await self._hi(schedule_id)
-            nxt = None if spec.paused else next_after(json.loads(text), max(now_ms, hi or 0))
+            nxt = None if paused else next_after(json.loads(text), max(now_ms, hi or 0))
             reply = await self._run("sched_put", self.bucket_of(schedule_id), [
-                schedule_id, version, text, "1" if spec.paused else "0",
+                schedule_id, version, text, "1" if paused else "0",
                 "" if nxt is None else nxt, now_ms, request_id])
             code = SchedPutReply(int(reply[0]))
             if code is not SchedPutReply.STALE:
@@ -271,9 +264,10 @@ class ScheduleStore:
         """Make sure none of these occurrences starts: cancel its task, or, when the task does
         not exist yet (reserved, not created), write a cancelled record in its place so that
         the late create answers CONFLICT. Then forget them."""
+        base = self.template_task(template or {"callback_url": _NOWHERE})
+
         async def one(occ: int) -> None:
-            task = occurrence_task(schedule_id, occ, template or {"callback_url": _NOWHERE},
-                                   default_timeout=self.default_timeout)
+            task = occurrence_task(schedule_id, occ, base)
             if not await self.tombstone(task, now_ms=now_ms):
                 await self.store.cancel(task.key, now_ms=now_ms)  # any answer will do
 
