@@ -113,7 +113,7 @@ def new_store(url: str) -> Any:
 def task_maker(now_ms: int) -> Any:
     """``make(key, due_ms)``: a NewTask as ``POST /tasks`` would store it."""
     from timewheel.models import TaskFields
-    from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, prepare
+    from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS, prepare
 
     template = TaskFields.model_validate({"callback_url": URL, "body": BODY, "delay": 0})
 

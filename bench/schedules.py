@@ -57,9 +57,10 @@ async def bench_materializer(n: int, every: int, minutes: int) -> dict[str, Any]
 
     from timewheel.engine.materializer import Materializer
     from timewheel.models import ScheduleCreate
+    from timewheel.operations.schedules import schedule_store, spec_of
     from timewheel.store import Store
     from timewheel.store.embedded import EmbeddedRedis
-    from timewheel.store.schedule_store import ScheduleStore, spec_json
+    from timewheel.store.schedule_store import spec_json
 
     with tempfile.TemporaryDirectory() as tmp:
         embedded = EmbeddedRedis(Path(tmp), appendfsync="everysec")
@@ -68,10 +69,10 @@ async def bench_materializer(n: int, every: int, minutes: int) -> dict[str, Any]
         try:
             store = Store(redis, "tw", retention_ms=7 * 86_400_000, lease_margin_ms=5000)
             await store.init()
-            schedules = ScheduleStore(store, default_timeout=10.0)
+            schedules = schedule_store(store, default_timeout=10.0)
             now = (int(time.time()) // 60 + 1) * 60_000  # a minute boundary ahead
-            text = spec_json(ScheduleCreate.model_validate(
-                {"every": every, "task": {"callback_url": "http://127.0.0.1:9/s"}}))
+            text = spec_json(spec_of(ScheduleCreate.model_validate(
+                {"every": every, "task": {"callback_url": "http://127.0.0.1:9/s"}})))
             script = schedules.scripts["sched_put"]
             t0 = time.perf_counter()
             async with redis.pipeline(transaction=False) as pipe:

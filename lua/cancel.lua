@@ -9,7 +9,10 @@
 --          same call re-sent by redis-py after a lost reply answers 1 again instead of -2
 -- ARGV[5]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT)
 --
--- Reply:  1 cancelled, -1 no such task, -2 already finished
+-- Reply: CancelReply (timewheel/store/replies.py)
+--    1 CANCELLED
+--   -1 NOT_FOUND   no such task
+--   -2 FINISHED    already finished
 local P = KEYS[1]
 local key = ARGV[1]
 local now, retention, kept = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])

@@ -13,10 +13,10 @@
 -- ARGV[8]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT); an attempt whose lease ran
 --          out after it started goes into the history as lost
 --
--- Reply: {more, n, old, then n times: key, and the record's head, flow and url}
+-- Reply: {more, n, then n times: key, and the record's head, flow and url}
 --   more = 1 when the caller should call again (limit reached, a read window came back full,
---   or slices left to read); old = 1 when the bucket still has keys of the v1 layout (its
---   cursor), which a process then migrates (timewheel/store/migrate.py).
+--   or slices left to read). Keys of layout 1 are not looked at: a process migrates them when
+--   it starts (timewheel/store/migrate.py).
 --
 -- Order: expired leases first (their process died: re-deliver), then the slices from the
 -- cursor onwards, found through the minute index `mn`, so empty minutes cost nothing. A slice
@@ -30,7 +30,7 @@ local token, margin = ARGV[4], tonumber(ARGV[5])
 local budget, retention, kept = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local record = P .. 'cl:' .. token
 local claim = digest(token)
-local out = {0, 0, redis.call('EXISTS', P .. 'cursor')}
+local out = {0, 0}
 
 -- A retry of a call whose reply was lost: hand back what it claimed and still holds.
 if redis.call('EXISTS', record) == 1 then

@@ -11,9 +11,12 @@
 --          error ("" for none), next due_ms (retry only, else ""), started_ms of the attempt,
 --          the attempt's history entry (JSON, lua/lib/attempts.lua)
 --
--- Reply: one number per outcome: 1 recorded; 0 stale: the claim is no longer the caller's
---        (replaced, or re-claimed after its lease ran out), nothing is written; 2 the task
---        was cancelled while this attempt was in flight: only its history entry is written.
+-- Reply: one CompleteReply per outcome (timewheel/store/replies.py)
+--    1 RECORDED
+--    0 STALE                the claim is no longer the caller's (replaced, or re-claimed
+--                           after its lease ran out): nothing is written
+--    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: only its
+--                           history entry is written
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.

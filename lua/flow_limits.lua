@@ -5,7 +5,9 @@
 -- ARGV[1]  parallelism, or "" for none (the default applies)
 -- ARGV[2]  rate in attempts per second, or "" for none
 --
--- Reply: 1 when a limit is now set, 0 when the flow is back to the defaults.
+-- Reply: FlowLimitsReply (timewheel/store/replies.py)
+--    1 LIMITED   a limit is now set
+--    0 DEFAULTS  the flow is back to the defaults
 local cfg = KEYS[1] .. 'cfg'
 redis.call('DEL', cfg)
 if ARGV[1] ~= '' then redis.call('HSET', cfg, 'p', ARGV[1]) end

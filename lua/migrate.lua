@@ -8,8 +8,10 @@
 -- ARGV[2..] three values per task: key, the SHA-1 of its v1 hash as read (HGETALL's fields
 --          and values joined by NUL), the new record (timewheel/store/layout.py)
 --
--- Reply: one number per task: 1 migrated, 0 no v1 record any more (migrated meanwhile),
---        -1 the v1 record changed since it was read (nothing written; read it again).
+-- Reply: one MigrateReply per task (timewheel/store/replies.py)
+--    1 MIGRATED
+--    0 GONE      no v1 record any more (migrated meanwhile)
+--   -1 CHANGED   the v1 record changed since it was read (nothing written; read it again)
 --
 -- A pending task gets a slice of its own (the minute clamped to the layout-2 cursor); a
 -- claimed one keeps its v1 lease expiry (its v1 holder cannot complete it any more: the task

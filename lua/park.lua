@@ -10,8 +10,10 @@
 --          lua/start.lua counted already (a rated flow's attempt that asked again) is
 --          uncounted, as lua/release.lua does
 --
--- Reply: one number per pair: 1 parked, 0 not the caller's claim any more (cancelled,
---        replaced, re-claimed): nothing written.
+-- Reply: one ParkReply per pair (timewheel/store/replies.py)
+--    1 PARKED
+--    0 STALE   not the caller's claim any more (cancelled, replaced, re-claimed): nothing
+--              written
 --
 -- Keys: pw:<flow> (zset task key -> due_ms, the flow's parked tasks of this bucket, in due
 -- order), pf (zset flow -> due_ms of its earliest parked task in this bucket), pa (zset task

@@ -8,9 +8,12 @@
 -- ARGV[2..] key, token pairs: only the holder of a claim calls this, and only for an attempt
 --          it did not send, so a started one (lua/start.lua counted it) is uncounted again
 --
--- Reply: one number per pair: 1 handed back; 0 not the caller's claim any more (replaced, or
---        re-claimed after its lease ran out): nothing written; 2 the task was cancelled while
---        it held the claim: its history says so, nothing else is written.
+-- Reply: one ReleaseReply per pair (timewheel/store/replies.py)
+--    1 HANDED_BACK
+--    0 STALE        not the caller's claim any more (replaced, or re-claimed after its lease
+--                   ran out): nothing written
+--    2 CANCELLED    the task was cancelled while it held the claim: its history says so,
+--                   nothing else is written
 local P = KEYS[1]
 local kept = tonumber(ARGV[1])
 local out = {}

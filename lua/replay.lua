@@ -7,7 +7,10 @@
 -- ARGV[3]  request id, unique per API call: its digest is kept in the record (op), so the
 --          same call re-sent by redis-py after a lost reply answers 1 again instead of -2
 --
--- Reply:  1 scheduled again, -1 no such task, -2 not failed or cancelled
+-- Reply: ReplayReply (timewheel/store/replies.py)
+--    1 REPLAYED    scheduled again
+--   -1 NOT_FOUND   no such task
+--   -2 NOT_FAILED  neither failed nor cancelled
 local P = KEYS[1]
 local key = ARGV[1]
 local now = tonumber(ARGV[2])

@@ -17,8 +17,12 @@
 -- ARGV[4]  the new due time, ms (becomes execute_at too)
 -- ARGV[5]  the new max_attempts, or "" to keep it
 --
--- Reply:  1 rescheduled, -1 no such task, -2 already finished,
---        -3 max_attempts is not more than the attempts already made (nothing written)
+-- Reply: RescheduleReply (timewheel/store/replies.py)
+--    1 RESCHEDULED
+--   -1 NOT_FOUND         no such task
+--   -2 FINISHED          already finished
+--   -3 TOO_FEW_ATTEMPTS  max_attempts is not more than the attempts already made (nothing
+--                        written)
 local P = KEYS[1]
 local key, now = ARGV[1], tonumber(ARGV[2])
 local due, max = tonumber(ARGV[4]), tonumber(ARGV[5])

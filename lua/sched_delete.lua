@@ -8,8 +8,9 @@
 -- ARGV[2]  request id, unique per API call
 -- ARGV[3]  keep_ms, how long the deleted record is kept
 --
--- Reply: {code, occ...}
---   code  1 deleted (or this very call was re-sent), -1 no such schedule
+-- Reply: {code, occ...}; code is a SchedDeleteReply (timewheel/store/replies.py)
+--    1 DELETED     deleted (or this very call was re-sent)
+--   -1 NOT_FOUND   no such schedule
 --   occ   outstanding occurrences (ms): cancel each, then drop them (as for sched_pause)
 local P, id = KEYS[1], ARGV[1]
 local rkey = P .. 's:' .. id

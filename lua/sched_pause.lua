@@ -3,8 +3,10 @@
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:" (keys as in sched_put.lua)
 -- ARGV[1]  schedule id
 --
--- Reply: {code, occ...}
---   code  1 paused now, 0 was paused already, -1 no such schedule
+-- Reply: {code, occ...}; code is a SchedPauseReply (timewheel/store/replies.py)
+--    1 PAUSED          paused now
+--    0 ALREADY_PAUSED
+--   -1 NOT_FOUND       no such schedule
 --   occ   outstanding occurrences (ms): the caller cancels each (Store.cancel, or a tombstone
 --         when the task does not exist yet), then drops them (sched_drop). Returned again by a
 --         repeated pause until dropped, so a caller that died half-way is finished by the next.

@@ -13,8 +13,10 @@
 -- ARGV[7]  request id, unique per API call: kept in the record ("op"), so the same call re-sent
 --          by redis-py after a lost reply answers as the first did instead of "stale"
 --
--- Reply: {code, occ...}
---   code  0 created, 1 replaced, -3 stale (version changed; nothing written)
+-- Reply: {code, occ...}; code is a SchedPutReply (timewheel/store/replies.py)
+--    0 CREATED
+--    1 REPLACED
+--   -3 STALE     version changed; nothing written
 --   occ   outstanding occurrences (ms) the caller must cancel: every one when the schedule is
 --         now paused, or when the record it replaces was a deleted one
 local P, id = KEYS[1], ARGV[1]

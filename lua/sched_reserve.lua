@@ -8,9 +8,10 @@
 -- ARGV[3..] groups: id, ver, expected next (as read), new next ("" for none), k, occ_1..occ_k
 --          (ascending ms; occ_k becomes "hi")
 --
--- Reply: one number per group: 1 reserved (or reserved by this very call, re-sent after a lost
---        reply), 0 stale (missing, deleted, paused, or its version or next changed since the
---        caller read it; nothing written for that group)
+-- Reply: one SchedReserveReply per group (timewheel/store/replies.py)
+--    1 RESERVED  reserved (or reserved by this very call, re-sent after a lost reply)
+--    0 STALE     missing, deleted, paused, or its version or next changed since the caller
+--                read it; nothing written for that group
 local P = KEYS[1]
 local now, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}

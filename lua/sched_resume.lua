@@ -5,8 +5,11 @@
 -- ARGV[2]  expected version (as the caller read it, with the hi it computed next from)
 -- ARGV[3]  next occurrence ms after max(now, hi); "" for none
 --
--- Reply: 1 resumed, 0 was not paused (nothing written), -1 no such schedule,
---        -3 stale (version changed; read again and retry)
+-- Reply: SchedResumeReply (timewheel/store/replies.py)
+--    1 RESUMED
+--    0 NOT_PAUSED  nothing written
+--   -1 NOT_FOUND   no such schedule
+--   -3 STALE       version changed; read again and retry
 local P, id = KEYS[1], ARGV[1]
 local rkey = P .. 's:' .. id
 local st = redis.call('HMGET', rkey, 'ver', 'state', 'paused')

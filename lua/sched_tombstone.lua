@@ -12,7 +12,9 @@
 -- ARGV[5]  the record as for lua/schedule.lua (NewTask.fields()), so a replay of it is a
 --          real task
 --
--- Reply: 1 tombstone written, 0 the task exists (the caller cancels it with Store.cancel)
+-- Reply: SchedTombstoneReply (timewheel/store/replies.py)
+--    1 WRITTEN      tombstone written
+--    0 TASK_EXISTS  the task exists (the caller cancels it with Store.cancel)
 local P = KEYS[1]
 local key, now = ARGV[1], tonumber(ARGV[2])
 local tkey = P .. 't:' .. key

@@ -13,8 +13,11 @@
 -- ARGV[5]  the record as timewheel/store/layout.py `template` builds it (status scheduled, due,
 --          fingerprint, request); this script sets its created time and request id
 --
--- Reply:  0 created, 1 replaced, 2 an identical task exists (create only),
---        -1 conflict: the key exists with other content (create only)
+-- Reply: ScheduleReply (timewheel/store/replies.py)
+--    0 CREATED
+--    1 REPLACED
+--    2 EXISTS    an identical task exists (create only)
+--   -1 CONFLICT  the key exists with other content (create only)
 local P = KEYS[1]
 local key, mode, now, req, new = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local tkey = P .. 't:' .. key

@@ -5,9 +5,7 @@
 -- reply and the tasks a process holds cost a few hundred bytes each whatever the body.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1]  now_ms (unused since layout 2 keeps a started flag, not a time; kept so callers
---          need not change)
--- ARGV[2..] key, token pairs
+-- ARGV[1..] key, token pairs
 --
 -- Reply: three values per pair: the attempt number (1, 2, ...), the headers and the body as
 --        stored (timewheel/store/layout.py); or 0, "", "" when the claim is not the caller's
@@ -16,7 +14,7 @@
 local P = KEYS[1]
 local out = {}
 local tokens = {}
-for i = 2, #ARGV, 2 do
+for i = 1, #ARGV, 2 do
   local tkey, token = P .. 't:' .. ARGV[i], ARGV[i + 1]
   tokens[token] = tokens[token] or digest(token)
   local h = head(tkey)

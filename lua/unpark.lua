@@ -8,14 +8,14 @@
 -- ARGV[4]  token, unique per call (as in lua/claim.lua: a re-sent call returns the same tasks)
 -- ARGV[5]  lease_margin_ms: lease = max(due, now) + task timeout + margin
 --
--- Reply: as lua/claim.lua: {more, n, 0, then n times: key and the record's head, flow, url};
+-- Reply: as lua/claim.lua: {more, n, then n times: key and the record's head, flow, url};
 --        more = 1 when the flow has more parked tasks in this bucket.
 local P = KEYS[1]
 local now, flow, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local token, margin = ARGV[4], tonumber(ARGV[5])
 local record, wkey = P .. 'cl:' .. token, P .. 'pw:' .. flow
 local claim = digest(token)
-local out = {0, 0, 0}
+local out = {0, 0}
 
 if redis.call('EXISTS', record) == 1 then
   replay_claim(P, record, claim, out)

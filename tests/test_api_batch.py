@@ -25,11 +25,11 @@ from timewheel.api.batch import Times, created_view
 from timewheel.api.views import task_view
 from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
+from timewheel.operations.prepare import prepare
 from timewheel.settings import Settings
-from timewheel.store import CREATED, EXISTS, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import get_many, rounds, schedule_many
 from timewheel.store.keys import Keyspace
-from timewheel.store.record import prepare
 
 LATER = "2027-01-15T08:01:00.000Z"  # START_MS + 60 s
 
@@ -285,7 +285,7 @@ async def test_a_cancelled_batch_leaves_no_unread_replies(redis_server: RedisSer
         await first
     await busy
     codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
-    assert codes == [EXISTS, CREATED, EXISTS]
+    assert codes == [ScheduleReply.EXISTS, ScheduleReply.CREATED, ScheduleReply.EXISTS]
     await client.aclose()
 
 
@@ -314,11 +314,11 @@ async def test_a_batch_reading_past_the_socket_timeout_fails_and_the_next_one_is
         finally:
             await busy
 
-    assert await stalled(0.1, ["s0", "s1"]) == [CREATED, CREATED]
+    assert await stalled(0.1, ["s0", "s1"]) == [ScheduleReply.CREATED, ScheduleReply.CREATED]
     with pytest.raises(StoreUnavailable, match="TimeoutError: Timeout reading from"):
         await stalled(0.6, [f"a{i}" for i in range(50)])
     codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
-    assert codes == [EXISTS, CREATED, EXISTS]
+    assert codes == [ScheduleReply.EXISTS, ScheduleReply.CREATED, ScheduleReply.EXISTS]
     await client.aclose()
 
 

@@ -32,10 +32,11 @@ from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields, TaskStatus, TaskView
+from timewheel.operations.prepare import prepare
 from timewheel.store import Store, layout
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.listing import list_tasks
-from timewheel.store.record import ClaimedTask, NewTask, prepare
+from timewheel.store.record import ClaimedTask, NewTask
 
 URL = "http://127.0.0.1:9/hooks/fire"  # respx answers; nothing ever dials it
 DUE_MS = START_MS + 1000  # tasks are added with delay=1.0

@@ -21,13 +21,13 @@ from tests.conftest import START_MS
 from tests.support.redis_server import HOST, RedisServer
 from timewheel.errors import NotReplicated
 from timewheel.models import ScheduleCreate
+from timewheel.operations.schedules import schedule_store, spec_of
 from timewheel.settings import Settings
-from timewheel.store import CREATED, EXISTS, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.durability import Durability, DurableScript, marker
 from timewheel.store.flow_store import FlowStore, StoredLimits
 from timewheel.store.record import NewTask
-from timewheel.store.schedule_store import ScheduleStore
 from timewheel.store.scripts import ACKNOWLEDGED, Scripts
 
 WAIT_MS = 300
@@ -131,7 +131,8 @@ async def test_an_acknowledged_change_is_on_the_replica_when_it_returns(
     """Create, cancel, replay and a batch create each return only once the replica holds
     their result: it is read from the replica right after, without waiting."""
     store = await durable_store(master)
-    assert await store.schedule(new_task("a"), replace=False, now_ms=START_MS) == CREATED
+    assert await store.schedule(new_task("a"), replace=False,
+            now_ms=START_MS) == ScheduleReply.CREATED
     assert on_replica(replicated, store, ["a"]) == ["a"]
     assert await store.cancel("a", now_ms=START_MS) == 1
     with replicated.replica_client() as conn:
@@ -141,7 +142,7 @@ async def test_an_acknowledged_change_is_on_the_replica_when_it_returns(
     assert await store.replay("a", now_ms=START_MS) == 1
     keys = [f"batch-{i}" for i in range(40)]
     codes = await schedule_many(store, [new_task(k) for k in keys], START_MS)
-    assert codes == [CREATED] * 40
+    assert codes == [ScheduleReply.CREATED] * 40
     assert on_replica(replicated, store, keys) == keys
 
 
@@ -174,13 +175,15 @@ async def test_a_repeated_create_is_not_acknowledged_before_the_first_write_is_r
     try:
         other = await durable_store(other_client)
         # Its last write confirmed: without the marker, its WAIT would be satisfied at once.
-        assert await other.schedule(new_task("warm"), replace=False, now_ms=START_MS) == CREATED
+        assert await other.schedule(new_task("warm"), replace=False,
+                now_ms=START_MS) == ScheduleReply.CREATED
         with replicated.replica_stopped():
             with pytest.raises(NotReplicated):
                 await store.schedule(new_task("again"), replace=False, now_ms=START_MS)
             with pytest.raises(NotReplicated):
                 await other.schedule(new_task("again"), replace=False, now_ms=START_MS)
-        assert await other.schedule(new_task("again"), replace=False, now_ms=START_MS) == EXISTS
+        assert await other.schedule(new_task("again"), replace=False,
+                now_ms=START_MS) == ScheduleReply.EXISTS
         assert on_replica(replicated, store, ["again"]) == ["again"]
     finally:
         await other_client.aclose()
@@ -190,7 +193,7 @@ async def test_schedule_and_flow_changes_are_acknowledged(
         replicated: Replicated, master: Redis) -> None:
     """PUT /schedules and PUT/DELETE /flows go through acknowledged scripts as well."""
     store = await durable_store(master)
-    schedules = ScheduleStore(store, default_timeout=10.0)
+    schedules = schedule_store(store, default_timeout=10.0)
     flows = FlowStore(master, store.keys, store.scripts, default_parallelism=100)
     spec = ScheduleCreate.model_validate({"every": 60, "task": {"callback_url": URL}})
 
@@ -199,7 +202,8 @@ async def test_schedule_and_flow_changes_are_acknowledged(
 
     with replicated.replica_stopped():
         with pytest.raises(NotReplicated):
-            await schedules.put("s1", spec, now_ms=START_MS, next_after=nxt)
+            await schedules.put("s1", spec_of(spec), paused=False, now_ms=START_MS,
+                                next_after=nxt)
         with pytest.raises(NotReplicated):
             await flows.set_limits("f1", StoredLimits(3, None))
         with pytest.raises(NotReplicated):

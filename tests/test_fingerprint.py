@@ -1,4 +1,4 @@
-"""``record.fingerprint`` and the other per-task work of ``record.prepare`` against frozen copies
+"""``prepare.fingerprint`` and the other per-task work of ``prepare.prepare`` against frozen copies
 of the code they replaced (issue #9): tasks stored by earlier builds are compared with the
 fingerprint, so it must hash exactly the same text for every input, and the body bytes and the
 default flow must not change either.
@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from timewheel.domain import callback_url
+from timewheel.errors import BodyTooLarge
 from timewheel.models import MAX_BODY_BYTES, TaskCreate, TaskFields, parse_execute_at
 from timewheel.models.schedules import ScheduleTask
-from timewheel.models.tasks import callback_url
+from timewheel.operations import prepare
 from timewheel.store import record
-from timewheel.store.record import BodyTooLarge
 
 # ------------------------------------------------------------------ frozen copies (do not edit)
 
@@ -91,8 +92,8 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
 
 
 def _same(fields: TaskFields) -> None:
-    assert _outcome(record.fingerprint, fields) == _outcome(_old_fingerprint, fields)
-    assert _outcome(record.encode_body, fields) == _outcome(_old_encode_body, fields)
+    assert _outcome(prepare.fingerprint, fields) == _outcome(_old_fingerprint, fields)
+    assert _outcome(prepare.encode_body, fields) == _outcome(_old_encode_body, fields)
 
 
 URLS = ["http://127.0.0.1:9/hook", "https://hooks.example.com/a/b?x=1&y=%20#frag",
@@ -160,7 +161,7 @@ def test_table_matches_the_frozen_code(model: type[TaskFields], data: dict[str, 
     if model is TaskFields:
         data = {k: v for k, v in data.items() if k != "key"}
     fields = model.model_validate(data)
-    assert type(fields) in record._BY_ATTRIBUTES  # the fast path is what is compared here
+    assert type(fields) in prepare._BY_ATTRIBUTES  # the fast path is what is compared here
     _same(fields)
     # and through JSON, as a request arrives
     _same(model.model_validate_json(json.dumps(data)))
@@ -171,15 +172,15 @@ def test_known_fingerprints_stay() -> None:
     plain = TaskCreate.model_validate({"key": "k", "callback_url": "http://127.0.0.1:9/hook",
                                        "delay": 3600, "body": {"order": 1, "note": "n"},
                                        "headers": {"X-Bench": "r"}})
-    assert record.fingerprint(plain) == _old_fingerprint(plain)
-    assert record.fingerprint(plain) == (
+    assert prepare.fingerprint(plain) == _old_fingerprint(plain)
+    assert prepare.fingerprint(plain) == (
         "5d4267feaad49843323befb5873bab55548677edbea887a2ae22abc162ce0b61")
 
 
 def test_models_other_than_the_two_are_dumped() -> None:
     """ScheduleTask leaves execute_at and delay out of its dump: not the fast path, same text."""
     task = ScheduleTask.model_validate({"callback_url": URLS[0], "body": {"a": 1}})
-    assert type(task) not in record._BY_ATTRIBUTES
+    assert type(task) not in prepare._BY_ATTRIBUTES
     _same(task)
 
 
@@ -201,13 +202,13 @@ def test_a_circular_body_fails_alike() -> None:
     loop: list[Any] = [1]
     loop.append(loop)
     fields = TaskCreate.model_validate({"callback_url": URLS[0], "body": {"x": loop}})
-    assert not record._plain_json(fields.body)
+    assert not prepare._plain_json(fields.body)
     _same(fields)
 
 
 def test_deep_body_at_the_depth_limit() -> None:
-    for depth in (record._MAX_PLAIN_DEPTH - 1, record._MAX_PLAIN_DEPTH,
-                  record._MAX_PLAIN_DEPTH + 1):
+    for depth in (prepare._MAX_PLAIN_DEPTH - 1, prepare._MAX_PLAIN_DEPTH,
+                  prepare._MAX_PLAIN_DEPTH + 1):
         body: Any = "leaf"
         for i in range(depth):
             body = [body] if i % 2 else {"k": body}
@@ -280,9 +281,9 @@ def test_prepare_uses_the_same_fingerprint_and_body() -> None:
         fields = TaskCreate.model_validate(data)
         old_body = _outcome(_old_encode_body, fields)
         if old_body[0] == "raised":  # the body cannot be encoded (a lone surrogate)
-            assert _outcome(record.prepare, fields, "k", 0, default_timeout=10.0) == old_body
+            assert _outcome(prepare.prepare, fields, "k", 0, default_timeout=10.0) == old_body
             continue
-        task = record.prepare(fields, "k", 1_800_000_000_000, default_timeout=10.0)
+        task = prepare.prepare(fields, "k", 1_800_000_000_000, default_timeout=10.0)
         assert task.fingerprint == _old_fingerprint(fields)
         body, content_type = _old_encode_body(fields)
         assert task.body == body

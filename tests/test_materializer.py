@@ -12,7 +12,9 @@ from timewheel.engine.materializer import Materializer
 from timewheel.engine.occurrences import next_after
 from timewheel.errors import StoreUnavailable
 from timewheel.models import ScheduleCreate, TaskStatus
-from timewheel.store import CONFLICT, Store
+from timewheel.operations.prepare import template_task
+from timewheel.operations.schedules import schedule_store, spec_of
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task, spec_json
 
@@ -21,12 +23,17 @@ TICK = 1000
 URL = "http://127.0.0.1:9/cb"
 
 
+def bare_template() -> NewTask:
+    """The prepared template of a schedule whose task names only its callback."""
+    return template_task({"callback_url": URL}, default_timeout=10.0)
+
+
 def spec(**fields: Any) -> ScheduleCreate:
     return ScheduleCreate.model_validate({"task": {"callback_url": URL}, **fields})
 
 
 def schedules_of(store: Store) -> ScheduleStore:
-    return ScheduleStore(store, default_timeout=10.0)
+    return schedule_store(store, default_timeout=10.0)
 
 
 def materializer(store: Store, schedules: ScheduleStore | None = None,
@@ -36,7 +43,9 @@ def materializer(store: Store, schedules: ScheduleStore | None = None,
 
 
 async def put(schedules: ScheduleStore, schedule_id: str, now: int = NOW, **fields: Any) -> None:
-    await schedules.put(schedule_id, spec(**fields), now_ms=now, next_after=next_after)
+    body = spec(**fields)
+    await schedules.put(schedule_id, spec_of(body), paused=body.paused, now_ms=now,
+                        next_after=next_after)
 
 
 async def task_keys(redis: Redis) -> list[str]:
@@ -167,7 +176,7 @@ async def test_a_slow_pass_while_another_process_runs_skips_nothing(store: Store
 async def test_ten_thousand_schedules_are_bounded_per_tick(store: Store, redis: Redis) -> None:
     schedules = schedules_of(store)
     # Seeded through one pipeline of sched_put calls, as PUT /schedules would store them.
-    text, script = spec_json(spec(every=60)), schedules.scripts["sched_put"]
+    text, script = spec_json(spec_of(spec(every=60))), schedules.scripts["sched_put"]
     async with redis.pipeline(transaction=False) as pipe:
         for i in range(10_000):
             await script(keys=[schedules.prefix(schedules.bucket_of(f"n{i}"))],
@@ -214,8 +223,8 @@ async def test_pause_with_a_reservation_in_progress_leaves_nothing_to_start(
     assert outstanding == [NOW + 1000, NOW + 2000, NOW + 3000]
     await schedules.cancel_occurrences("a", outstanding, {"callback_url": URL}, now_ms=NOW + 1001)
     # The stalled creator wakes up and creates its occurrence: refused.
-    late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
+    late = occurrence_task("a", NOW + 3000, bare_template())
+    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == ScheduleReply.CONFLICT
     keys = await task_keys(redis)
     assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
     # No process materializes or recovers anything of a paused schedule.
@@ -242,8 +251,8 @@ async def test_delete_cancels_created_and_tombstones_reserved(store: Store, redi
     assert keys == [f"a.{NOW + s * 1000}" for s in (1, 2, 3)]
     assert set((await statuses(store, keys)).values()) == {TaskStatus.CANCELLED}
     # The reserved one is a tombstone: its creator's late create is refused.
-    late = occurrence_task("a", NOW + 3000, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == CONFLICT
+    late = occurrence_task("a", NOW + 3000, bare_template())
+    assert await store.schedule(late, replace=False, now_ms=NOW + 1002) == ScheduleReply.CONFLICT
     view = await store.get(f"a.{NOW + 3000}")
     assert view is not None and view.callback_url == URL and view.execute_at_ms == NOW + 3000
     m = materializer(store)

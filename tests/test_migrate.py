@@ -3,7 +3,6 @@ layout-2 record in the index of its state, the v1 indexes go, nothing is dropped
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,6 +23,7 @@ from tests.support.bucket_state import (
 from timewheel.models import TaskStatus
 from timewheel.store import Store
 from timewheel.store.migrate import migrate_v1
+from timewheel.store.scripts import source
 
 
 def v1(status: str = "scheduled", due: int = NOW, **extra: Any) -> dict[str, str]:
@@ -80,7 +80,7 @@ async def seed_v1(redis: Redis, state: dict[str, Any]) -> None:
 async def test_every_v1_record_becomes_a_layout_2_task_in_its_index(store: Store,
                                                                     redis: Redis) -> None:
     await seed_v1(redis, {**V1_STATE, **V1_INDEXES})
-    assert await migrate_v1(store, now_ms=NOW) == 10
+    assert await migrate_v1(redis, store.keys, now_ms=NOW) == 10
     state = await dump(redis)
     bad = state.pop("t:bad")
     assert (bad["st"], bad["url"], bad["finished"]) == ("f", b"", NOW)
@@ -104,7 +104,7 @@ async def test_every_v1_record_becomes_a_layout_2_task_in_its_index(store: Store
         "fc": {"c": NOW - 3, "tomb": NOW - 2}}
     await assert_ttls(redis, TTL)
     # Nothing is left to do; the tasks work as any other.
-    assert await migrate_v1(store, now_ms=NOW) == 0
+    assert await migrate_v1(redis, store.keys, now_ms=NOW) == 0
     _, tasks = await store.claim(3, now_ms=NOW + 5, horizon_ms=NOW + 5, limit=10, token="x")
     assert sorted(t.key for t in tasks) == ["old", "r"]
     [started] = await store.start(3, now_ms=NOW + 5,
@@ -115,34 +115,38 @@ async def test_every_v1_record_becomes_a_layout_2_task_in_its_index(store: Store
     assert view is not None and view.status is TaskStatus.FAILED and view.last_error == "HTTP 500"
 
 
-async def test_a_v1_process_writing_after_the_upgrade_is_caught_up(store: Store,
-                                                                   redis: Redis) -> None:
-    """A v1 process still writing (its cursor back in the bucket): the next claim of that
-    bucket migrates its records in the background, and they are claimed like any other."""
+async def test_a_v1_process_writing_after_the_upgrade_is_caught_up_at_the_next_start(
+        store: Store, redis: Redis) -> None:
+    """A v1 process still writing (its cursor back in the bucket): claims do not look at
+    layout 1, and the next start of a process (Store.init) migrates its records, which are
+    then claimed like any other."""
     await seed_v1(redis, {"t:late": v1(due=NOW), f"m:{M0}": {"late": NOW}, "cursor": str(M0)})
     assert await store.claim(3, now_ms=NOW, horizon_ms=NOW, limit=10, token="a") == (False, [])
-    migration = store._migration
-    assert migration is not None
-    assert await asyncio.wait_for(migration, 10) == 1
+    assert await redis.exists(P + "cursor", P + f"m:{M0}") == 2
+    restarted = Store(redis, "tw", retention_ms=RET, lease_margin_ms=5000)
+    await restarted.init()
     assert await redis.exists(P + "cursor", P + f"m:{M0}") == 0
-    _, tasks = await store.claim(3, now_ms=NOW, horizon_ms=NOW, limit=10, token="b")
+    _, tasks = await restarted.claim(3, now_ms=NOW, horizon_ms=NOW, limit=10, token="b")
     assert [t.key for t in tasks] == ["late"]
 
 
 async def test_a_record_changed_while_read_is_read_again(store: Store, redis: Redis) -> None:
     """lua/migrate.lua writes nothing for a v1 record that differs from what was read."""
     await seed_v1(redis, {"t:s": v1(due=NOW + 90_000), "cursor": str(M0)})
-    reply = await store.migrate_script(keys=[P], args=[NOW, "s", "0" * 40, b"x"])
+    migrate_script = redis.register_script(source("migrate"))
+    reply = await migrate_script(keys=[P], args=[NOW, "s", "0" * 40, b"x"])
     assert reply == [-1]
     assert (await redis.type(P + "t:s")) == b"hash"
-    assert await migrate_v1(store, now_ms=NOW) == 1
+    assert await migrate_v1(redis, store.keys, now_ms=NOW) == 1
     assert (await dump(redis))["t:s"] == rec(due=NOW + 90_000)
 
 
 async def test_at_start_the_migration_takes_redis_time(store: Store, redis: Redis) -> None:
-    """Store.init passes no time: lua/migrate.lua reads Redis's clock for what needs one."""
+    """Store.init migrates, and passes no time: lua/migrate.lua reads Redis's clock for what
+    needs one."""
     await seed_v1(redis, {"t:bad": v1(url=None, headers="not json"), "cursor": str(M0)})
-    assert await migrate_v1(store) == 1
+    await Store(redis, "tw", retention_ms=RET, lease_margin_ms=5000).init()
+    assert await redis.exists(P + "cursor") == 0
     seconds, micros = await redis.time()
     now = seconds * 1000 + micros // 1000
     bad = (await dump(redis))["t:bad"]

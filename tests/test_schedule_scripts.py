@@ -13,12 +13,22 @@ from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from timewheel.models import TaskStatus
-from timewheel.store import CONFLICT, CREATED, Store
-from timewheel.store.schedule_store import ScheduleStore, occurrence_task
+from timewheel.operations.prepare import template_task
+from timewheel.operations.schedules import schedule_store
+from timewheel.store import ScheduleReply, Store
+from timewheel.store.record import NewTask
+from timewheel.store.schedule_store import occurrence_task
 from timewheel.store.scripts import source
 
 NOW = START_MS
 URL = "http://127.0.0.1:9/cb"
+
+
+def bare_template() -> NewTask:
+    """The prepared template of a schedule whose task names only its callback."""
+    return template_task({"callback_url": URL}, default_timeout=10.0)
+
+
 P = "{tw:3}:"
 LEASE = 2000
 RET = 7 * 86_400_000
@@ -254,8 +264,8 @@ async def test_delete_marks_deleted_keeps_hi_and_hands_back_outstanding(redis: R
 
 async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
         store: Store, redis: Redis) -> None:
-    schedules = ScheduleStore(store, default_timeout=10.0)
-    task = occurrence_task("a", NOW, {"callback_url": URL}, default_timeout=10.0)
+    schedules = schedule_store(store, default_timeout=10.0)
+    task = occurrence_task("a", NOW, bare_template())
     assert await schedules.tombstone(task, now_ms=NOW + 5) is True
     view = await store.get(task.key)
     assert view is not None
@@ -263,15 +273,15 @@ async def test_tombstone_writes_a_cancelled_record_when_the_task_is_missing(
     assert (view.execute_at_ms, view.finished_ms) == (NOW, NOW + 5)
     assert RET - 60_000 < await redis.pttl(store.keys.task(task.key)) <= RET
     # The late create of the same occurrence is refused; so is a second tombstone.
-    assert await store.schedule(task, replace=False, now_ms=NOW + 6) == CONFLICT
+    assert await store.schedule(task, replace=False, now_ms=NOW + 6) == ScheduleReply.CONFLICT
     assert await schedules.tombstone(task, now_ms=NOW + 7) is False
     assert await store.get(task.key) == view
 
 
 async def test_tombstone_leaves_an_existing_task_alone(store: Store, redis: Redis) -> None:
-    schedules = ScheduleStore(store, default_timeout=10.0)
-    task = occurrence_task("a", NOW, {"callback_url": URL}, default_timeout=10.0)
-    assert await store.schedule(task, replace=False, now_ms=NOW) == CREATED
+    schedules = schedule_store(store, default_timeout=10.0)
+    task = occurrence_task("a", NOW, bare_template())
+    assert await store.schedule(task, replace=False, now_ms=NOW) == ScheduleReply.CREATED
     before = await store.get(task.key)
     assert await schedules.tombstone(task, now_ms=NOW + 5) is False
     assert await store.get(task.key) == before

@@ -158,7 +158,7 @@ async def test_cancel_delivering_not_started(store: Store, redis: Redis) -> None
         "a:a": [json.dumps({"e": "stopped by a DELETE before it was sent", "o": "cancelled",
                             "n": 2}, separators=(",", ":"))]}
     await assert_ttls(redis, {"t:a": RET, "a:a": RET})
-    assert await run(store, "start", NOW + 4, "a", "tok") == [0, b"", b""]
+    assert await run(store, "start", "a", "tok") == [0, b"", b""]
 
 
 async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
@@ -173,7 +173,7 @@ async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
     assert await dump(redis) == {"t:a": {**cancelled, "claim": layout.digest("tok"),
                                          "started": 1},
                                  "fc": {"a": NOW + 3}, "cur": str(M0)}
-    assert await run(store, "start", NOW + 4, "a", "tok") == [0, b"", b""]
+    assert await run(store, "start", "a", "tok") == [0, b"", b""]
     assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
     assert await dump(redis) == {"t:a": cancelled, "fc": {"a": NOW + 3}, "cur": str(M0),
                                  "a:a": [entry("a", "ok")]}
@@ -375,13 +375,6 @@ async def test_claim_trims_old_finished_entries(store: Store, redis: Redis) -> N
     assert await dump(redis) == {"ff": fresh, "fs": fresh, "fc": fresh}
 
 
-async def test_claim_reports_keys_of_the_v1_layout(store: Store, redis: Redis) -> None:
-    """A bucket that still has the v1 cursor says so (the Store then migrates it)."""
-    await seed(redis, {"cursor": str(M0)})
-    reply = await run(store, "claim", NOW, NOW, 10, "tok", MARGIN, 10, RET)
-    assert reply == [0, 0, 1]
-
-
 # -- start ---------------------------------------------------------------------------------------
 
 async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Redis) -> None:
@@ -394,12 +387,12 @@ async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Red
     args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok"]
     expected = [1, b"X-A:1\nX-B:", body.encode(), 3, b"", b"", 0, b"", b"", 0, b"", b"",
                 0, b"", b""]
-    assert await run(store, "start", NOW, *args) == expected
+    assert await run(store, "start", *args) == expected
     after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body),
              "t:b": delivering(attempts=3, started=True), "t:c": delivering("other"),
              "t:d": rec(claim="tok")}
     assert await dump(redis) == after
-    assert await run(store, "start", NOW + 50, *args) == expected
+    assert await run(store, "start", *args) == expected
     assert await dump(redis) == after
 
 

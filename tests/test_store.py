@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from tests.support.redis_server import RedisServer
 from timewheel.clock import FakeClock
 from timewheel.models import TaskStatus
-from timewheel.store import CREATED, REPLACED, Outcome, Store
+from timewheel.store import Outcome, ScheduleReply, Store
 from timewheel.store.listing import list_tasks
 from timewheel.store.record import NOT_STARTED, ClaimedTask, NewTask
 
@@ -57,7 +57,7 @@ async def schedule_all(store: Store, tasks: Iterable[NewTask], now: int) -> None
     for i in range(0, len(todo), 50):  # stay within the client's connection pool
         replies = await asyncio.gather(*(store.schedule(t, replace=False, now_ms=now)
                                          for t in todo[i:i + 50]))
-        assert set(replies) == {CREATED}
+        assert set(replies) == {ScheduleReply.CREATED}
 
 
 async def keys_of(redis: Redis, kind: str) -> list[str]:
@@ -89,7 +89,8 @@ async def test_reschedule_across_minutes_fires_once_at_new_time(
     now = fake_clock.now_ms()
     old, new = now + 2 * MIN + 300, now + 5 * MIN + 500
     await schedule_all(store, [task("moved", old)], now)
-    assert await store.schedule(task("moved", new), replace=True, now_ms=now + 10_000) == REPLACED
+    assert await store.schedule(task("moved", new), replace=True,
+            now_ms=now + 10_000) == ScheduleReply.REPLACED
     steps = sorted({*range(now, now + 7 * MIN, 15_000), old, old + 1, new - 1, new, new + 1})
     seen = []
     for t in steps:
@@ -126,7 +127,7 @@ async def test_one_hour_outage_claims_everything_once(store: Store, redis: Redis
     await schedule_all(store, tasks, now)
     for i in range(0, 130, 13):  # moves and cancels leave delete-sets behind
         assert await store.schedule(task(f"t-{i}", now + i * 30_000 + 90_000), replace=True,
-                                    now_ms=now) == REPLACED
+                                    now_ms=now) == ScheduleReply.REPLACED
     cancelled = {f"t-{i}" for i in range(5, 130, 13)}
     for key in cancelled:
         assert await store.cancel(key, now_ms=now) == 1

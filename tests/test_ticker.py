@@ -16,8 +16,9 @@ from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields
+from timewheel.operations.prepare import prepare
 from timewheel.store import Store
-from timewheel.store.record import ClaimedTask, prepare
+from timewheel.store.record import ClaimedTask
 
 URL = "http://127.0.0.1:9/hook"
 TICK_MS = 1000

@@ -1,8 +1,13 @@
-"""The exception tree. Only ``api/`` maps these to HTTP status codes.
+"""The exception tree. Only ``api/`` maps these to HTTP status codes (api/errors.py, one handler
+each).
 
     TimeWheelError
      +-- TaskNotFound          no such task (404)
+     +-- ScheduleNotFound      no such schedule (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
+     +-- InvalidInput          a request its model accepted, refused by a limit of the
+     |                         settings or the task's state (422)
+     +-- BodyTooLarge          the encoded body is over 1 MiB (413; also a ValueError)
      +-- StoreUnavailable      Redis cannot be reached or answered with an error (503)
      |    +-- NotReplicated    written on the master, but too few replicas confirmed it (503)
      +-- WheelMismatch         the settings disagree with the wheel stored in Redis (no start)
@@ -13,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from timewheel.models import TaskView
+    from timewheel.store.record import TaskRecord
 
 
 class TimeWheelError(Exception):
@@ -26,10 +31,40 @@ class TaskNotFound(TimeWheelError):
         self.key = key
 
 
+class ScheduleNotFound(TimeWheelError):
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"no schedule with id {schedule_id!r}")
+        self.schedule_id = schedule_id
+
+
 class TaskConflict(TimeWheelError):
-    def __init__(self, message: str, view: TaskView | None = None) -> None:
+    """``record``: the task as it is now, which the answer shows (None: it expired
+    meanwhile)."""
+
+    def __init__(self, message: str, record: TaskRecord | None = None) -> None:
         super().__init__(message)
-        self.view = view
+        self.record = record
+
+
+class InvalidInput(TimeWheelError):
+    """A value of the request that its model accepted but the service refuses: beyond the
+    horizon, a timeout over the batch deadline, a private callback address, too few
+    attempts, a cursor of another listing. ``loc`` says where, as a validation error does
+    (``("body", "timeout")``, ``("query", "cursor")``)."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str, value: object) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+        self.value = value
+
+    def under(self, *outer: str | int) -> InvalidInput:
+        """The same error, located inside ``outer`` (a schedule's ``task``, a batch item)."""
+        return InvalidInput((self.loc[0], *outer, *self.loc[1:]), self.message, self.value)
+
+
+class BodyTooLarge(TimeWheelError, ValueError):
+    """The encoded ``body`` is over MAX_BODY_BYTES (docs/api.md: 413)."""
 
 
 class StoreUnavailable(TimeWheelError):

@@ -125,7 +125,7 @@ def make_formatter(fmt: str) -> logging.Formatter:
     raise ValueError(f"unknown log format {fmt!r}: expected 'text' or 'json'")
 
 
-def configure_logging(level: str, fmt: str, *, stream: IO[str] | None = None) -> None:
+def configure_logging(level: str, fmt: LogFormat, *, stream: IO[str] | None = None) -> None:
     """Send every log record (the package's, uvicorn's, libraries') to ``stream`` (stderr by
     default) in format ``fmt``, at ``level`` and above.
 

@@ -1,5 +1,6 @@
 """Wheel: the parts of one ``timewheel serve`` process, built from Settings, started and
-stopped in order (embedded Redis first and last)."""
+stopped in order (embedded Redis first and last). The operations the API calls are
+timewheel/operations/ (``wheel.tasks``, ``wheel.schedules``); this module only wires."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from timewheel.engine.materializer import Materializer
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
+from timewheel.operations.schedules import ScheduleOperations, schedule_store
+from timewheel.operations.tasks import TaskLimits, TaskOperations
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
-from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS
 from timewheel.store.schedule_store import ScheduleStore
 from timewheel.tracing import Tracing
 
@@ -48,7 +50,9 @@ class Wheel:
     ticker: Ticker
     sender: Sender
     embedded: EmbeddedRedis | None = None
-    schedules: ScheduleStore = field(init=False, repr=False)
+    schedule_store: ScheduleStore = field(init=False, repr=False)
+    tasks: TaskOperations = field(init=False, repr=False)
+    schedules: ScheduleOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -94,9 +98,12 @@ class Wheel:
                         max_pending=settings.max_concurrency * 20, tokens=tokens)
         wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
                     sender, embedded)
-        wheel.schedules = ScheduleStore(
-            store, default_timeout=min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds))
-        wheel.materializer = Materializer(store, wheel.schedules, clock,
+        limits = TaskLimits(max_horizon_seconds=settings.max_horizon_seconds,
+                            batch_deadline_seconds=settings.batch_deadline_seconds)
+        wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
+        wheel.tasks = TaskOperations(store, clock, policy, limits, metrics)
+        wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
+        wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:
             await store.init()

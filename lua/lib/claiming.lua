@@ -1,5 +1,5 @@
--- Claim replies: {more, n, old, then n times: key, and the record's head, flow and url}.
--- (old: 1 when the bucket still holds keys of the v1 layout; claim.lua sets it.)
+-- Claim replies (claim.lua, unpark.lua): {more, n, then n times: key, and the record's head,
+-- flow and url}.
 
 local function emit(out, key, tkey, h)
   out[#out + 1] = key

@@ -12,9 +12,10 @@ from tests.conftest import START_MS
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
 from timewheel.models import TaskFields
-from timewheel.store import CONFLICT, CREATED, EXISTS, Store
+from timewheel.operations.prepare import prepare
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import get_many, schedule_many
-from timewheel.store.record import NewTask, prepare
+from timewheel.store.record import NewTask
 
 from .conftest import node_clients, once_each, slot_owners, wait_finished
 from .test_cluster import keys_in_every_bucket
@@ -37,7 +38,7 @@ async def test_schedule_many_splits_by_node_and_recovers_noscript(
     order (a key given twice), and every record on the master serving its bucket."""
     keys = keys_in_every_bucket(cluster_store.keys, 3)
     first = [new_task(k, START_MS + 5000) for k in keys[:24]]
-    assert await schedule_many(cluster_store, first, START_MS) == [CREATED] * 24
+    assert await schedule_many(cluster_store, first, START_MS) == [ScheduleReply.CREATED] * 24
     sha = cluster_store.scripts.schedule.sha
     for conn in node_clients(cluster):
         with conn:
@@ -47,7 +48,8 @@ async def test_schedule_many_splits_by_node_and_recovers_noscript(
     second += [new_task(keys[0], START_MS + 5000), new_task(keys[1], START_MS + 9000),
                new_task(keys[30], START_MS + 5000)]
     codes = await schedule_many(cluster_store, second, START_MS)
-    assert codes == [CREATED] * 24 + [EXISTS, CONFLICT, EXISTS]
+    assert codes == [ScheduleReply.CREATED] * 24 + [
+        ScheduleReply.EXISTS, ScheduleReply.CONFLICT, ScheduleReply.EXISTS]
 
     owners = slot_owners(cluster)
     for node in cluster.nodes:

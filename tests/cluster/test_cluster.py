@@ -29,7 +29,7 @@ from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskStatus
-from timewheel.store import CREATED, REPLACED, Outcome, Store
+from timewheel.store import Outcome, ScheduleReply, Store
 from timewheel.store.connection import make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.listing import list_tasks
@@ -129,9 +129,10 @@ class Wheel:
         store, s = self.store, self.special
         for i, key in enumerate(self.keys):
             task = new_task(key, START_MS + 2000 + i * 2500)
-            assert await store.schedule(task, replace=False, now_ms=START_MS) == CREATED
+            assert await store.schedule(task, replace=False,
+                    now_ms=START_MS) == ScheduleReply.CREATED
         assert await store.schedule(new_task(s["replace"], START_MS + 150_000), replace=True,
-                                    now_ms=START_MS) == REPLACED
+                                    now_ms=START_MS) == ScheduleReply.REPLACED
         assert await store.cancel(s["cancel"], now_ms=START_MS) == 1
         while self.clock.now_ms() <= START_MS + 200_000:
             now = self.clock.now_ms()
@@ -262,7 +263,8 @@ async def test_buckets_spread_over_all_three_masters(cluster: RedisCluster,
     keys = keys_in_every_bucket(cluster_store.keys, 1)
     for key in keys:
         task = new_task(key, START_MS + 5000)
-        assert await cluster_store.schedule(task, replace=False, now_ms=START_MS) == CREATED
+        assert await cluster_store.schedule(task, replace=False,
+                now_ms=START_MS) == ScheduleReply.CREATED
     for node in cluster.nodes:
         with node.client() as conn:
             held = {k.decode() for k in conn.scan_iter(match="{tw:*}:t:*")}

@@ -22,7 +22,7 @@ from timewheel.errors import StoreUnavailable
 from timewheel.models import parse_execute_at
 from timewheel.store.connection import make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
-from timewheel.store.task_store import redis_errors
+from timewheel.store.redis_errors import redis_errors
 
 from .conftest import early_arrivals, keys_in_buckets, post_batch, wait_finished
 

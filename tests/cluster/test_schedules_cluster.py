@@ -15,7 +15,10 @@ from tests.support.redis_server import RedisCluster
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.occurrences import next_after
 from timewheel.models import ScheduleCreate, TaskStatus
-from timewheel.store import CONFLICT, Store
+from timewheel.operations.prepare import template_task
+from timewheel.operations.schedules import schedule_store, spec_of
+from timewheel.store import ScheduleReply, Store
+from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import ScheduleStore, occurrence_task
 
 from .conftest import node_clients, slot_owners
@@ -26,18 +29,24 @@ NOW = START_MS
 URL = "http://127.0.0.1:9/cb"  # never called: no ticker runs here
 
 
+def bare_template() -> NewTask:
+    """The prepared template of a schedule whose task names only its callback."""
+    return template_task({"callback_url": URL}, default_timeout=10.0)
+
+
 def materializer(store: Store, schedules: ScheduleStore) -> Materializer:
     return Materializer(store, schedules, clock=None, tick_ms=1000)  # type: ignore[arg-type]
 
 
 async def test_schedules_on_a_cluster(cluster: RedisCluster, cluster_store: Store,
                                       cluster_redis: AsyncRedisCluster) -> None:
-    schedules = ScheduleStore(cluster_store, default_timeout=10.0)
+    schedules = schedule_store(cluster_store, default_timeout=10.0)
     ids = [f"c{i}" for i in range(48)]
     assert {schedules.bucket_of(i) for i in ids} == set(range(16))
     body = ScheduleCreate.model_validate({"every": 1, "task": {"callback_url": URL}})
     for i in ids:
-        assert (await schedules.put(i, body, now_ms=NOW, next_after=next_after))[0] == 0
+        assert (await schedules.put(i, spec_of(body), paused=False, now_ms=NOW,
+                                    next_after=next_after))[0] == 0
 
     # Schedules live on every master, in their buckets' slots.
     owners = slot_owners(cluster)
@@ -48,7 +57,7 @@ async def test_schedules_on_a_cluster(cluster: RedisCluster, cluster_store: Stor
                 holding.add(conn.connection_pool.connection_kwargs["port"])
     assert holding == set(owners.values()) and len(holding) == 3
 
-    first, second = (materializer(cluster_store, ScheduleStore(cluster_store,
+    first, second = (materializer(cluster_store, schedule_store(cluster_store,
                                                                default_timeout=10.0))
                      for _ in range(2))
     for step in range(4):
@@ -67,11 +76,12 @@ async def test_schedules_on_a_cluster(cluster: RedisCluster, cluster_store: Stor
     statuses = await schedules.task_statuses([f"c0.{occ}" for occ in outstanding])
     assert statuses == [TaskStatus.CANCELLED] * 5
     tomb: Any = await schedules.tombstone(
-        occurrence_task("c0", NOW + 9000, {"callback_url": URL}, default_timeout=10.0),
+        occurrence_task("c0", NOW + 9000, bare_template()),
         now_ms=NOW + 4001)
     assert tomb is True
-    late = occurrence_task("c0", NOW + 9000, {"callback_url": URL}, default_timeout=10.0)
-    assert await cluster_store.schedule(late, replace=False, now_ms=NOW + 4002) == CONFLICT
+    late = occurrence_task("c0", NOW + 9000, bare_template())
+    assert await cluster_store.schedule(late, replace=False,
+            now_ms=NOW + 4002) == ScheduleReply.CONFLICT
 
     # The listing merges every bucket, on every node, in id order.
     seen: list[str] = []

@@ -1,4 +1,4 @@
-"""create_app: the FastAPI application, its lifespan and its error mapping."""
+"""create_app: the FastAPI application, its lifespan and its error mapping (api/errors.py)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,16 @@ from starlette.routing import Match, Route
 from starlette.staticfiles import StaticFiles
 
 from timewheel import __version__
-from timewheel.api import attempts, batch, flows, ops, schedules, stats, tasks, ui
+from timewheel.api import attempts, batch, errors, flows, ops, schedules, stats, tasks, ui
 from timewheel.api.deps import require_token
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
 from timewheel.clock import Clock
 from timewheel.delivery.senders import Sender
-from timewheel.errors import NotReplicated, StoreUnavailable, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
 from timewheel.models import MAX_BODY_BYTES
 from timewheel.service import Wheel
 from timewheel.settings import Settings
-from timewheel.store.record import BodyTooLarge
 from timewheel.tracing import Tracing
 
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's files (fastapi-offline ships them)
@@ -117,35 +115,4 @@ def _error_handlers(app: FastAPI) -> None:
             exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
         return await http_exception_handler(request, exc)
 
-    @app.exception_handler(TaskNotFound)
-    async def not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(TaskConflict)
-    async def conflict(request: Request, exc: TaskConflict) -> JSONResponse:
-        # The body is the task view (when there is one) plus the reason.
-        body: dict[str, Any] = exc.view.model_dump(mode="json") if exc.view else {}
-        body["detail"] = str(exc)
-        return JSONResponse(body, status_code=409)
-
-    @app.exception_handler(StoreUnavailable)
-    async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": "Redis is unavailable; try again later"},
-                            status_code=503, headers={"Retry-After": "1"})
-
-    @app.exception_handler(NotReplicated)
-    async def not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
-        # The write is on the Redis master and cannot be taken back; the client must know that
-        # it was not acknowledged, and that repeating the request is safe.
-        return JSONResponse({"detail": (
-            f"not acknowledged: the change was written to the Redis master, but only "
-            f"{exc.confirmed} of the {exc.wanted} replicas required "
-            f"(TIMEWHEEL_REDIS_WAIT_REPLICAS) confirmed it within {exc.timeout_ms} ms, so it "
-            "may or may not survive a failover of that master. Repeating the same request is "
-            "safe; read the resource back to see its state.")},
-            status_code=503, headers={"Retry-After": "1"})
-
-    @app.exception_handler(BodyTooLarge)
-    async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
-        return JSONResponse({"detail": [{"type": "too_large", "loc": ["body", "body"],
-                                         "msg": str(exc)}]}, status_code=413)
+    errors.install(app)

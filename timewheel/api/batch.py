@@ -1,9 +1,10 @@
 """``POST /tasks/batch``: schedule up to 1000 tasks in one request (docs/api.md).
 
 Each item is validated on its own, exactly as ``POST /tasks`` validates its body (the model, then
-``_prepare``'s settings-dependent limits), and an invalid item is that item's 422 while the
-others are stored. The valid ones are stored through pipelined ``schedule`` calls
-(``store/batch.py``): one round trip for the whole batch on a single Redis.
+the settings-dependent limits of ``TaskOperations.prepare``), and an invalid item is that item's
+422 while the others are stored. The valid ones are stored through pipelined ``schedule`` calls
+(``TaskOperations.create_many``, ``store/batch.py``): one round trip for the whole batch on a
+single Redis.
 
 - Item statuses: 201 created, 200 an identical task exists, 409 the key holds other content,
   422 invalid. An item whose encoded ``body`` is over 1 MiB is a 422 (``type: too_large``):
@@ -23,22 +24,22 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
 from timewheel.api.deps import WheelDep
+from timewheel.api.errors import validation_error
 from timewheel.api.routing import TaskRoute
-from timewheel.api.tasks import _prepare
 from timewheel.api.views import body_value, task_view
+from timewheel.errors import BodyTooLarge, InvalidInput
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
-from timewheel.store import CONFLICT, CREATED, EXISTS
-from timewheel.store.batch import get_many, schedule_many
-from timewheel.store.record import BodyTooLarge, NewTask, new_key
+from timewheel.store import ScheduleReply
+from timewheel.store.record import NewTask, new_key
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
-_STATUS: dict[int, Literal[201, 200, 409]] = {CREATED: 201, EXISTS: 200, CONFLICT: 409}
+_STATUS: dict[ScheduleReply, Literal[201, 200, 409]] = {
+    ScheduleReply.CREATED: 201, ScheduleReply.EXISTS: 200, ScheduleReply.CONFLICT: 409}
 _VALID_KEY = re.compile(KEY_PATTERN)
 _ITEMS = TypeAdapter(list[TaskCreate])
 
@@ -75,11 +76,12 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
     for index, item in enumerate(body.tasks):
         try:
             fields = valid[index] if valid is not None else TaskCreate.model_validate(item)
-            task = _prepare(wheel, fields, fields.key or new_key(), now)
+            task = wheel.tasks.prepare(fields, fields.key or new_key(), now)
         except ValidationError as exc:
             errors = _item_errors(index, exc.errors(include_url=False))
-        except RequestValidationError as exc:  # a settings limit (horizon, timeout, network)
-            errors = _item_errors(index, [{**e, "loc": e["loc"][1:]} for e in exc.errors()])
+        except InvalidInput as exc:  # a settings limit (horizon, timeout, network)
+            error = validation_error(exc)
+            errors = _item_errors(index, [{**error, "loc": exc.loc[1:]}])
         except BodyTooLarge as exc:
             errors = _item_errors(index, [{"type": "too_large", "loc": ("body",),
                                            "msg": str(exc)}])
@@ -90,24 +92,19 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
             continue
         results.append({"key": _given_key(item), "status": 422, "task": None, "detail": errors})
 
-    codes = await schedule_many(wheel.store, tasks, now)
-    existing = [task.key for task, code in zip(tasks, codes, strict=True) if code != CREATED]
-    views = dict(zip(existing, await get_many(wheel.store, existing), strict=True))
+    codes, existing = await wheel.tasks.create_many(tasks, now)
     times = Times()
     created_at = times(now)
     for task, code, index in zip(tasks, codes, positions, strict=True):
-        if code == CREATED:
+        if code is ScheduleReply.CREATED:
             view: dict[str, Any] | None = created_view(task, created_at, times)
-        else:
-            # None: expired meanwhile, or past the byte budget of get_many (a conflicting
-            # task with a large body)
-            found = views[task.key]
-            view = (task_view(found).model_dump(mode="json")
-                    if found is not None and found.headers is not None else None)
+        else:  # None: expired meanwhile, or its body too large to read with the others
+            found = existing[task.key]
+            view = task_view(found).model_dump(mode="json") if found is not None else None
         results[index] = {
             "key": task.key, "status": _STATUS[code], "task": view,
-            "detail": f"task {task.key!r} exists with other content" if code == CONFLICT else None}
-    wheel.metrics.scheduled.inc(codes.count(CREATED))
+            "detail": (f"task {task.key!r} exists with other content"
+                       if code is ScheduleReply.CONFLICT else None)}
     # Plain dicts, encoded once: BatchResult and TaskView objects for 1000 items (and FastAPI's
     # validation of a returned model) cost more than storing the tasks; tests/test_api_batch.py
     # checks these dicts against the models.

@@ -1,18 +1,16 @@
-"""``/tasks``: schedule, replace, cancel, inspect, list and search, replay (docs/api.md)."""
+"""``/tasks``: schedule, replace, cancel, inspect, list and search, replay (docs/api.md).
+Each handler parses, calls the task operations (timewheel/operations/tasks.py) and shows the
+result; api/errors.py maps their errors to status codes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
-from fastapi.exceptions import RequestValidationError
 
 from timewheel.api.deps import WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.views import task_view
-from timewheel.delivery.netguard import BlockedAddress
-from timewheel.errors import TaskConflict, TaskNotFound
 from timewheel.models import (
     KEY_PATTERN,
     TaskCreate,
@@ -22,71 +20,14 @@ from timewheel.models import (
     TaskStatus,
     TaskView,
 )
-from timewheel.service import Wheel
-from timewheel.store import CONFLICT, CREATED, EXISTS, NOT_ALLOWED, NOT_FOUND, TOO_FEW_ATTEMPTS
-from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor
-from timewheel.store.listing import list_tasks as list_page
-from timewheel.store.record import DEFAULT_TIMEOUT_SECONDS, NewTask, due_ms, new_key, prepare
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
 TaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
-# A first callback usually goes to a local receiver: the refusal says how to allow it.
-ALLOW_PRIVATE_HINT = ("set TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve "
-                      "--allow-private-networks) to allow it")
 _CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such task"}, 409: {"description": "conflict"},
     413: {"description": "body too large"}, 503: {"description": "Redis unavailable"},
 }
-
-
-def _invalid(field: str, message: str, value: object) -> RequestValidationError:
-    return RequestValidationError([{"type": "value_error", "loc": ("body", field),
-                                    "msg": message, "input": value}])
-
-
-def _within_horizon(wheel: Wheel, delay: float | None, execute_at: object,
-                    due: Callable[[], int], now: int) -> int:
-    """The due time, or 422 when it is beyond TIMEWHEEL_MAX_HORIZON_SECONDS."""
-    horizon = wheel.settings.max_horizon_seconds
-    # The delay is compared before it is turned into milliseconds: 1e305 s would overflow.
-    if delay is None or delay <= horizon:
-        due_at = due()
-        if due_at - now <= horizon * 1000:
-            return due_at
-    field, value = ("delay", delay) if delay is not None else ("execute_at", execute_at)
-    raise _invalid(field, f"is more than {horizon:g}s ahead (TIMEWHEEL_MAX_HORIZON_SECONDS)",
-                   value)
-
-
-def _prepare(wheel: Wheel, fields: TaskFields, key: str, now: int) -> NewTask:
-    """Limits that depend on settings, then the record to store. Raises 422 on bad input."""
-    settings = wheel.settings
-    if fields.timeout is not None and fields.timeout > settings.batch_deadline_seconds:
-        raise _invalid("timeout", "must be at most the batch deadline "
-                       f"({settings.batch_deadline_seconds:g}s)", fields.timeout)
-    _within_horizon(wheel, fields.delay, fields.execute_at,
-                    lambda: due_ms(fields, now), now)
-    try:
-        wheel.policy.check_url_host(fields.callback_url)
-    except BlockedAddress as exc:
-        raise _invalid("callback_url", f"{exc}; {ALLOW_PRIVATE_HINT}", fields.callback_url
-                       ) from exc
-    default_timeout = min(DEFAULT_TIMEOUT_SECONDS, settings.batch_deadline_seconds)
-    return prepare(fields, key, now, default_timeout=default_timeout)
-
-
-async def _existing_view(wheel: Wheel, key: str) -> TaskView:
-    record = await wheel.store.get(key)
-    if record is None:  # expired between the script and this read
-        raise TaskNotFound(key)
-    return task_view(record)
-
-
-async def _view_or_none(wheel: Wheel, key: str) -> TaskView | None:
-    """The view a 409 carries (None: the task expired meanwhile)."""
-    record = await wheel.store.get(key)
-    return None if record is None else task_view(record)
 
 
 @router.post("", status_code=201, response_model=TaskView, responses={
@@ -94,18 +35,12 @@ async def _view_or_none(wheel: Wheel, key: str) -> TaskView | None:
     **_CONFLICT_RESPONSES})
 async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> TaskView:
     """Schedule a task. Repeating the same request with the same key is safe (200)."""
-    key = body.key or new_key()
-    now = wheel.clock.now_ms()
-    task = _prepare(wheel, body, key, now)
-    code = await wheel.store.schedule(task, replace=False, now_ms=now)
-    if code == CONFLICT:
-        raise TaskConflict(f"task {key!r} exists with other content")
-    if code == EXISTS:
+    result = await wheel.tasks.create(body)
+    if result.created:
+        response.headers["Location"] = f"/tasks/{result.record.key}"
+    else:
         response.status_code = 200
-        return await _existing_view(wheel, key)
-    wheel.metrics.scheduled.inc()
-    response.headers["Location"] = f"/tasks/{key}"
-    return task_view(task.as_record(now))
+    return task_view(result.record)
 
 
 @router.put("/{key}", response_model=TaskView, responses={201: {"description": "created"},
@@ -113,14 +48,11 @@ async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> 
 async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
                        response: Response) -> TaskView:
     """Create the task, or replace (reschedule) it if it has not finished."""
-    now = wheel.clock.now_ms()
-    task = _prepare(wheel, body, key, now)
-    code = await wheel.store.schedule(task, replace=True, now_ms=now)
-    wheel.metrics.scheduled.inc()
-    if code == CREATED:
+    result = await wheel.tasks.replace(key, body)
+    if result.created:
         response.status_code = 201
         response.headers["Location"] = f"/tasks/{key}"
-    return task_view(task.as_record(now))
+    return task_view(result.record)
 
 
 @router.patch("/{key}", response_model=TaskView, responses={
@@ -131,37 +63,20 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
     timeout, backoff, attempts so far. A task being delivered right now is treated as ``PUT``
     treats it: its claim is dropped, so an attempt not yet sent is not sent and the task fires
     at the new time; an attempt already sent may still arrive."""
-    now = wheel.clock.now_ms()
-    due = _within_horizon(wheel, body.delay, body.execute_at, lambda: body.due_ms(now), now)
-    code = await wheel.store.reschedule(key, due_ms=due, max_attempts=body.max_attempts,
-                                        now_ms=now)
-    if code == NOT_FOUND:
-        raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
-        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
-    if code == TOO_FEW_ATTEMPTS:
-        made = (await _existing_view(wheel, key)).attempts
-        raise _invalid("max_attempts", f"must be more than the {made} attempts already made",
-                       body.max_attempts)
-    return await _existing_view(wheel, key)
+    return task_view(await wheel.tasks.reschedule(key, body))
 
 
 @router.delete("/{key}", status_code=204, response_class=Response,
                responses=_CONFLICT_RESPONSES)
 async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     """Cancel: once this returns 204, no attempt starts (one in flight may still arrive)."""
-    code = await wheel.store.cancel(key, now_ms=wheel.clock.now_ms())
-    if code == NOT_FOUND:
-        raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
-        raise TaskConflict(f"task {key!r} has already finished", await _view_or_none(wheel, key))
-    wheel.metrics.cancelled.inc()
+    await wheel.tasks.cancel(key)
     return Response(status_code=204)
 
 
 @router.get("/{key}", response_model=TaskView, responses=_CONFLICT_RESPONSES)
 async def get_task(key: TaskKey, wheel: WheelDep) -> TaskView:
-    return await _existing_view(wheel, key)
+    return task_view(await wheel.tasks.get(key))
 
 
 @router.get("", response_model=TaskList, responses=_CONFLICT_RESPONSES)
@@ -178,26 +93,12 @@ async def list_tasks(
     delivering by lease, finished ones (failed: the dead letters) newest first. Each page reads
     a bounded number of index entries, so a page may hold fewer than ``limit`` tasks (even
     none) and still have a ``next_cursor``: follow it until it is null."""
-    after = None
-    if cursor is not None:
-        try:
-            after = decode_cursor(status, cursor)
-        except BadCursor as exc:
-            raise RequestValidationError([{"type": "value_error", "loc": ("query", "cursor"),
-                                           "msg": str(exc), "input": cursor}]) from exc
-    records, following = await list_page(wheel.store, status, key_prefix=key_prefix, limit=limit,
-                                       cursor=after)
-    return TaskList(tasks=[task_view(record) for record in records],
-                    next_cursor=encode_cursor(status, following) if following else None)
+    records, following = await wheel.tasks.page(status, key_prefix=key_prefix, limit=limit,
+                                                cursor=cursor)
+    return TaskList(tasks=[task_view(record) for record in records], next_cursor=following)
 
 
 @router.post("/{key}/replay", response_model=TaskView, responses=_CONFLICT_RESPONSES)
 async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
     """Schedule a failed or cancelled task again, now, with its attempts reset."""
-    code = await wheel.store.replay(key, now_ms=wheel.clock.now_ms())
-    if code == NOT_FOUND:
-        raise TaskNotFound(key)
-    if code == NOT_ALLOWED:
-        raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
-                           await _view_or_none(wheel, key))
-    return await _existing_view(wheel, key)
+    return task_view(await wheel.tasks.replay(key))

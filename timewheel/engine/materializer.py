@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from timewheel.clock import Clock
+from timewheel.domain import FINISHED
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
-from timewheel.models import FINISHED
-from timewheel.store import CONFLICT, CREATED, Store
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.record import NewTask
 from timewheel.store.schedule_store import (
@@ -39,7 +39,6 @@ from timewheel.store.schedule_store import (
     ScheduleStore,
     occurrence_key,
     occurrence_task,
-    template_task,
 )
 
 log = logging.getLogger(__name__)
@@ -171,8 +170,7 @@ class Materializer:
             if base is None:  # a template that no longer validates: it can never fire
                 log.error("schedule %s: occurrence %d cannot become a task", schedule_id, occ)
                 continue
-            tasks.append(occurrence_task(schedule_id, occ, base,
-                                         default_timeout=self._schedules.default_timeout))
+            tasks.append(occurrence_task(schedule_id, occ, base))
             where.append(n)
         if not tasks:
             return done
@@ -184,9 +182,9 @@ class Materializer:
                 done[n] = False
             return done
         for task, code in zip(tasks, codes, strict=True):
-            if code == CREATED:
+            if code is ScheduleReply.CREATED:
                 self.created += 1
-            elif code == CONFLICT:  # cancelled by a pause or delete before it was created
+            elif code is ScheduleReply.CONFLICT:  # cancelled (a pause, a delete) before created
                 log.debug("occurrence %s exists with other content", task.key)
         return done
 
@@ -248,8 +246,7 @@ class Materializer:
         if spec is None:
             raw = json.loads(text)
             try:
-                task: NewTask | None = template_task(
-                    raw["task"], default_timeout=self._schedules.default_timeout)
+                task: NewTask | None = self._schedules.template_task(raw["task"])
             except ValueError:
                 log.exception("schedule %s: its task template does not validate", schedule_id)
                 task = None

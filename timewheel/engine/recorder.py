@@ -25,14 +25,13 @@ from timewheel.engine.attempt import Attempt
 from timewheel.engine.batching import BucketBatcher
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
-from timewheel.store import Outcome, Store
+from timewheel.store import CompleteReply, Outcome, ParkReply, ReleaseReply, Store
 from timewheel.store.record import Started
 
 log = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 1.0
-STALE = 0  # lua/complete.lua: the claim was not ours any more
 
 
 class Recorder:
@@ -41,10 +40,11 @@ class Recorder:
         self._clock = clock
         self._metrics = metrics
         self._starts: BucketBatcher[tuple[str, str], Started] = BucketBatcher(self._flush_starts)
-        self._completes: BucketBatcher[Outcome, int] = BucketBatcher(self._flush_completes)
-        self._releases: BucketBatcher[tuple[str, str], int] = BucketBatcher(
+        self._completes: BucketBatcher[Outcome, CompleteReply] = BucketBatcher(
+            self._flush_completes)
+        self._releases: BucketBatcher[tuple[str, str], ReleaseReply] = BucketBatcher(
             lambda bucket, claims: self._store.release(bucket, claims))
-        self._parks: BucketBatcher[tuple[str, str], int] = BucketBatcher(
+        self._parks: BucketBatcher[tuple[str, str], ParkReply] = BucketBatcher(
             lambda bucket, claims: self._store.park(bucket, claims))
         self._background: set[asyncio.Task[Any]] = set()
         self._handed_back = 0
@@ -61,7 +61,7 @@ class Recorder:
 
     async def park(self, attempt: Attempt) -> bool:
         """Whether the claim was parked (False: not ours any more). Raises StoreUnavailable."""
-        return bool(await self._parks.submit(attempt.task.bucket, attempt.claim))
+        return await self._parks.submit(attempt.task.bucket, attempt.claim) == ParkReply.PARKED
 
     async def record(self, attempt: Attempt, outcome: Outcome) -> bool:
         """Store the outcome and its history entry. False when it could not be stored before
@@ -70,7 +70,7 @@ class Recorder:
         result = await self._keep_trying(
             lambda: self._completes.submit(attempt.task.bucket, outcome), lease_end,
             f"outcome of {attempt.task.key}")
-        if result == STALE:
+        if result == CompleteReply.STALE:
             log.info("outcome of %s dropped: replaced or re-claimed meanwhile",
                      attempt.task.key)
         return result is not None
@@ -125,6 +125,7 @@ class Recorder:
                             claims: Sequence[tuple[str, str]]) -> list[Started]:
         return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
 
-    async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]) -> list[int]:
+    async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]
+                               ) -> list[CompleteReply]:
         return await self._store.complete(bucket, now_ms=self._clock.now_ms(),
                                           outcomes=outcomes)

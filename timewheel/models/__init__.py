@@ -1,6 +1,8 @@
 """Request and response models of the HTTP API, shared by the service and the client.
-One module per resource; everything is re-exported here."""
+One module per resource; everything is re-exported here, with the plain values of
+timewheel/domain.py that the models use (TaskStatus, Method, ...)."""
 
+from timewheel.domain import FINISHED, KEY_PATTERN, Method, TaskStatus
 from timewheel.models.attempts import AttemptList, AttemptOutcome, AttemptView
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
@@ -13,18 +15,14 @@ from timewheel.models.schedules import (
     ScheduleView,
 )
 from timewheel.models.tasks import (
-    FINISHED,
-    KEY_PATTERN,
     MAX_BACKOFF_SECONDS,
     MAX_BODY_BYTES,
     MAX_HEADERS,
     MAX_URL_LENGTH,
-    Method,
     TaskCreate,
     TaskFields,
     TaskList,
     TaskReschedule,
-    TaskStatus,
     TaskView,
     epoch_ms_ceil,
     format_ms,

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
-from enum import StrEnum
-from functools import lru_cache
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -22,11 +18,12 @@ from pydantic import (
     model_validator,
 )
 
+from timewheel.domain import KEY_PATTERN, Method, TaskStatus, callback_url
+
 MAX_URL_LENGTH = 2048
 MAX_HEADERS = 50
 MAX_BODY_BYTES = 1024 * 1024
 MAX_BACKOFF_SECONDS = 3600  # also the bound of Backoff below
-KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 # RFC 9110 token: the characters a header name may hold.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _FORBIDDEN_VALUE_CHARS = re.compile(r"[\r\n\x00]")
@@ -41,24 +38,6 @@ _RFC3339 = re.compile(
 )
 
 
-class Method(StrEnum):
-    GET = "GET"
-    POST = "POST"
-    PUT = "PUT"
-    PATCH = "PATCH"
-    DELETE = "DELETE"
-
-
-class TaskStatus(StrEnum):
-    SCHEDULED = "scheduled"
-    DELIVERING = "delivering"
-    RETRYING = "retrying"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-FINISHED = frozenset({TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 Number = StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
 # Bounds go on each member of the union: on the union itself pydantic cannot express them in
 # JSON Schema, and /openapi.json would lose them.
@@ -102,42 +81,6 @@ def format_ms(ms: int | None) -> str | None:
         return None
     moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
-
-
-@dataclass(frozen=True, slots=True)
-class CallbackURL:
-    """What the service reads from a ``callback_url``, parsed once (``callback_url``)."""
-
-    problem: str | None  # why it is refused (the 422's message); None: a valid callback URL
-    flow: str | None  # a valid URL's default flow (store/record.py ``default_flow``)
-
-
-# ``str.isspace()`` or below U+0020: the same set, checked over every code point.
-_SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f]")
-
-
-@lru_cache(maxsize=2048)
-def callback_url(url: str) -> CallbackURL:
-    """A callback URL's verdict and default flow. Validation, the flow of a task without a
-    ``flow_key`` and the requests of a batch (1000 items at most, validated before any is
-    prepared) find it here instead of parsing the URL again; a URL of 2 KiB at most
-    (MAX_URL_LENGTH) keeps the cache under ~10 MB."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a bad port
-    except ValueError as exc:
-        return CallbackURL(f"not a valid URL: {exc}", None)
-    scheme = parts.scheme.lower()
-    hostname = parts.hostname
-    if scheme not in ("http", "https") or not hostname:
-        return CallbackURL("must be an absolute http:// or https:// URL", None)
-    if _SPACE_OR_CONTROL.search(url):
-        return CallbackURL("must not contain whitespace or control characters", None)
-    # Without an "@" in the netloc, urllib's username and password are None.
-    if "@" in parts.netloc and (parts.username is not None or parts.password is not None):
-        return CallbackURL("must not carry user:password (put credentials in headers)", None)
-    host = hostname.lower().replace(":", "-")
-    return CallbackURL(None, f"{host}:{port or (443 if scheme == 'https' else 80)}")
 
 
 class TaskFields(BaseModel):

@@ -1,18 +1,17 @@
-"""Redis only: key names, the Lua scripts, the task record, the Store, the connection and the
-embedded redis-server. Nothing here knows HTTP or the engine."""
+"""Redis only: key names, the Lua scripts and their replies, the task record, the Store, the
+connection and the embedded redis-server. Nothing here knows HTTP, the API's models or the
+engine."""
 
-from timewheel.store.task_store import (
-    CONFLICT,
-    CREATED,
-    EXISTS,
-    NOT_ALLOWED,
-    NOT_FOUND,
-    REPLACED,
-    RESCHEDULED,
-    TOO_FEW_ATTEMPTS,
-    Outcome,
-    Store,
+from timewheel.store.replies import (
+    CancelReply,
+    CompleteReply,
+    ParkReply,
+    ReleaseReply,
+    ReplayReply,
+    RescheduleReply,
+    ScheduleReply,
 )
+from timewheel.store.task_store import Outcome, Store
 
-__all__ = ["CONFLICT", "CREATED", "EXISTS", "NOT_ALLOWED", "NOT_FOUND", "REPLACED", "RESCHEDULED",
-           "TOO_FEW_ATTEMPTS", "Outcome", "Store"]
+__all__ = ["CancelReply", "CompleteReply", "Outcome", "ParkReply", "ReleaseReply", "ReplayReply",
+           "RescheduleReply", "ScheduleReply", "Store"]

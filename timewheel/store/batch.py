@@ -33,7 +33,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from timewheel.store.durability import Call, DurableScript, run_acknowledged
 from timewheel.store.record import NewTask, TaskRecord
-from timewheel.store.task_store import Store, redis_errors
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import ScheduleReply
+from timewheel.store.task_store import Store
 
 
 def rounds(keys: Sequence[str]) -> list[list[int]]:
@@ -50,10 +52,11 @@ def rounds(keys: Sequence[str]) -> list[list[int]]:
     return result
 
 
-async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int) -> list[int]:
+async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
+                        ) -> list[ScheduleReply]:
     """Create ``tasks`` (never replace): CREATED, EXISTS or CONFLICT for each, in order, as
     ``Store.schedule(task, replace=False)`` answers for one."""
-    codes: list[int] = [0] * len(tasks)
+    codes: list[ScheduleReply] = [ScheduleReply.CREATED] * len(tasks)
     batch_id = secrets.token_hex(8)
     async with redis_errors("schedule_many"):
         for indexes in rounds([task.key for task in tasks]):
@@ -71,7 +74,7 @@ def _script_args(store: Store, task: NewTask, now_ms: int, request_id: str
 
 
 async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[Any]]]
-                          ) -> list[int]:
+                          ) -> list[ScheduleReply]:
     """One pipeline of script calls on distinct tasks; NOSCRIPT answers re-run one by one."""
     script = store.scripts.schedule
     commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
@@ -92,7 +95,7 @@ async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[An
             reply = await script(keys=keys, args=args)
         elif isinstance(reply, Exception):  # also a cluster's "TTL exhausted" (a RedisError)
             raise reply
-        codes.append(int(reply))
+        codes.append(ScheduleReply(int(reply)))
     return codes
 
 

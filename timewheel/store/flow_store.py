@@ -16,10 +16,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from timewheel.store.keys import Keyspace
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import FlowLimitsReply
 from timewheel.store.scripts import Scripts
-from timewheel.store.task_store import redis_errors
-
-WAIT_FOR_RELEASE = -1  # PermitReply.wait_ms: the flow is at its parallelism
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +32,7 @@ class StoredLimits:
 @dataclass(frozen=True, slots=True)
 class PermitReply:
     granted: int  # the first `granted` of the wanted permit ids are held now
-    wait_ms: int  # when short: WAIT_FOR_RELEASE, or ms until the rate window has room
+    wait_ms: int  # when short: -1 wait for a release, or ms until the rate window has room
     in_flight: int
     room: int  # how many more permits could be taken now (< 0: over a lowered limit)
     rated: bool  # the flow has a rate: starts are logged at the start times given
@@ -74,13 +73,13 @@ class FlowStore:
         """Store the limits (read by every permits call: in force at once). One script, so
         two PUTs racing each other leave one of them whole."""
         async with redis_errors("set flow limits"):
-            limited = int(await self.scripts.flow_limits(
+            reply = FlowLimitsReply(int(await self.scripts.flow_limits(
                 keys=[self.keys.flow(flow)],
                 args=["" if limits.parallelism is None else limits.parallelism,
-                      "" if limits.rate is None else repr(float(limits.rate))]))
+                      "" if limits.rate is None else repr(float(limits.rate))])))
             # The registry of configured flows lives in another slot: a hint for listings
             # and metrics, written after the limits themselves.
-            if limited:
+            if reply is FlowLimitsReply.LIMITED:
                 await self.redis.sadd(self.keys.configured_flows, flow)
             else:
                 await self.redis.srem(self.keys.configured_flows, flow)

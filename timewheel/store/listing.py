@@ -35,9 +35,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from timewheel.models import KEY_PATTERN, TaskStatus
+from timewheel.domain import KEY_PATTERN, TaskStatus
 from timewheel.store.record import TaskRecord
-from timewheel.store.task_store import redis_errors
+from timewheel.store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
     from timewheel.store.task_store import Store

@@ -6,11 +6,12 @@ indexes, and a script of either layout that meets a record of the other fails on
 before writing anything (layout-2 write scripts answer ``OLDLAYOUT``; reads treat it as no
 record of theirs).
 
-``migrate_v1`` runs in ``Store.init``, before a process claims or serves anything, and again
-in the background whenever a claim finds a v1 cursor in its bucket (a v1 process still
-writing during a rolling upgrade). A bucket was written by layout 1 if and only if it has the
-v1 cursor (``cursor``: every v1 create set it, nothing v1 ever deleted it). For each such
-bucket:
+``migrate_v1`` runs once per process, in ``Store.init``, before the process claims or serves
+anything; the claim path knows nothing of layout 1. A v1 process still writing during a
+rolling upgrade writes records that no layout-2 process claims or lists until one starts
+again (stop the v1 processes before the last restart). A bucket was written by layout 1 if and
+only if it has the v1 cursor (``cursor``: every v1 create set it, nothing v1 ever deleted it).
+For each such bucket:
 
 1. its v1 cursor is deleted first, so that a v1 process writing during the migration sets it
    again and the bucket is migrated once more;
@@ -33,14 +34,18 @@ import json
 import logging
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
 
 from timewheel.store import layout
+from timewheel.store.keys import Keyspace
 from timewheel.store.record import default_flow
-from timewheel.store.task_store import redis_errors
-
-if TYPE_CHECKING:
-    from timewheel.store.task_store import Store
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import MigrateReply
+from timewheel.store.scripts import source
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +127,22 @@ def _seen(row: dict[bytes, bytes]) -> str:
                         usedforsecurity=False).hexdigest()
 
 
-async def migrate_v1(store: Store, now_ms: int | None = None) -> int:
+class _Target:
+    """What the migration works on: the client, the wheel's keys and lua/migrate.lua."""
+
+    def __init__(self, redis: Redis | RedisCluster, keys: Keyspace) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.migrate_script: AsyncScript = redis.register_script(source("migrate"))
+
+
+async def migrate_v1(redis: Redis | RedisCluster, keys: Keyspace,
+                     now_ms: int | None = None) -> int:
     """Migrate every bucket that still has v1 keys; returns how many records were converted.
     ``now_ms`` places overdue pending tasks (default: Redis's clock)."""
-    keys = store.keys
+    target = _Target(redis, keys)
     async with redis_errors("migrate"):
-        pipe: Any = store.redis.pipeline(transaction=False)
+        pipe: Any = target.redis.pipeline(transaction=False)
         for bucket in range(keys.buckets):
             pipe.exists(keys.prefix(bucket) + V1_CURSOR)
         flags: list[Any] = await pipe.execute()
@@ -136,36 +151,36 @@ async def migrate_v1(store: Store, now_ms: int | None = None) -> int:
             return 0
         log.warning("migrating %d buckets written by layout 1 to layout 2", len(buckets))
         for bucket in buckets:
-            await store.redis.delete(keys.prefix(bucket) + V1_CURSOR)
-        migrated = await _records(store, now_ms)
+            await target.redis.delete(keys.prefix(bucket) + V1_CURSOR)
+        migrated = await _records(target, now_ms)
         for bucket in buckets:
-            await _drop_v1_indexes(store, bucket)
+            await _drop_v1_indexes(target, bucket)
     log.warning("migration to layout 2 done: %d task records converted", migrated)
     return migrated
 
 
-async def _records(store: Store, now_ms: int | None) -> int:
-    pattern = _glob("{" + store.keys.key_prefix + ":") + "*}:t:*"
+async def _records(target: _Target, now_ms: int | None) -> int:
+    pattern = _glob("{" + target.keys.key_prefix + ":") + "*}:t:*"
     batches: defaultdict[int, list[str]] = defaultdict(list)
     migrated = 0
-    async for name in store.redis.scan_iter(match=pattern, count=1000, _type="HASH"):
+    async for name in target.redis.scan_iter(match=pattern, count=1000, _type="HASH"):
         tag, _, key = name.decode().partition("}:t:")
         bucket = int(tag.rpartition(":")[2])  # the bucket the key is stored in
         batches[bucket].append(key)
         if len(batches[bucket]) >= BATCH:
-            migrated += await _batch(store, bucket, batches.pop(bucket), now_ms)
+            migrated += await _batch(target, bucket, batches.pop(bucket), now_ms)
     for bucket, batch in batches.items():
-        migrated += await _batch(store, bucket, batch, now_ms)
+        migrated += await _batch(target, bucket, batch, now_ms)
     return migrated
 
 
-async def _batch(store: Store, bucket: int, keys: list[str], now: int | None) -> int:
+async def _batch(target: _Target, bucket: int, keys: list[str], now: int | None) -> int:
     """Convert one bucket's records; a record changed between read and write is read again."""
     done = 0
     for _ in range(5):
-        pipe: Any = store.redis.pipeline(transaction=False)
+        pipe: Any = target.redis.pipeline(transaction=False)
         for key in keys:
-            pipe.hgetall(f"{store.keys.prefix(bucket)}t:{key}")
+            pipe.hgetall(f"{target.keys.prefix(bucket)}t:{key}")
         rows: list[dict[bytes, bytes]] = await pipe.execute()
         # Without a caller's time, lua/migrate.lua reads Redis's clock (the wheel's clock).
         args: list[Any] = ["" if now is None else now]
@@ -175,9 +190,11 @@ async def _batch(store: Store, bucket: int, keys: list[str], now: int | None) ->
             args += [key, _seen(row), from_v1(fields, now)]
         if not present:
             return done
-        reply = await store.migrate_script(keys=[store.keys.prefix(bucket)], args=args)
-        done += sum(1 for code in reply if int(code) == 1)
-        keys = [key for (key, _), code in zip(present, reply, strict=True) if int(code) == -1]
+        reply = await target.migrate_script(keys=[target.keys.prefix(bucket)], args=args)
+        codes = [MigrateReply(int(code)) for code in reply]
+        done += codes.count(MigrateReply.MIGRATED)
+        keys = [key for (key, _), code in zip(present, codes, strict=True)
+                if code is MigrateReply.CHANGED]
         if not keys:
             return done
     log.error("%d v1 records kept changing during the migration; they are left for the next "
@@ -185,10 +202,10 @@ async def _batch(store: Store, bucket: int, keys: list[str], now: int | None) ->
     return done
 
 
-async def _drop_v1_indexes(store: Store, bucket: int) -> None:
-    prefix = store.keys.prefix(bucket)
+async def _drop_v1_indexes(target: _Target, bucket: int) -> None:
+    prefix = target.keys.prefix(bucket)
     names = [prefix + name for name in V1_INDEXES]
-    async for name in store.redis.scan_iter(match=_glob(prefix) + "[mdcw]:*", count=1000):
+    async for name in target.redis.scan_iter(match=_glob(prefix) + "[mdcw]:*", count=1000):
         names.append(name.decode())
     for i in range(0, len(names), 500):
-        await store.redis.delete(*names[i:i + 500])
+        await target.redis.delete(*names[i:i + 500])

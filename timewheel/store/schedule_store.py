@@ -21,25 +21,29 @@ import hashlib
 import heapq
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
-from timewheel.errors import StoreUnavailable
-from timewheel.models import ScheduleCreate, TaskFields, TaskStatus
+from timewheel.domain import TaskStatus
 from timewheel.store.batch import get_many
-from timewheel.store.record import NewTask, prepare
+from timewheel.store.record import NewTask
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import (
+    SchedDeleteReply,
+    SchedPauseReply,
+    SchedPutReply,
+    SchedReserveReply,
+    SchedResumeReply,
+    SchedTombstoneReply,
+)
 from timewheel.store.task_store import Store
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
            "sched_delete", "sched_tombstone", "sched_due", "sched_checks")
-CREATED, REPLACED = 0, 1
-NOT_FOUND, STALE = -1, -3
 # The fingerprint of a tombstone: real ones are 64 hex digits, so a create never matches it.
 TOMBSTONE_FP = "tombstone"
 # Where a tombstone of a schedule that is long gone would call, if someone replayed it.
@@ -49,6 +53,10 @@ _CAS_TRIES = 10
 # When a schedule fires next, strictly after a given ms: (spec, after_ms) -> ms or None. The
 # engine computes it (timewheel.engine.occurrences); the store only stores the answer.
 NextAfter = Callable[[dict[str, Any], int], "int | None"]
+# A task template (the client's JSON) as the task it stands for, validated and prepared: given
+# by the service (timewheel/operations/prepare.py ``template_task``), since validating a
+# request is not the store's business. Raises ValueError when the template does not validate.
+TemplateTask = Callable[[dict[str, Any]], NewTask]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,33 +94,21 @@ class Reservation:
     occurrences: tuple[int, ...]
 
 
-def spec_json(spec: ScheduleCreate) -> str:
-    """The stored form of a schedule: the task only with the fields the client set, so an
-    occurrence's task is validated (and fingerprinted) exactly as the POST it stands for."""
-    return json.dumps({"cron": spec.cron, "every": spec.every, "timezone": spec.timezone,
-                       "task": spec.task.model_dump(mode="json", exclude_unset=True)},
-                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def spec_json(spec: dict[str, Any]) -> str:
+    """The stored form of a schedule, ``{cron, every, timezone, task}`` with the task only with
+    the fields the client set (operations/schedules.py ``spec_of``), so an occurrence's task is
+    validated (and fingerprinted) exactly as the POST it stands for."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def occurrence_key(schedule_id: str, occ_ms: int) -> str:
     return f"{schedule_id}.{occ_ms}"
 
 
-def template_task(template: dict[str, Any], *, default_timeout: float) -> NewTask:
-    """The template validated and prepared as a POST /tasks body (execute_at 0), once per
-    schedule version: its occurrences differ from it only in key, time and fingerprint.
-    Raises ValueError (pydantic's ValidationError) if the template does not validate."""
-    fields = TaskFields.model_validate({**template, "execute_at": 0})
-    return prepare(fields, "template", 0, default_timeout=default_timeout)
-
-
-def occurrence_task(schedule_id: str, occ_ms: int, template: dict[str, Any] | NewTask, *,
-                    default_timeout: float) -> NewTask:
-    """The task of one occurrence: the template with execute_at = the occurrence. Every
-    process builds the same record and fingerprint for it, so a second create of the same
-    occurrence answers EXISTS."""
-    base = (template if isinstance(template, NewTask)
-            else template_task(template, default_timeout=default_timeout))
+def occurrence_task(schedule_id: str, occ_ms: int, base: NewTask) -> NewTask:
+    """The task of one occurrence: the prepared template (``TemplateTask``) with execute_at =
+    the occurrence. Every process builds the same record and fingerprint for it, so a second
+    create of the same occurrence answers EXISTS."""
     fingerprint = hashlib.sha256(f"{base.fingerprint}:{occ_ms}".encode()).hexdigest()
     return replace(base, key=occurrence_key(schedule_id, occ_ms), due_ms=occ_ms,
                    fingerprint=fingerprint)
@@ -126,23 +122,14 @@ def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
 
 
-@asynccontextmanager
-async def redis_errors(what: str) -> AsyncIterator[None]:
-    """Redis failures as StoreUnavailable (the API's 503), keeping the cause."""
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
 class ScheduleStore:
     """Every read and write of schedules; the scripts' reply codes become values here."""
 
-    def __init__(self, store: Store, *, default_timeout: float,
+    def __init__(self, store: Store, *, template_task: TemplateTask,
                  keep_deleted_ms: int = 3_600_000, concurrency: int = 32) -> None:
         self.store = store
         self.redis = store.redis
-        self.default_timeout = default_timeout
+        self.template_task = template_task
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
         self.scripts: dict[str, AsyncScript] = {
@@ -199,27 +186,31 @@ class ScheduleStore:
         live = ver is not None and state != b"deleted"
         return (ver.decode() if live else ""), _int(hi)
 
-    async def put(self, schedule_id: str, spec: ScheduleCreate, *, now_ms: int,
-                  next_after: NextAfter) -> tuple[int, list[int]]:
-        """Create or replace. Returns (CREATED or REPLACED, outstanding occurrences that the
-        caller must cancel: see ``cancel_occurrences``). The next occurrence comes after now and
-        after every occurrence reserved before (``hi``), so no occurrence key is used twice."""
+    async def put(self, schedule_id: str, spec: dict[str, Any], *, paused: bool, now_ms: int,
+                  next_after: NextAfter) -> tuple[SchedPutReply, list[int]]:
+        """Create or replace (``spec``: see ``spec_json``). Returns (CREATED or REPLACED,
+        outstanding occurrences that the caller must cancel: see ``cancel_occurrences``). The
+        next occurrence comes after now and after every occurrence reserved before (``hi``),
+        so no occurrence key is used twice."""
         text = spec_json(spec)
         request_id = secrets.token_hex(8)
         for _ in range(_CAS_TRIES):
             version, hi = await self._hi(schedule_id)
-            nxt = None if spec.paused else next_after(json.loads(text), max(now_ms, hi or 0))
+            nxt = None if paused else next_after(json.loads(text), max(now_ms, hi or 0))
             reply = await self._run("sched_put", self.bucket_of(schedule_id), [
-                schedule_id, version, text, "1" if spec.paused else "0",
+                schedule_id, version, text, "1" if paused else "0",
                 "" if nxt is None else nxt, now_ms, request_id])
-            if int(reply[0]) != STALE:
-                return int(reply[0]), [int(x) for x in reply[1:]]
+            code = SchedPutReply(int(reply[0]))
+            if code is not SchedPutReply.STALE:
+                return code, [int(x) for x in reply[1:]]
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being written")
 
     async def pause(self, schedule_id: str) -> list[int] | None:
         """Outstanding occurrences to cancel, or None if there is no such schedule."""
         reply = await self._run("sched_pause", self.bucket_of(schedule_id), [schedule_id])
-        return None if int(reply[0]) == NOT_FOUND else [int(x) for x in reply[1:]]
+        if SchedPauseReply(int(reply[0])) is SchedPauseReply.NOT_FOUND:
+            return None
+        return [int(x) for x in reply[1:]]
 
     async def resume(self, schedule_id: str, *, now_ms: int, next_after: NextAfter) -> bool:
         """Materialize again from the next occurrence after now (no backlog). False: no such
@@ -229,10 +220,11 @@ class ScheduleStore:
             if record is None:
                 return False
             nxt = next_after(record.spec, max(now_ms, record.hi_ms or 0))
-            code = int(await self._run("sched_resume", self.bucket_of(schedule_id), [
-                schedule_id, record.version, "" if nxt is None else nxt]))
-            if code != STALE:
-                return code != NOT_FOUND
+            code = SchedResumeReply(int(await self._run(
+                "sched_resume", self.bucket_of(schedule_id),
+                [schedule_id, record.version, "" if nxt is None else nxt])))
+            if code is not SchedResumeReply.STALE:
+                return code is not SchedResumeReply.NOT_FOUND
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being resumed")
 
     async def delete(self, schedule_id: str) -> tuple[list[int], dict[str, Any] | None] | None:
@@ -244,7 +236,7 @@ class ScheduleStore:
             raw = await self.redis.hget(key, "spec")
         reply = await self._run("sched_delete", bucket,
                                 [schedule_id, secrets.token_hex(8), self.keep_deleted_ms])
-        if int(reply[0]) == NOT_FOUND:
+        if SchedDeleteReply(int(reply[0])) is SchedDeleteReply.NOT_FOUND:
             return None
         return [int(x) for x in reply[1:]], (json.loads(raw)["task"] if raw else None)
 
@@ -272,9 +264,10 @@ class ScheduleStore:
         """Make sure none of these occurrences starts: cancel its task, or, when the task does
         not exist yet (reserved, not created), write a cancelled record in its place so that
         the late create answers CONFLICT. Then forget them."""
+        base = self.template_task(template or {"callback_url": _NOWHERE})
+
         async def one(occ: int) -> None:
-            task = occurrence_task(schedule_id, occ, template or {"callback_url": _NOWHERE},
-                                   default_timeout=self.default_timeout)
+            task = occurrence_task(schedule_id, occ, base)
             if not await self.tombstone(task, now_ms=now_ms):
                 await self.store.cancel(task.key, now_ms=now_ms)  # any answer will do
 
@@ -285,8 +278,9 @@ class ScheduleStore:
     async def tombstone(self, task: NewTask, *, now_ms: int) -> bool:
         """True: written (the task did not exist); False: the task exists."""
         keys = self.store.keys
-        return bool(await self._run("sched_tombstone", keys.bucket_of(task.key), [
-            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()]))
+        reply = await self._run("sched_tombstone", keys.bucket_of(task.key), [
+            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()])
+        return SchedTombstoneReply(int(reply)) is SchedTombstoneReply.WRITTEN
 
     async def drop(self, bucket: int, members: Sequence[str]) -> None:
         if members:
@@ -321,7 +315,7 @@ class ScheduleStore:
             args += [r.id, r.version, r.expected_next, "" if r.new_next is None else r.new_next,
                      len(r.occurrences), *r.occurrences]
         reply = await self._run("sched_reserve", bucket, args)
-        return [bool(int(x)) for x in reply]
+        return [SchedReserveReply(int(x)) is SchedReserveReply.RESERVED for x in reply]
 
     async def settle(self, bucket: int, entries: Sequence[tuple[str, int, int]]) -> None:
         """Look at (id, occ) again at the given ms, if it is still outstanding (XX: an entry

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from timewheel.store.task_store import Store, redis_errors
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.task_store import Store
 
 MINUTE_MS = 60_000
 # Commands per pipeline. Bounded rounds keep any one read short for Redis and the reply small

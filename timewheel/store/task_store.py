@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.store import attempts, layout
 from timewheel.store.attempts import AttemptRecord
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
+from timewheel.store.migrate import migrate_v1
 from timewheel.store.record import (
     NOT_STARTED,
     ClaimedTask,
@@ -31,15 +31,21 @@ from timewheel.store.record import (
     claimed_task,
     record_from_reply,
 )
+from timewheel.store.redis_errors import redis_errors
+from timewheel.store.replies import (
+    CancelReply,
+    CompleteReply,
+    ParkReply,
+    ReleaseReply,
+    ReplayReply,
+    RescheduleReply,
+    ScheduleReply,
+)
 from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
 
-CREATED, REPLACED, EXISTS, CONFLICT = 0, 1, 2, -1
-NOT_FOUND, NOT_ALLOWED = -1, -2
-RESCHEDULED, TOO_FEW_ATTEMPTS = 1, -3  # lua/reschedule.lua (with NOT_FOUND, NOT_ALLOWED)
 DEFAULT_ATTEMPTS_KEPT = 20
-MIGRATION_PAUSE_S = 60.0  # a process migrates stragglers of the v1 layout at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +69,6 @@ def _no_history(o: Outcome) -> str:
                           body_truncated=False, next_attempt_ms=o.next_due_ms, process="")
 
 
-@asynccontextmanager
-async def redis_errors(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-_redis_errors = redis_errors  # the name sibling modules used before it was shared
-
 
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
@@ -85,17 +81,16 @@ class Store:
         self.lease_margin_ms = lease_margin_ms
         self.attempts_kept = attempts_kept  # history entries kept per task (lua/lib/attempts.lua)
         self.scripts = Scripts(redis)
-        # Read-only scripts (and the one-off migration) are the store's own, not Scripts'.
+        # Read-only scripts are the store's own, not Scripts'.
         self.view_script = redis.register_script(source("view"))
         self.list_script = redis.register_script(source("list"))
-        self.migrate_script = redis.register_script(source("migrate"))
-        self.ready = False  # init() has read the bucket count
-        self._migration: asyncio.Task[int] | None = None
-        self._migrated_at = float("-inf")
+        self.ready = False  # init() has read the bucket count and migrated v1 records
 
     async def init(self) -> None:
-        """Read (or fix, the first time) the wheel's bucket count; warn about eviction.
-        Raises WheelMismatch if the configured count is not the one the wheel has."""
+        """Read (or fix, the first time) the wheel's bucket count, migrate what layout 1 left
+        (store/migrate.py), warn about eviction. Raises WheelMismatch if the configured count
+        is not the one the wheel has. A process calls it before it claims or serves anything
+        (again after a start-up without Redis, until it succeeds)."""
         async with redis_errors("init"):
             await self.redis.set(self.keys.buckets_key, self.wanted_buckets or DEFAULT_BUCKETS,
                                  nx=True)
@@ -109,10 +104,8 @@ class Store:
                     "wheel under another TIMEWHEEL_KEY_PREFIX")
             if buckets != self.keys.buckets:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
+        await migrate_v1(self.redis, self.keys)
         self.ready = True
-        from timewheel.store.migrate import migrate_v1
-
-        await migrate_v1(self)
         try:
             policies = await self._eviction_policies()
         except RedisError:  # managed Redis often refuses CONFIG
@@ -147,13 +140,13 @@ class Store:
 
     # -- the API's operations -----------------------------------------------------------------
 
-    async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> int:
+    async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> ScheduleReply:
         """CREATED, REPLACED, EXISTS (identical, create only) or CONFLICT (create only).
         The request id makes a redis-py retry of this very call answer as the first did."""
         async with redis_errors("schedule"):
-            return int(await self.scripts.schedule(
+            return ScheduleReply(int(await self.scripts.schedule(
                 keys=[self.keys.prefix(self.keys.bucket_of(task.key))],
-                args=self.schedule_args(task, replace=replace, now_ms=now_ms)))
+                args=self.schedule_args(task, replace=replace, now_ms=now_ms))))
 
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
@@ -161,33 +154,33 @@ class Store:
         return [task.key, "replace" if replace else "create", now_ms,
                 request_id or secrets.token_hex(8), task.record()]
 
-    async def cancel(self, key: str, *, now_ms: int) -> int:
-        """1 cancelled, NOT_FOUND, or NOT_ALLOWED (already finished). The request id makes a
-        redis-py retry of this very call answer 1 again."""
+    async def cancel(self, key: str, *, now_ms: int) -> CancelReply:
+        """CANCELLED, NOT_FOUND, or FINISHED (already finished). The request id makes a
+        redis-py retry of this very call answer CANCELLED again."""
         async with redis_errors("cancel"):
-            return int(await self.scripts.cancel(
+            return CancelReply(int(await self.scripts.cancel(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, self.retention_ms, secrets.token_hex(8), self.attempts_kept],
-            ))
+            )))
 
-    async def replay(self, key: str, *, now_ms: int) -> int:
-        """1 scheduled again, NOT_FOUND, or NOT_ALLOWED (not failed or cancelled)."""
+    async def replay(self, key: str, *, now_ms: int) -> ReplayReply:
+        """REPLAYED (scheduled again), NOT_FOUND, or NOT_FAILED (not failed or cancelled)."""
         async with redis_errors("replay"):
-            return int(await self.scripts.replay(
+            return ReplayReply(int(await self.scripts.replay(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
-                args=[key, now_ms, secrets.token_hex(8)]))
+                args=[key, now_ms, secrets.token_hex(8)])))
 
     async def reschedule(self, key: str, *, due_ms: int, max_attempts: int | None,
-                         now_ms: int) -> int:
+                         now_ms: int) -> RescheduleReply:
         """Move a task that has not finished to ``due_ms``, keeping its request: RESCHEDULED,
-        NOT_FOUND, NOT_ALLOWED (finished) or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
+        NOT_FOUND, FINISHED or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
         than the attempts made; nothing written). The request id makes a redis-py retry of
         this very call answer RESCHEDULED again."""
         async with redis_errors("reschedule"):
-            return int(await self.scripts.reschedule(
+            return RescheduleReply(int(await self.scripts.reschedule(
                 keys=[self.keys.prefix(self.keys.bucket_of(key))],
                 args=[key, now_ms, secrets.token_hex(8), due_ms,
-                      "" if max_attempts is None else max_attempts]))
+                      "" if max_attempts is None else max_attempts])))
 
     async def get(self, key: str) -> TaskRecord | None:
         """The task, headers and body included; None: no such task."""
@@ -238,18 +231,6 @@ class Store:
             raw: Any = await self.redis.get(self.keys.task(key))
         return None if raw is None else layout.decode(raw)
 
-    async def task_statuses(self, keys: Sequence[str]) -> list[str | None]:
-        """The stored status of each task ("scheduled", "waiting", ...; None: no such task),
-        one byte of each record read in one pipeline."""
-        if not keys:
-            return []
-        pipe: Any = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.getrange(self.keys.task(key), 1, 1)
-        async with redis_errors("task statuses"):
-            rows: list[Any] = await pipe.execute()
-        return [layout.STATUS_NAMES[row.decode()] if row else None for row in rows]
-
     # -- the ticker's and dispatcher's operations ----------------------------------------------
 
     async def claim(self, bucket: int, *, now_ms: int, horizon_ms: int, limit: int, token: str,
@@ -262,8 +243,6 @@ class Store:
                 args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
                       self.retention_ms, self.attempts_kept],
             )
-        if int(reply[2]):
-            self._migrate_soon(bucket, now_ms)
         return await self._claimed(bucket, token, reply, now_ms)
 
     async def _claimed(self, bucket: int, token: str, reply: list[Any], now_ms: int
@@ -272,7 +251,7 @@ class Store:
         failed at once with the reason, instead of holding back the rest of its batch."""
         more, count = int(reply[0]), int(reply[1])
         tasks, bad = [], []
-        for i in range(3, 3 + 2 * count, 2):
+        for i in range(2, 2 + 2 * count, 2):
             key = reply[i].decode(errors="replace")
             try:
                 tasks.append(claimed_task(key, bucket, token, reply[i + 1]))
@@ -288,26 +267,6 @@ class Store:
         return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
                        started_ms=now_ms)
 
-    def _migrate_soon(self, bucket: int, now_ms: int) -> None:
-        """A claim found keys of the v1 layout (a v1 process still writes to this wheel):
-        migrate them in the background, at most once a minute per process."""
-        loop = asyncio.get_running_loop()
-        if self._migration is not None or loop.time() - self._migrated_at < MIGRATION_PAUSE_S:
-            return
-        from timewheel.store.migrate import migrate_v1
-
-        log.warning("bucket %d holds keys of the v1 layout (is a v1 process still running "
-                    "against this wheel?); migrating them", bucket)
-        self._migrated_at = loop.time()
-        self._migration = asyncio.create_task(migrate_v1(self, now_ms))
-
-        def done(task: asyncio.Task[int]) -> None:
-            self._migration = None
-            if not task.cancelled() and task.exception() is not None:
-                log.error("migrating v1 records failed: %s", task.exception())
-
-        self._migration.add_done_callback(done)
-
     async def start(self, bucket: int, *, now_ms: int,
                     claims: Sequence[tuple[str, str]]) -> list[Started]:
         """Begin attempts for (key, token) pairs: for each, the attempt number with the headers
@@ -316,7 +275,7 @@ class Store:
         async with redis_errors("start"):
             reply = await self.scripts.start(
                 keys=[self.keys.prefix(bucket)],
-                args=[now_ms, *(part for claim in claims for part in claim)])
+                args=[part for claim in claims for part in claim])
         out, bad = [], []
         for i, (key, token) in enumerate(claims):
             attempt, headers, body = int(reply[3 * i]), reply[3 * i + 1], reply[3 * i + 2]
@@ -333,7 +292,7 @@ class Store:
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,
-                       outcomes: Sequence[Outcome]) -> list[int]:
+                       outcomes: Sequence[Outcome]) -> list[CompleteReply]:
         """Record outcomes with their history entries: RECORDED, STALE (the claim was no
         longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry)."""
         args: list[str | int] = [now_ms, self.retention_ms, self.attempts_kept]
@@ -343,26 +302,28 @@ class Store:
                      o.started_ms, o.history or _no_history(o)]
         async with redis_errors("complete"):
             reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
-        return [int(x) for x in reply]
+        return [CompleteReply(int(x)) for x in reply]
 
-    async def release(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Hand back claims whose attempt this process did not send (started or not);
-        1 each handed back, 0 not ours any more, 2 cancelled meanwhile (lua/release.lua)."""
+    async def release(self, bucket: int, claims: Sequence[tuple[str, str]]
+                      ) -> list[ReleaseReply]:
+        """Hand back claims whose attempt this process did not send (started or not):
+        HANDED_BACK, STALE (not ours any more) or CANCELLED (meanwhile) each."""
         async with redis_errors("release"):
             reply = await self.scripts.release(
                 keys=[self.keys.prefix(bucket)],
                 args=[self.attempts_kept, *(part for claim in claims for part in claim)])
-        return [int(x) for x in reply]
+        return [ReleaseReply(int(x)) for x in reply]
 
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------
 
-    async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[int]:
-        """Set claimed, unstarted tasks aside until their flow has room; 1 each parked."""
+    async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[ParkReply]:
+        """Set claimed, unstarted tasks aside until their flow has room: PARKED or STALE
+        (not ours any more) each."""
         async with redis_errors("park"):
             reply = await self.scripts.park(
                 keys=[self.keys.prefix(bucket)],
                 args=[part for claim in claims for part in claim])
-        return [int(x) for x in reply]
+        return [ParkReply(int(x)) for x in reply]
 
     async def parked_flows(self, bucket: int, limit: int) -> list[tuple[str, int]]:
         """Flows with parked tasks in a bucket, and the due time of each one's earliest."""

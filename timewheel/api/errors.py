@@ -1,0 +1,72 @@
+"""The domain errors (timewheel/errors.py) as HTTP answers: one handler each, installed by
+api/app.py, so handlers and operations raise domain errors and never build an error answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+
+from timewheel.api.views import task_view
+from timewheel.errors import (
+    BodyTooLarge,
+    InvalidInput,
+    NotReplicated,
+    ScheduleNotFound,
+    StoreUnavailable,
+    TaskConflict,
+    TaskNotFound,
+)
+
+
+def validation_error(exc: InvalidInput) -> dict[str, Any]:
+    """The error as one entry of FastAPI's 422 ``detail``, like the model's own errors."""
+    return {"type": "value_error", "loc": exc.loc, "msg": exc.message, "input": exc.value}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(TaskNotFound)
+    async def task_not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(ScheduleNotFound)
+    async def schedule_not_found(request: Request, exc: ScheduleNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(TaskConflict)
+    async def conflict(request: Request, exc: TaskConflict) -> JSONResponse:
+        # The body is the task view (when there is one) plus the reason.
+        body: dict[str, Any] = (task_view(exc.record).model_dump(mode="json")
+                                if exc.record is not None else {})
+        body["detail"] = str(exc)
+        return JSONResponse(body, status_code=409)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid(request: Request, exc: InvalidInput) -> JSONResponse:
+        # As FastAPI answers a RequestValidationError.
+        return JSONResponse({"detail": jsonable_encoder([validation_error(exc)])},
+                            status_code=422)
+
+    @app.exception_handler(StoreUnavailable)
+    async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": "Redis is unavailable; try again later"},
+                            status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(NotReplicated)
+    async def not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:
+        # The write is on the Redis master and cannot be taken back; the client must know that
+        # it was not acknowledged, and that repeating the request is safe.
+        return JSONResponse({"detail": (
+            f"not acknowledged: the change was written to the Redis master, but only "
+            f"{exc.confirmed} of the {exc.wanted} replicas required "
+            f"(TIMEWHEEL_REDIS_WAIT_REPLICAS) confirmed it within {exc.timeout_ms} ms, so it "
+            "may or may not survive a failover of that master. Repeating the same request is "
+            "safe; read the resource back to see its state.")},
+            status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "too_large", "loc": ["body", "body"],
+                                         "msg": str(exc)}]}, status_code=413)

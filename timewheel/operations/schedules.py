@@ -1,0 +1,94 @@
+"""Schedule operations: what ``/schedules`` does, without HTTP. The engine turns a schedule's
+occurrences into tasks (timewheel/engine/materializer.py); here a schedule is put, read,
+paused, resumed and deleted, and the occurrences such a change takes back are cancelled."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from timewheel.clock import Clock
+from timewheel.engine.occurrences import next_after
+from timewheel.errors import InvalidInput, ScheduleNotFound
+from timewheel.models import ScheduleCreate
+from timewheel.operations.prepare import template_task
+from timewheel.operations.tasks import TaskOperations
+from timewheel.store.replies import SchedPutReply
+from timewheel.store.schedule_store import ScheduleRecord, ScheduleStore
+from timewheel.store.task_store import Store
+
+
+def spec_of(body: ScheduleCreate) -> dict[str, Any]:
+    """What the store keeps of a PUT body (store/schedule_store.py ``spec_json``): the task
+    only with the fields the client set, so an occurrence's task is validated (and
+    fingerprinted) exactly as the POST it stands for."""
+    return {"cron": body.cron, "every": body.every, "timezone": body.timezone,
+            "task": body.task.model_dump(mode="json", exclude_unset=True)}
+
+
+def schedule_store(store: Store, *, default_timeout: float, **options: Any) -> ScheduleStore:
+    """A ScheduleStore whose task templates are prepared as POST /tasks bodies are."""
+    return ScheduleStore(store, template_task=partial(template_task,
+                                                      default_timeout=default_timeout),
+                         **options)
+
+
+class ScheduleOperations:
+    def __init__(self, schedules: ScheduleStore, tasks: TaskOperations, clock: Clock) -> None:
+        self.schedules = schedules
+        self.tasks = tasks
+        self.clock = clock
+
+    async def put(self, schedule_id: str, body: ScheduleCreate) -> tuple[bool, ScheduleRecord]:
+        """Create (True) or replace (False). The task template passes the same checks as a
+        POST /tasks body (errors located under ``task``)."""
+        now = self.clock.now_ms()
+        try:
+            self.tasks.prepare(body.task, f"{schedule_id}.{now}", now)
+        except InvalidInput as exc:
+            raise exc.under("task") from exc
+        spec = spec_of(body)
+        code, outstanding = await self.schedules.put(schedule_id, spec, paused=body.paused,
+                                                     now_ms=now, next_after=next_after)
+        if outstanding:  # paused by this PUT: its materialized occurrences must not start
+            await self.schedules.cancel_occurrences(schedule_id, outstanding, spec["task"],
+                                                    now_ms=now)
+        return code is SchedPutReply.CREATED, await self.get(schedule_id)
+
+    async def get(self, schedule_id: str) -> ScheduleRecord:
+        record = await self.schedules.get(schedule_id)
+        if record is None:  # (also: deleted between a change and this read)
+            raise ScheduleNotFound(schedule_id)
+        return record
+
+    async def page(self, limit: int, cursor: str | None
+                   ) -> tuple[list[ScheduleRecord], str | None]:
+        return await self.schedules.page(limit, cursor)
+
+    async def delete(self, schedule_id: str) -> None:
+        """Once this returns, no occurrence of the schedule starts."""
+        found = await self.schedules.delete(schedule_id)
+        if found is None:
+            raise ScheduleNotFound(schedule_id)
+        outstanding, template = found
+        await self.schedules.cancel_occurrences(schedule_id, outstanding, template,
+                                                now_ms=self.clock.now_ms())
+
+    async def pause(self, schedule_id: str) -> ScheduleRecord:
+        """Once this returns, no occurrence starts until a resume."""
+        outstanding = await self.schedules.pause(schedule_id)
+        if outstanding is None:
+            raise ScheduleNotFound(schedule_id)
+        if outstanding:
+            record = await self.schedules.get(schedule_id)
+            template = record.spec["task"] if record is not None else None
+            await self.schedules.cancel_occurrences(schedule_id, outstanding, template,
+                                                    now_ms=self.clock.now_ms())
+        return await self.get(schedule_id)
+
+    async def resume(self, schedule_id: str) -> ScheduleRecord:
+        """From the next occurrence after now: those missed while paused are not fired."""
+        if not await self.schedules.resume(schedule_id, now_ms=self.clock.now_ms(),
+                                           next_after=next_after):
+            raise ScheduleNotFound(schedule_id)
+        return await self.get(schedule_id)

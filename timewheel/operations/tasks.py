@@ -1,0 +1,187 @@
+"""Task operations: what ``/tasks`` and ``/tasks/batch`` do, without HTTP.
+
+The checks that depend on settings (the horizon, a timeout within the batch deadline, the
+callback address against the network policy) come first; then the store is called and its
+replies (timewheel/store/replies.py) become results or domain errors (timewheel/errors.py),
+which api/errors.py maps to status codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from timewheel.clock import Clock
+from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy
+from timewheel.domain import TaskStatus
+from timewheel.errors import InvalidInput, TaskConflict, TaskNotFound
+from timewheel.metrics import Metrics
+from timewheel.models import TaskCreate, TaskFields, TaskReschedule
+from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS, due_ms, prepare
+from timewheel.store import CancelReply, ReplayReply, RescheduleReply, ScheduleReply, Store
+from timewheel.store.batch import get_many, schedule_many
+from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor, list_tasks
+from timewheel.store.record import NewTask, TaskRecord, new_key
+
+# A first callback usually goes to a local receiver: the refusal says how to allow it.
+ALLOW_PRIVATE_HINT = ("set TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve "
+                      "--allow-private-networks) to allow it")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLimits:
+    """The settings the checks read (TIMEWHEEL_MAX_HORIZON_SECONDS,
+    TIMEWHEEL_BATCH_DEADLINE_SECONDS)."""
+
+    max_horizon_seconds: float
+    batch_deadline_seconds: float
+
+    @property
+    def default_timeout(self) -> float:
+        """A task's timeout when it names none: never past the batch deadline."""
+        return min(DEFAULT_TIMEOUT_SECONDS, self.batch_deadline_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A create or replace: ``created`` False when it replaced a task, or (POST) found an
+    identical one, which ``record`` then is."""
+
+    created: bool
+    record: TaskRecord
+
+
+class TaskOperations:
+    def __init__(self, store: Store, clock: Clock, policy: NetworkPolicy, limits: TaskLimits,
+                 metrics: Metrics) -> None:
+        self.store = store
+        self.clock = clock
+        self.policy = policy
+        self.limits = limits
+        self.metrics = metrics
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def within_horizon(self, delay: float | None, execute_at: object, due: Callable[[], int],
+                       now: int) -> int:
+        """The due time, or InvalidInput when it is beyond TIMEWHEEL_MAX_HORIZON_SECONDS."""
+        horizon = self.limits.max_horizon_seconds
+        # The delay is compared before it is turned into milliseconds: 1e305 s would overflow.
+        if delay is None or delay <= horizon:
+            due_at = due()
+            if due_at - now <= horizon * 1000:
+                return due_at
+        field, value = ("delay", delay) if delay is not None else ("execute_at", execute_at)
+        raise InvalidInput(("body", field), f"is more than {horizon:g}s ahead "
+                           "(TIMEWHEEL_MAX_HORIZON_SECONDS)", value)
+
+    def prepare(self, fields: TaskFields, key: str, now: int) -> NewTask:
+        """The settings' limits, then the record to store. Raises InvalidInput (and
+        BodyTooLarge)."""
+        deadline = self.limits.batch_deadline_seconds
+        if fields.timeout is not None and fields.timeout > deadline:
+            raise InvalidInput(("body", "timeout"),
+                               f"must be at most the batch deadline ({deadline:g}s)",
+                               fields.timeout)
+        self.within_horizon(fields.delay, fields.execute_at, lambda: due_ms(fields, now), now)
+        try:
+            self.policy.check_url_host(fields.callback_url)
+        except BlockedAddress as exc:
+            raise InvalidInput(("body", "callback_url"), f"{exc}; {ALLOW_PRIVATE_HINT}",
+                               fields.callback_url) from exc
+        return prepare(fields, key, now, default_timeout=self.limits.default_timeout)
+
+    # -- one task -----------------------------------------------------------------------------
+
+    async def create(self, fields: TaskCreate) -> Created:
+        """POST: raises TaskConflict when the key holds other content."""
+        key = fields.key or new_key()
+        now = self.clock.now_ms()
+        task = self.prepare(fields, key, now)
+        code = await self.store.schedule(task, replace=False, now_ms=now)
+        if code is ScheduleReply.CONFLICT:
+            raise TaskConflict(f"task {key!r} exists with other content")
+        if code is ScheduleReply.EXISTS:
+            return Created(False, await self.get(key))
+        self.metrics.scheduled.inc()
+        return Created(True, task.as_record(now))
+
+    async def replace(self, key: str, fields: TaskFields) -> Created:
+        """PUT: create the task, or replace it if it has not finished."""
+        now = self.clock.now_ms()
+        task = self.prepare(fields, key, now)
+        code = await self.store.schedule(task, replace=True, now_ms=now)
+        self.metrics.scheduled.inc()
+        return Created(code is ScheduleReply.CREATED, task.as_record(now))
+
+    async def reschedule(self, key: str, change: TaskReschedule) -> TaskRecord:
+        """PATCH: a new time (and maybe max_attempts) for a task that has not finished."""
+        now = self.clock.now_ms()
+        due = self.within_horizon(change.delay, change.execute_at,
+                                  lambda: change.due_ms(now), now)
+        code = await self.store.reschedule(key, due_ms=due, max_attempts=change.max_attempts,
+                                           now_ms=now)
+        if code is RescheduleReply.NOT_FOUND:
+            raise TaskNotFound(key)
+        if code is RescheduleReply.FINISHED:
+            raise TaskConflict(f"task {key!r} has already finished", await self.store.get(key))
+        if code is RescheduleReply.TOO_FEW_ATTEMPTS:
+            made = (await self.get(key)).attempts
+            raise InvalidInput(("body", "max_attempts"),
+                               f"must be more than the {made} attempts already made",
+                               change.max_attempts)
+        return await self.get(key)
+
+    async def cancel(self, key: str) -> None:
+        """DELETE: once this returns, no attempt starts."""
+        code = await self.store.cancel(key, now_ms=self.clock.now_ms())
+        if code is CancelReply.NOT_FOUND:
+            raise TaskNotFound(key)
+        if code is CancelReply.FINISHED:
+            raise TaskConflict(f"task {key!r} has already finished", await self.store.get(key))
+        self.metrics.cancelled.inc()
+
+    async def replay(self, key: str) -> TaskRecord:
+        """Schedule a failed or cancelled task again, now, with its attempts reset."""
+        code = await self.store.replay(key, now_ms=self.clock.now_ms())
+        if code is ReplayReply.NOT_FOUND:
+            raise TaskNotFound(key)
+        if code is ReplayReply.NOT_FAILED:
+            raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
+                               await self.store.get(key))
+        return await self.get(key)
+
+    async def get(self, key: str) -> TaskRecord:
+        record = await self.store.get(key)
+        if record is None:  # (also: expired between a script and this read)
+            raise TaskNotFound(key)
+        return record
+
+    async def page(self, status: TaskStatus, *, key_prefix: str, limit: int,
+                   cursor: str | None) -> tuple[list[TaskRecord], str | None]:
+        """A page of GET /tasks and the cursor of the next (None: the end)."""
+        after = None
+        if cursor is not None:
+            try:
+                after = decode_cursor(status, cursor)
+            except BadCursor as exc:
+                raise InvalidInput(("query", "cursor"), str(exc), cursor) from exc
+        records, following = await list_tasks(self.store, status, key_prefix=key_prefix,
+                                              limit=limit, cursor=after)
+        return records, encode_cursor(status, following) if following else None
+
+    # -- many tasks (POST /tasks/batch) -------------------------------------------------------
+
+    async def create_many(self, tasks: Sequence[NewTask], now: int
+                          ) -> tuple[list[ScheduleReply], dict[str, TaskRecord | None]]:
+        """Create tasks already prepared (``prepare``), never replacing: each one's reply, and
+        the existing tasks that the ones not created met (None: expired meanwhile, or past
+        the byte budget of get_many: a conflicting task with a large body)."""
+        codes = await schedule_many(self.store, tasks, now)
+        existing = [task.key for task, code in zip(tasks, codes, strict=True)
+                    if code is not ScheduleReply.CREATED]
+        found = await get_many(self.store, existing)
+        records = {key: (record if record is not None and record.headers is not None else None)
+                   for key, record in zip(existing, found, strict=True)}
+        self.metrics.scheduled.inc(codes.count(ScheduleReply.CREATED))
+        return codes, records
