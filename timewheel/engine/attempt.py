@@ -133,6 +133,3 @@ class Lifecycle:
 
     def __len__(self) -> int:
         return len(self.live)
-
-    def in_stage(self, *stages: Stage) -> list[Attempt]:
-        return [a for a in self.live if a.stage in stages]
