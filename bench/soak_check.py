@@ -138,106 +138,109 @@ class Checker:
         arrivals: dict[str, list[Event]] = defaultdict(list)
         for a in self.arrivals:
             arrivals[a["key"]].append(a)
-
         out: dict[str, Any] = {"lost": [], "early": [], "rounded_down": [], "phantom": [],
                                "after_cancel": [], "late_beyond_bound": [],
                                "duplicates_explained": [], "duplicates_unexplained": []}
-        acked = delivered = cancelled = indeterminate = 0
-        occurrence_dups = 0
-
+        tally: Counter[str] = Counter()
         for key, ops in by_key.items():
-            ops.sort(key=lambda e: e["t0"])
-            writes = [o for o in ops if o["op"] != "cancel"]
-            acked_writes = [o for o in writes if o.get("status") in ACKED]
-            for o in acked_writes:
-                req, got = o.get("requested_at"), o.get("execute_at")
-                if req is not None and got is not None and got < req - 1e-9:
-                    out["rounded_down"].append({"key": key, "requested_at": req,
-                                                "execute_at": got})
-            got_2xx = [a for a in arrivals.get(key, []) if 200 <= a["answered"] < 300]
-            if not acked_writes:
-                if arrivals.get(key) and not any(_is_indeterminate(o.get("status"))
-                                                 for o in writes):
-                    out["phantom"].append({"key": key, "arrivals": len(arrivals[key])})
-                continue
-            acked += 1
-            last = acked_writes[-1]
-            later = [o for o in ops if o["t0"] > last["t0"]]
-            cancel_ok = [o for o in later if o["op"] == "cancel" and o.get("status") == 204]
-            unsure = [o for o in later if _is_indeterminate(o.get("status"))]
-            for c in cancel_ok:
-                self._after_cancel(key, c["t1"], arrivals.get(key, []), out)
-            if got_2xx:
-                delivered += 1
-            if cancel_ok:
-                cancelled += 1
-                continue
-            if unsure:
-                indeterminate += 1
-                continue
-            dues = [o["execute_at"] for o in writes[writes.index(last):]
-                    if o.get("execute_at") is not None]
-            due = max(dues) if dues else last["t1"]
-            if not got_2xx and self.end >= due + self.bound:
-                out["lost"].append({"key": key, "due": due, "acked_at": last["t1"],
-                                    "arrivals": [(a["t"], a["answered"])
-                                                 for a in arrivals.get(key, [])]})
-            elif got_2xx and got_2xx[0]["t"] > due + self.bound:
-                out["late_beyond_bound"].append({"key": key, "due": due,
-                                                 "delivered": got_2xx[0]["t"]})
-
+            self._task(key, sorted(ops, key=lambda e: e["t0"]), arrivals.get(key, []), out,
+                       tally)
         for op in self.ops:
             if op["op"] == "schedule_delete" and op.get("status") == 204:
                 occ = [a for k, group in arrivals.items()
                        if _occurrence_schedule(k, {op["key"]}) for a in group]
                 self._after_cancel(op["key"], op["t1"], sorted(occ, key=lambda a: a["t"]), out)
-
-        firsts = {k: g[0] for k, g in arrivals.items()}
-        out["slow_recovery"] = self._slow_recovery(firsts)
         late_in: list[float] = []
         late_out: list[float] = []
-        occurrences = 0
         for key, group in arrivals.items():
             is_occ = _occurrence_schedule(key, self.schedules) is not None
-            occurrences += is_occ
+            tally["occurrences"] += is_occ
             if not is_occ and key not in by_key:
                 out["phantom"].append({"key": key, "arrivals": len(group)})
-            for a in group:
-                sched = a.get("scheduled_at")
-                if sched is None or a["t"] < sched - self.slack:
-                    out["early"].append({"key": key, "t": a["t"], "scheduled_at": sched,
-                                         "by_ms": None if sched is None
-                                         else round((sched - a["t"]) * 1000, 3),
-                                         "sender": self._who(a)})
+            self._early(key, group, out)
             first = group[0]
             if first.get("scheduled_at") is not None:
                 lateness = first["t"] - first["scheduled_at"]
                 (late_in if self._in_fault_window(first["scheduled_at"]) else late_out).append(
                     lateness)
-            ok = next((i for i, a in enumerate(group) if 200 <= a["answered"] < 300), None)
-            if ok is None:
-                continue
-            for dup in group[ok + 1:]:
-                why = self._explain(group[ok])
-                entry = {"key": key, "first": round(group[ok]["t"], 3),
-                         "first_sender": self._who(group[ok]),
-                         "first_attempt": group[ok].get("attempt"),
-                         "again": round(dup["t"], 3), "again_sender": self._who(dup),
-                         "again_attempt": dup.get("attempt"),
-                         "scheduled_at": dup.get("scheduled_at"), "explained_by": why}
-                if why is None:
-                    entry["again_sender_faults"] = self._faults_of(
-                        dup.get("pid"), group[0]["t"] - self.bound, dup["t"])
-                occurrence_dups += is_occ
-                out["duplicates_explained" if why else "duplicates_unexplained"].append(entry)
+            tally["occurrence_dups"] += is_occ * self._duplicates(key, group, out)
+        out["slow_recovery"] = self._slow_recovery({k: g[0] for k, g in arrivals.items()})
+        return self._summary(out, tally, late_in, late_out)
 
+    def _task(self, key: str, ops: list[Event], arrivals: list[Event], out: dict[str, Any],
+              tally: Counter[str]) -> None:
+        """Lost, cancelled, indeterminate, phantom and rounded-down, for one task key."""
+        writes = [o for o in ops if o["op"] != "cancel"]
+        acked_writes = [o for o in writes if o.get("status") in ACKED]
+        for o in acked_writes:
+            req, got = o.get("requested_at"), o.get("execute_at")
+            if req is not None and got is not None and got < req - 1e-9:
+                out["rounded_down"].append({"key": key, "requested_at": req, "execute_at": got})
+        got_2xx = [a for a in arrivals if 200 <= a["answered"] < 300]
+        if not acked_writes:
+            if arrivals and not any(_is_indeterminate(o.get("status")) for o in writes):
+                out["phantom"].append({"key": key, "arrivals": len(arrivals)})
+            return
+        tally["acked"] += 1
+        tally["delivered"] += bool(got_2xx)
+        last = acked_writes[-1]
+        later = [o for o in ops if o["t0"] > last["t0"]]
+        cancel_ok = [o for o in later if o["op"] == "cancel" and o.get("status") == 204]
+        for c in cancel_ok:
+            self._after_cancel(key, c["t1"], arrivals, out)
+        if cancel_ok:
+            tally["cancelled"] += 1
+            return
+        if any(_is_indeterminate(o.get("status")) for o in later):
+            tally["indeterminate"] += 1
+            return
+        dues = [o["execute_at"] for o in writes[writes.index(last):]
+                if o.get("execute_at") is not None]
+        due = max(dues) if dues else last["t1"]
+        if not got_2xx:
+            out["lost"].append({"key": key, "due": due, "acked_at": last["t1"],
+                                "observed_for_s": round(self.end - due, 3),
+                                "arrivals": [(a["t"], a["answered"]) for a in arrivals]})
+        elif got_2xx[0]["t"] > due + self.bound:
+            out["late_beyond_bound"].append({"key": key, "due": due,
+                                             "delivered": got_2xx[0]["t"]})
+
+    def _early(self, key: str, group: list[Event], out: dict[str, Any]) -> None:
+        for a in group:
+            sched = a.get("scheduled_at")
+            if sched is None or a["t"] < sched - self.slack:
+                out["early"].append({"key": key, "t": a["t"], "scheduled_at": sched,
+                                     "by_ms": None if sched is None
+                                     else round((sched - a["t"]) * 1000, 3),
+                                     "sender": self._who(a)})
+
+    def _duplicates(self, key: str, group: list[Event], out: dict[str, Any]) -> int:
+        """Every arrival after the first one answered 2xx; how many."""
+        ok = next((i for i, a in enumerate(group) if 200 <= a["answered"] < 300), None)
+        if ok is None:
+            return 0
+        first = group[ok]
+        why = self._explain(first)
+        for dup in group[ok + 1:]:
+            entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
+                     "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
+                     "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),
+                     "scheduled_at": dup.get("scheduled_at"), "explained_by": why}
+            if why is None:
+                entry["again_sender_faults"] = self._faults_of(
+                    dup.get("pid"), group[0]["t"] - self.bound, dup["t"])
+            out["duplicates_explained" if why else "duplicates_unexplained"].append(entry)
+        return len(group) - ok - 1
+
+    def _summary(self, out: dict[str, Any], tally: Counter[str], late_in: list[float],
+                 late_out: list[float]) -> dict[str, Any]:
         faults = Counter(f["kind"] for f in self.faults)
         return {
-            "tasks_acknowledged": acked,
-            "tasks_delivered": delivered,
-            "tasks_cancelled": cancelled,
-            "tasks_indeterminate_cancel_or_write": indeterminate,
-            "occurrence_keys_delivered": occurrences,
+            "tasks_acknowledged": tally["acked"],
+            "tasks_delivered": tally["delivered"],
+            "tasks_cancelled": tally["cancelled"],
+            "tasks_indeterminate_cancel_or_write": tally["indeterminate"],
+            "occurrence_keys_delivered": tally["occurrences"],
             "arrivals": len(self.arrivals),
             "ops": dict(Counter(f"{o['op']} {o.get('status')}" for o in self.ops)),
             "faults_by_kind": dict(sorted(faults.items())),
@@ -247,7 +250,7 @@ class Checker:
                 "rounded_down": len(out["rounded_down"]), "phantom": len(out["phantom"]),
                 "duplicates_explained": len(out["duplicates_explained"]),
                 "duplicates_unexplained": len(out["duplicates_unexplained"]),
-                "occurrences_fired_twice": occurrence_dups,
+                "occurrences_fired_twice": tally["occurrence_dups"],
                 "delivered_after_cancel": len(out["after_cancel"]),
                 "late_beyond_bound": len(out["late_beyond_bound"]),
                 "slow_recovery": len(out["slow_recovery"]),
