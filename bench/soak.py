@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_facts
+from bench.common import machine_facts, start_receiver, stop_process
 from bench.soak_check import check, table
 from bench.soak_faults import Fault, Injector, plan, stall_seconds, stop_seconds
-from bench.soak_history import History
+from bench.soak_history import History, read
 from bench.soak_load import Load
-from bench.soak_receiver import SoakReceiver
 from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
 from tests.support.redis_server import RedisServer
@@ -63,8 +62,8 @@ class Wheel:
         self.key_prefix = "tw"
         self.redis: RedisServer | ReplicatedCluster
         self.slots: list[Slot] = []
-        self.receiver: SoakReceiver
-        self._lock = threading.Lock()
+        self.receiver_port = 0
+        self.arrivals_path = out / "arrivals.jsonl"
 
     def start_redis(self) -> str:
         if self.args.cluster:
@@ -88,8 +87,12 @@ class Wheel:
             settings |= {"redis_cluster": "true", "redis_wait_replicas": "1"}
         return settings
 
+    def callback_url(self, behaviour: str) -> str:
+        return f"http://127.0.0.1:{self.receiver_port}/soak/{behaviour}"
+
     def _start(self, name: str) -> Service:
-        service = Service(self.out / "procs", self.redis_url, **self._settings()).start()
+        service = Service(self.out / "procs", self.redis_url, **self._settings())
+        service.start()
         assert service.process is not None
         self.history.add("proc", name=name, pid=service.process.pid, start=time.time(),
                          port=service.port, log=str(service.log_path))
@@ -107,10 +110,6 @@ class Wheel:
         pid = slot.pid
         slot.service.kill()
         self.history.add("proc_end", name=slot.name, pid=pid, end=time.time(), how=how)
-
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [s.pid for s in self.slots if s.service.process is not None]
 
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -143,13 +142,9 @@ async def _drain(wheel: Wheel, load: Load, bound: float, quiet: float) -> float:
     """Wait until every acknowledged, uncancelled task arrived with a 2xx, or until the last
     due + bound; then ``quiet`` more seconds for late duplicates. Returns the end time."""
     deadline = max(load.expect.values(), default=time.time()) + bound
-    seen = 0
-    delivered: set[str] = set()
     while time.time() < deadline:
-        events = wheel.history.events()
-        delivered.update(e["key"] for e in events[seen:]
-                         if e["type"] == "arrival" and 200 <= e["answered"] < 300)
-        seen = len(events)
+        delivered = {e["key"] for e in read(wheel.arrivals_path)
+                     if e["type"] == "arrival" and 200 <= e["answered"] < 300}
         if not set(load.expect) - delivered:
             break
         await asyncio.sleep(0.5)
@@ -175,23 +170,25 @@ async def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 machine=machine_facts(), started=time.time())
     url = wheel.start_redis()
     errors: list[str] = []
+    receiver, wheel.receiver_port = start_receiver(
+        ["--out", str(wheel.arrivals_path), "--hang", str(TASK_TIMEOUT_S + 1.0)],
+        module="bench.soak_receiver", log_path=out / "receiver.log")
     try:
-        with SoakReceiver(history, wheel.pids, hang_s=TASK_TIMEOUT_S + 1.0) as receiver:
-            wheel.receiver = receiver
-            wheel.start_processes(url, args.processes)
-            t0 = time.time()
-            load = Load(wheel, args.seed, t0, load_s, faults, short=args.short)
-            injector = threading.Thread(target=_faults_thread,
-                                        args=(Injector(wheel), faults, t0, errors), daemon=True)
-            injector.start()
-            await load.run()
-            await asyncio.to_thread(injector.join)
-            end = await _drain(wheel, load, bound, quiet)
-            history.add("end", t=end, fault_errors=errors)
+        wheel.start_processes(url, args.processes)
+        t0 = time.time()
+        load = Load(wheel, args.seed, t0, load_s, faults, short=args.short)
+        injector = threading.Thread(target=_faults_thread,
+                                    args=(Injector(wheel), faults, t0, errors), daemon=True)
+        injector.start()
+        await load.run()
+        await asyncio.to_thread(injector.join)
+        end = await _drain(wheel, load, bound, quiet)
+        history.add("end", t=end, fault_errors=errors)
     finally:
         codes = wheel.stop() if wheel.slots else {}
+        stop_process(receiver, 10)
         history.close()
-    summary = check(history.events())
+    summary = check(history.events() + read(wheel.arrivals_path))
     summary["exit_codes"] = codes
     summary["fault_errors"] = errors
     if errors:

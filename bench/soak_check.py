@@ -16,10 +16,16 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   round up to the millisecond, never down).
 - duplicate: an arrival of a webhook-id that was already answered 2xx. Explained by a process
   fault when the process that sent the first 2xx-answered attempt was killed or stopped while
-  that attempt could still be unrecorded: from its arrival to ``timeout + lease margin + tick``
-  after (the dispatcher retries recording an outcome that long); explained by a Redis fault
+  that attempt could still be unrecorded: from one task timeout before its arrival (a process
+  killed or stopped before the receiver read the request had sent it before) to ``timeout +
+  lease margin + tick`` after (the dispatcher retries recording an outcome that long); when
+  the sender is unknown (no live process owned the connection at accept: it had died), by a
+  SIGKILL in the timeout before the arrival; explained by a Redis fault
   when one (restart, stall, failover, migration) overlaps that window or the second before it
-  (appendfsync everysec may lose the last second of writes). Otherwise UNEXPLAINED.
+  (appendfsync everysec may lose the last second of writes); explained by the receiver when
+  its loop did not run for about a task timeout or more right before it read the first 2xx
+  attempt (the request waited in its socket; the sender may have timed out before the
+  answer). Otherwise UNEXPLAINED.
 - delivered after cancel: an arrival after a DELETE answered 204, unless the attempt was in
   flight when the DELETE returned. In flight = it could have started before the answer (its
   scheduled-at is not after it) and it reached the receiver within one task timeout of it
@@ -71,6 +77,9 @@ class Checker:
         self.faults = sorted((e for e in events if e["type"] == "fault"),
                              key=lambda e: e["start"])
         self.procs = [e for e in events if e["type"] == "proc"]
+        # the receiver's own stalls: a request read late may have been answered too late
+        self.stalls = [e for e in events if e["type"] == "receiver_stall"
+                       and e["end"] - e["start"] >= self.timeout - 0.2]
         ends = [e.get("t1") or e.get("t0") or 0 for e in self.ops]
         ends += [e["t"] for e in self.arrivals] + [e.get("end") or 0 for e in self.faults]
         ends += [e["t"] for e in events if e["type"] == "end"]
@@ -85,12 +94,20 @@ class Checker:
         return t, t + self.timeout + self.margin + self.tick
 
     def _explain(self, first: Event) -> str | None:
+        for g in self.stalls:
+            if g["start"] <= first["t"] <= g["end"] + 0.1:
+                return (f"receiver_stall {g['start']:.3f}-{g['end']:.3f}: its 2xx may have "
+                        "come after the sender's timeout")
         lo, hi = self._record_window(first["t"])
         pid = first.get("pid")
         for f in self.faults:
-            if f["kind"] in PROCESS_FAULTS and pid is not None and f.get("pid") == pid \
-                    and lo - 0.05 <= f["start"] <= hi:
+            if f["kind"] not in PROCESS_FAULTS or not lo - self.timeout <= f["start"] <= hi:
+                continue
+            if pid is not None and f.get("pid") == pid:
                 return f"{f['kind']} of {f['target']} at {f['start']:.3f}"
+            if pid is None and f["kind"] == "proc_kill" and f["start"] <= first["t"]:
+                return (f"proc_kill of {f['target']} at {f['start']:.3f} (sender unknown: no "
+                        "live process owned the connection)")
         for f in self.faults:
             end = f.get("end") or self.end
             if f["kind"] not in PROCESS_FAULTS and f["start"] <= hi and end >= lo - 1.0:
@@ -245,6 +262,7 @@ class Checker:
             "ops": dict(Counter(f"{o['op']} {o.get('status')}" for o in self.ops)),
             "faults_by_kind": dict(sorted(faults.items())),
             "faults": len(self.faults),
+            "receiver_stalls": len(self.stalls),
             "counts": {
                 "lost": len(out["lost"]), "early": len(out["early"]),
                 "rounded_down": len(out["rounded_down"]), "phantom": len(out["phantom"]),
@@ -299,6 +317,7 @@ def table(summary: dict[str, Any]) -> str:
         ("  cancel or write indeterminate", summary["tasks_indeterminate_cancel_or_write"]),
         ("schedule occurrences delivered", summary["occurrence_keys_delivered"]),
         ("arrivals at the receiver", summary["arrivals"]),
+        ("receiver stalls >= timeout (instrument)", summary["receiver_stalls"]),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in summary["faults_by_kind"].items())
          or "none"),
         ("LOST", c["lost"]),

@@ -62,5 +62,7 @@ def read(path: Path) -> list[Event]:
 def _lines(path: Path) -> Iterator[Event]:
     with path.open() as fh:
         for line in fh:
-            if line.strip():
+            try:
                 yield json.loads(line)
+            except json.JSONDecodeError:  # blank, or the last line still being written
+                continue

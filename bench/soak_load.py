@@ -73,7 +73,7 @@ class Load:
 
     def _task_body(self, behaviour: str, at: float | None, delay: float | None
                    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"callback_url": self.wheel.receiver.url(behaviour),
+        body: dict[str, Any] = {"callback_url": self.wheel.callback_url(behaviour),
                                 "timeout": self.timeout, "max_attempts": 8, "retry_backoff": 0.5,
                                 "body": {"n": self.n}}
         if at is not None:
@@ -173,7 +173,7 @@ class Load:
             t0, t1, status, _, err = await self._call("DELETE", f"/schedules/{sid}", None)
             self._note("schedule_delete", sid, t0, t1, status, None, err, None)
             return
-        body = {"every": every, "task": {"callback_url": self.wheel.receiver.url("ok"),
+        body = {"every": every, "task": {"callback_url": self.wheel.callback_url("ok"),
                                          "timeout": self.timeout}}
         t0, t1, status, _, err = await self._call("PUT", f"/schedules/{sid}", body)
         self._note("schedule_put", sid, t0, t1, status, None, err, None, every=every)

@@ -1,40 +1,55 @@
 """The soak's receiver: bench/receiver.py's parser, answering by behaviour, naming the sender.
 
+    python -m bench.soak_receiver --port 0 --out ARRIVALS.jsonl --hang 3
+
 Callback paths choose the answer, counted per webhook-id:
 
 - ``/soak/ok``: 200.
 - ``/soak/fail``: 503 to the first ``FAILS`` arrivals of a webhook-id, then 200.
-- ``/soak/hang``: the first arrival is held ``hang_s`` (longer than the task timeout) and then
-  the connection is closed without an answer; later ones get 200.
+- ``/soak/hang``: the first arrival is held ``--hang`` seconds (longer than the task timeout)
+  and then the connection is closed without an answer; later ones get 200.
 
-Which process sent an arrival: when a connection is accepted, the receiver looks up which of the
-live serve processes owns the other end (``psutil.Process(pid).net_connections()``: the socket
-whose local port is the connection's peer port and whose remote port is ours) and keeps the
-answer for the connection's life. The lookup runs at accept, while the sender necessarily holds
-the socket; only the serve processes are searched, so it costs a few ms per new connection, and
-connections are kept alive. ``pid`` is None when no live serve process owns it (it was killed
-between connect and accept).
+Which process sent an arrival: when a connection is accepted, the receiver looks up which
+process owns the other end among its siblings, the children of bench/soak.py (the serve
+processes and the redis-servers): ``psutil.Process(pid).net_connections()``, the socket whose
+local port is the connection's peer port and whose remote port is ours. The answer is kept for
+the connection's life (connections are kept alive, so this costs a few ms now and then). The
+lookup runs at accept: a live sender necessarily still holds the socket. ``pid`` is None when
+no live process owns it: the sender was killed after it connected and before the accept (its
+request still sits in the socket and is read).
 
-It runs on its own thread and event loop so that the load's client work does not delay the
-arrival timestamps.
+It is a process of its own, so the load's work and the fault injector (which forks restarts)
+never hold its interpreter. It still shares the machine's CPUs: a heartbeat every 50 ms writes
+a ``receiver_stall`` record when the loop did not run for more than 0.25 s, because a request
+read late may have been answered after its sender had given up (bench/soak_check.py).
+Arrivals are JSON lines in ``--out`` (line-buffered, written as they happen).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import threading
-from collections.abc import Callable
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime
+from typing import IO, Any
 
 import psutil
 
+from bench.common import run
 from bench.receiver import _Connection, _response, require_loopback
-from bench.soak_history import History
 
 FAILS = 2
 HUNG = 0  # "answered" of an arrival held past the timeout and never answered
+HEARTBEAT_S = 0.05
+STALL_S = 0.25
 
 
 def peer_pid(candidates: list[int], peer_port: int, own_port: int) -> int | None:
+    """The pid among ``candidates`` whose socket is the other end of our connection."""
     for pid in candidates:
         try:
             conns = psutil.Process(pid).net_connections(kind="tcp")
@@ -47,15 +62,36 @@ def peer_pid(candidates: list[int], peer_port: int, own_port: int) -> int | None
     return None
 
 
+def parse_rfc3339(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 class _SoakState:
-    def __init__(self, history: History, pids: Callable[[], list[int]], hang_s: float) -> None:
-        self.history = history
-        self.pids = pids
+    def __init__(self, out: IO[str], hang_s: float) -> None:
+        self.out = out
         self.hang_s = hang_s
+        self.siblings: list[int] = []
         self.port = 0
         self.seen: dict[str, int] = {}
         self.ok = _response(200, b"ok")
         self.fail = _response(503, b"try again")
+
+    def sender(self, peer_port: int) -> int | None:
+        pid = peer_pid(self.siblings, peer_port, self.port)
+        if pid is None:  # a process started since the last look
+            me = os.getpid()
+            self.siblings = [c.pid for c in psutil.Process(os.getppid()).children()
+                             if c.pid != me]
+            pid = peer_pid(self.siblings, peer_port, self.port)
+        return pid
+
+    def add(self, type_: str, **fields: Any) -> None:
+        self.out.write(json.dumps({"type": type_, **fields}) + "\n")
 
 
 class _SoakConnection(_Connection):
@@ -71,7 +107,7 @@ class _SoakConnection(_Connection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self.pid = peer_pid(self.soak.pids(), int(peer[1]), self.soak.port) if peer else None
+        self.pid = self.soak.sender(int(peer[1])) if peer else None
 
     def _handle(self, arrival: float, method: str, target: str, keep: bool,
                 headers: dict[str, str]) -> None:
@@ -99,55 +135,48 @@ class _SoakConnection(_Connection):
             attempt: int | None = int(headers.get("timewheel-attempt", ""))
         except ValueError:
             attempt = None
-        soak.history.add("arrival", t=arrival, key=key, attempt=attempt,
-                         scheduled_at=parse_rfc3339(headers.get("timewheel-scheduled-at")),
-                         answered=status, pid=self.pid, path=path)
+        soak.add("arrival", t=arrival, key=key, attempt=attempt,
+                 scheduled_at=parse_rfc3339(headers.get("timewheel-scheduled-at")),
+                 answered=status, pid=self.pid, path=path)
 
 
-def parse_rfc3339(value: str | None) -> float | None:
-    if not value:
-        return None
-    from datetime import datetime
+async def _heartbeat(state: _SoakState) -> None:
+    last = time.time()
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        now = time.time()
+        if now - last > STALL_S:
+            state.add("receiver_stall", start=last, end=now)
+        last = now
 
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+
+async def _serve(args: argparse.Namespace) -> int:
+    require_loopback(args.host)
+    with open(args.out, "a", buffering=1) as out:
+        state = _SoakState(out, args.hang)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _SoakConnection(state), args.host, args.port,
+                                          backlog=1024)
+        state.port = int(server.sockets[0].getsockname()[1])
+        print(f"LISTENING {state.port}", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        beat = loop.create_task(_heartbeat(state))
+        await stop.wait()
+        beat.cancel()
+        server.close()
+    return 0
 
 
-class SoakReceiver:
-    """``with SoakReceiver(history, pids, hang_s) as r: r.url("ok")``; its own thread."""
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak_receiver")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--hang", type=float, required=True, help="seconds a hung answer is held")
+    return run(_serve(p.parse_args(argv)))
 
-    def __init__(self, history: History, pids: Callable[[], list[int]], hang_s: float,
-                 host: str = "127.0.0.1") -> None:
-        require_loopback(host)
-        self.host = host
-        self.state = _SoakState(history, pids, hang_s)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="soak-receiver",
-                                        daemon=True)
-        self._server: asyncio.base_events.Server | None = None
 
-    def url(self, behaviour: str) -> str:
-        return f"http://{self.host}:{self.state.port}/soak/{behaviour}"
-
-    async def _start(self) -> None:
-        self._server = await self._loop.create_server(
-            lambda: _SoakConnection(self.state), self.host, 0, backlog=1024)
-        self.state.port = int(self._server.sockets[0].getsockname()[1])
-
-    async def _stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-    def __enter__(self) -> SoakReceiver:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+if __name__ == "__main__":
+    sys.exit(main())
