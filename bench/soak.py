@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import machine_facts, start_receiver, stop_process
 from bench.soak_check import check, table
-from bench.soak_faults import Fault, Injector, plan, stall_seconds, stop_seconds
+from bench.soak_faults import Injector, plan, stall_seconds, stop_seconds
 from bench.soak_history import History, read
 from bench.soak_load import Load
 from tests.cluster.replicated import ReplicatedCluster
@@ -125,19 +125,6 @@ class Wheel:
         return codes
 
 
-def _faults_thread(injector: Injector, faults: list[Fault], t0: float,
-                   errors: list[str]) -> None:
-    for fault in faults:
-        # 2 ms before the burst's middle: some attempts are started in Redis, not yet sent
-        wait = t0 + fault.at - 0.002 - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        try:
-            injector.run(fault)
-        except Exception as exc:
-            errors.append(f"{fault.kind} at {fault.at}: {exc!r}")
-
-
 async def _drain(wheel: Wheel, load: Load, bound: float, quiet: float) -> float:
     """Wait until every acknowledged, uncancelled task arrived with a 2xx, or until the last
     due + bound; then ``quiet`` more seconds for late duplicates. Returns the end time."""
@@ -177,8 +164,8 @@ async def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         wheel.start_processes(url, args.processes)
         t0 = time.time()
         load = Load(wheel, args.seed, t0, load_s, faults, short=args.short)
-        injector = threading.Thread(target=_faults_thread,
-                                    args=(Injector(wheel), faults, t0, errors), daemon=True)
+        injector = threading.Thread(target=Injector(wheel).run_all, args=(faults, t0, errors),
+                                    daemon=True)
         injector.start()
         await load.run()
         await asyncio.to_thread(injector.join)

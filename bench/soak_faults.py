@@ -1,9 +1,12 @@
 """The soak's faults: a plan drawn from the seed, and the code that injects each kind.
 
-Every fault starts at a planned offset from the start of the load (``at``); the load creates a
-*burst* of tasks due one millisecond apart around that instant, so the fault lands while
-attempts are between their start in Redis and their send (and while start calls are in
-flight to Redis), which is where a process or Redis fault can double or delay a callback.
+Every fault starts at a planned offset from the start of the load (``at``), 2 ms before the
+middle of a *burst* of tasks the load created 5 s earlier, due 3 ms apart around that instant
+(bench/soak_load.py): the fault lands while attempts are between their start in Redis and
+their send, and while start calls are in flight to Redis, which is where a process or Redis
+fault can double or delay a callback. A process fault is *aimed*: one process usually claims
+a whole burst, so the injector reads which process sent the burst's first arrivals (the
+receiver's file) and kills or stops that one; the planned target only when none arrived yet.
 Faults run one after the other; each is logged with the time it began and the time the system
 was whole again (the process restarted or resumed, Redis answering, the cluster ok).
 
@@ -17,6 +20,7 @@ of a master, its replica promoted, the old master restarted as a replica) and
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -32,6 +36,7 @@ from timewheel.store.keys import Keyspace
 if TYPE_CHECKING:
     from bench.soak import Wheel
 
+PROCESS_FAULTS = ("proc_kill", "proc_stop")
 SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall")
 CLUSTER_KINDS = ("proc_kill", "proc_stop", "failover", "master_kill", "slot_migration")
 RESTART_AFTER_S = 1.0
@@ -44,6 +49,7 @@ class Fault:
     kind: str
     target: int  # serve process index, or a choice among Redis nodes
     duration: float  # how long a stop or stall lasts (0 for the others)
+    aimed: bool = False  # the target was the process seen sending the fault's burst
 
 
 def stop_seconds(timeout: float, margin: float, tick: float) -> float:
@@ -92,10 +98,46 @@ def plan(seed: int, load_s: float, processes: int, *, cluster: bool, short: bool
 
 
 class Injector:
-    """Runs one fault at a time (blocking: called in a thread) and logs it in the history."""
+    """Runs the faults one at a time, each at its instant (blocking: a thread of its own), and
+    logs each in the history."""
 
     def __init__(self, wheel: Wheel) -> None:
         self.wheel = wheel
+        self._offset = 0  # how far the receiver's arrivals file has been read
+        self._senders: dict[str, int | None] = {}  # burst key -> pid of its latest arrival
+
+    def run_all(self, faults: list[Fault], t0: float, errors: list[str]) -> None:
+        for n, fault in enumerate(faults):
+            if fault.kind in PROCESS_FAULTS:
+                # the burst's first tasks are due 60 ms before its middle: see who sends them
+                self._sleep_until(t0 + fault.at - 0.03)
+                self._aim(fault, f"b{n}-")
+            self._sleep_until(t0 + fault.at - 0.002)
+            try:
+                self.run(fault)
+            except Exception as exc:  # reported with the summary; the run goes on
+                errors.append(f"{fault.kind} at {fault.at}: {exc!r}")
+
+    @staticmethod
+    def _sleep_until(t: float) -> None:
+        if t > time.time():
+            time.sleep(t - time.time())
+
+    def _aim(self, fault: Fault, prefix: str) -> None:
+        with self.wheel.arrivals_path.open() as fh:
+            fh.seek(self._offset)
+            for line in fh:
+                if not line.endswith("\n"):
+                    break
+                self._offset += len(line.encode())
+                event = json.loads(line)
+                if event.get("type") == "arrival":
+                    self._senders[event["key"]] = event.get("pid")
+        pids = [pid for key, pid in self._senders.items() if key.startswith(prefix)]
+        slot = next((i for i, s in enumerate(self.wheel.slots) if pids and s.pid == pids[-1]),
+                    None)
+        if slot is not None:
+            fault.target, fault.aimed = slot, True
 
     def run(self, fault: Fault) -> dict[str, Any]:
         method = getattr(self, f"_{fault.kind}")
@@ -103,7 +145,7 @@ class Injector:
         info: dict[str, Any] = method(fault) or {}
         end = time.time()
         return self.wheel.history.add("fault", kind=fault.kind, start=start, end=end,
-                                      planned_at=fault.at, **info)
+                                      planned_at=fault.at, aimed=fault.aimed, **info)
 
     # -- serve processes ---------------------------------------------------------------
 
