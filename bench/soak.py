@@ -36,7 +36,7 @@ TASK_TIMEOUT_S = 2.0  # every task's callback timeout: short, so leases are shor
 LEASE_MARGIN_S = 2.0
 TICK_S = 1.0
 EARLY_SLACK_S = 0.02  # tests/e2e/test_delivery.py's CLOCK_SLACK: same host clock
-SHORT_LOAD_S = 70.0
+SHORT_LOAD_S = 60.0
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The soak's faults: a plan drawn from the seed, and the code that injects each kind.
 
 Every fault starts at a planned offset from the start of the load (``at``), 2 ms before the
-middle of a *burst* of tasks the load created 5 s earlier, due 3 ms apart around that instant
+middle of a *burst* of tasks the load created 5 s earlier, due in clumps around that instant
 (bench/soak_load.py): the fault lands while attempts are between their start in Redis and
 their send, and while start calls are in flight to Redis, which is where a process or Redis
 fault can double or delay a callback. A process fault is *aimed*: one process usually claims
@@ -109,7 +109,7 @@ class Injector:
     def run_all(self, faults: list[Fault], t0: float, errors: list[str]) -> None:
         for n, fault in enumerate(faults):
             if fault.kind in PROCESS_FAULTS:
-                # the burst's first tasks are due 60 ms before its middle: see who sends them
+                # the burst's scouts are due 60-40 ms before its middle: see who sends them
                 self._sleep_until(t0 + fault.at - 0.03)
                 self._aim(fault, f"b{n}-")
             self._sleep_until(t0 + fault.at - 0.002)

@@ -1,12 +1,13 @@
 """The soak's load: tasks created over the whole run, every operation written to the history.
 
 Each second, on average: 5 single POSTs, a batch of 8 every 2 s, 0.3 PUTs of a new key, 0.5
-PUT replaces and 0.5 DELETEs of tasks not yet due, due 1-12 s ahead (0.5-8 s in the short
+PUT replaces and 0.5 DELETEs of tasks not yet due, due 1-12 s ahead (0.5-6 s in the short
 mode); 80 % of callbacks answer 200, 10 % answer 503 twice first, 10 % hang past the timeout
 once. Schedules with ``every`` (2 s and 3 s from the start, 5 s from the middle; the 3 s one is
-deleted at two thirds, all at the end). Before each fault, a *burst*: 41 tasks due 3 ms
-apart around the fault's instant. Requests go to a random serve process that is
-not being faulted; each runs as its own asyncio task, so a hung answer never slows the load.
+deleted at two thirds, all at the end). Before each fault, a *burst*: 63 tasks due
+within 60 ms before and 10 ms after the fault's instant (``BURST``). Requests go to a random
+serve process that is not being faulted; each runs as its own asyncio task, so a hung answer
+never slows the load.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ if TYPE_CHECKING:
     from bench.soak import Wheel
 
 CLIENT_TIMEOUT_S = 15.0  # past the service's own Redis timeouts (5 s socket, 1 s WAIT)
-BURST = 41
-BURST_SPACING_S = 0.003  # a process keeps up with one due every 3 ms, so some wait started
+# Seconds from the fault's instant at which a burst's tasks are due: three scouts (whose
+# sender the injector reads to aim at it), then clumps of 12 due at the same millisecond,
+# 5 ms apart. A process sends a clump one request after the other once their start calls
+# answered: while it does, the rest of the clump is started in Redis and not yet sent.
+BURST = (-0.060, -0.050, -0.040, *sorted([-0.010, -0.005, 0.0, 0.005, 0.010] * 12))
 BEHAVIOURS = (("ok", 0.8), ("fail", 0.1), ("hang", 0.1))
 
 
@@ -39,7 +43,7 @@ class Load:
         self.t0 = t0
         self.seconds = seconds
         self.faults = faults
-        self.delay = (0.5, 8.0) if short else (1.0, 12.0)
+        self.delay = (0.5, 6.0) if short else (1.0, 12.0)
         self.timeout = wheel.task_timeout
         self.pending: set[asyncio.Task[None]] = set()
         self.n = 0
@@ -180,8 +184,8 @@ class Load:
 
     def burst(self, n: int, fault: Fault) -> None:
         at = self.t0 + fault.at
-        items = [(f"b{n}-{j}", "ok", round(at + (j - BURST // 2) * BURST_SPACING_S, 3), None)
-                 for j in range(BURST)]
+        items = [(f"b{n}-{j}", "ok", round(at + offset, 3), None)
+                 for j, offset in enumerate(BURST)]
         self._spawn(self.batch(items, via="burst"))
 
     # -- the run ---------------------------------------------------------------------------

@@ -9,14 +9,15 @@ Callback paths choose the answer, counted per webhook-id:
 - ``/soak/hang``: the first arrival is held ``--hang`` seconds (longer than the task timeout)
   and then the connection is closed without an answer; later ones get 200.
 
-Which process sent an arrival: when a connection is accepted, the receiver looks up which
-process owns the other end among its siblings, the children of bench/soak.py (the serve
-processes and the redis-servers): ``psutil.Process(pid).net_connections()``, the socket whose
-local port is the connection's peer port and whose remote port is ours. The answer is kept for
-the connection's life (connections are kept alive, so this costs a few ms now and then). The
-lookup runs at accept: a live sender necessarily still holds the socket. ``pid`` is None when
-no live process owns it: the sender was killed after it connected and before the accept (its
-request still sits in the socket and is read).
+Which process sent an arrival: within 5 ms of accepting a connection, the receiver looks up
+which serve process (a child of bench/soak.py running timewheel) owns the other end:
+``psutil.Process(pid).net_connections()``, the socket whose local port is the connection's
+peer port and whose remote port is ours. One look serves every connection accepted since the
+last one, so a burst of new connections costs one pass, and the answer is kept for the
+connection's life (connections are kept alive). Requests are answered at once; their records
+wait for the look. A live sender still holds its socket then; ``pid`` is None when no live
+process owns it: the sender was killed (its request is still read from the socket), or it
+had already given up and closed it.
 
 It is a process of its own, so the load's work and the fault injector (which forks restarts)
 never hold its interpreter. It still shares the machine's CPUs: a heartbeat every 50 ms writes
@@ -46,20 +47,33 @@ FAILS = 2
 HUNG = 0  # "answered" of an arrival held past the timeout and never answered
 HEARTBEAT_S = 0.05
 STALL_S = 0.25
+RESOLVE_S = 0.005
 
 
-def peer_pid(candidates: list[int], peer_port: int, own_port: int) -> int | None:
-    """The pid among ``candidates`` whose socket is the other end of our connection."""
+def peer_pids(candidates: list[int], own_port: int) -> dict[int, int]:
+    """Local port -> pid, for the ``candidates``' sockets connected to ``own_port``."""
+    found: dict[int, int] = {}
     for pid in candidates:
         try:
             conns = psutil.Process(pid).net_connections(kind="tcp")
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         for conn in conns:
-            if conn.laddr and conn.laddr.port == peer_port and conn.raddr \
-                    and conn.raddr.port == own_port:
-                return pid
-    return None
+            if conn.laddr and conn.raddr and conn.raddr.port == own_port:
+                found[conn.laddr.port] = pid
+    return found
+
+
+def serve_processes() -> list[int]:
+    """The serve processes among bench/soak.py's children (not this one, not redis-server)."""
+    out = []
+    for child in psutil.Process(os.getppid()).children():
+        try:
+            if "timewheel" in " ".join(child.cmdline()):
+                out.append(child.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
 
 
 def parse_rfc3339(value: str | None) -> float | None:
@@ -76,19 +90,22 @@ class _SoakState:
         self.out = out
         self.hang_s = hang_s
         self.siblings: list[int] = []
+        self.unresolved: list[_SoakConnection] = []
         self.port = 0
         self.seen: dict[str, int] = {}
         self.ok = _response(200, b"ok")
         self.fail = _response(503, b"try again")
 
-    def sender(self, peer_port: int) -> int | None:
-        pid = peer_pid(self.siblings, peer_port, self.port)
-        if pid is None:  # a process started since the last look
-            me = os.getpid()
-            self.siblings = [c.pid for c in psutil.Process(os.getppid()).children()
-                             if c.pid != me]
-            pid = peer_pid(self.siblings, peer_port, self.port)
-        return pid
+    def resolve(self) -> None:
+        """One look at the serve processes' sockets for every connection accepted since the
+        last one (a burst of new connections costs one pass, not one each)."""
+        conns, self.unresolved = self.unresolved, []
+        found = peer_pids(self.siblings, self.port)
+        if any(c.peer not in found for c in conns):  # a process started since the last look
+            self.siblings = serve_processes()
+            found = peer_pids(self.siblings, self.port)
+        for conn in conns:
+            conn.resolved(found.get(conn.peer))
 
     def add(self, type_: str, **fields: Any) -> None:
         self.out.write(json.dumps({"type": type_, **fields}) + "\n")
@@ -97,17 +114,27 @@ class _SoakState:
 class _SoakConnection(_Connection):
     """bench/receiver.py's HTTP/1.1 parsing; the answer and the record are the soak's."""
 
-    __slots__ = ("pid", "soak")
+    __slots__ = ("done", "peer", "pid", "soak", "waiting")
 
     def __init__(self, soak: _SoakState) -> None:
         super().__init__(state=None)  # type: ignore[arg-type]  # _handle is ours
         self.soak = soak
         self.pid: int | None = None
+        self.peer = 0
+        self.done = False  # the sender's pid is known (or known to be gone)
+        self.waiting: list[dict[str, Any]] = []  # arrivals recorded once it is
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        self.pid = self.soak.sender(int(peer[1])) if peer else None
+        self.peer = int(peer[1]) if peer else 0
+        self.soak.unresolved.append(self)
+
+    def resolved(self, pid: int | None) -> None:
+        self.pid, self.done = pid, True
+        for fields in self.waiting:
+            self.soak.add("arrival", **fields, pid=pid)
+        self.waiting.clear()
 
     def _handle(self, arrival: float, method: str, target: str, keep: bool,
                 headers: dict[str, str]) -> None:
@@ -135,9 +162,13 @@ class _SoakConnection(_Connection):
             attempt: int | None = int(headers.get("timewheel-attempt", ""))
         except ValueError:
             attempt = None
-        soak.add("arrival", t=arrival, key=key, attempt=attempt,
-                 scheduled_at=parse_rfc3339(headers.get("timewheel-scheduled-at")),
-                 answered=status, pid=self.pid, path=path)
+        fields = {"t": arrival, "key": key, "attempt": attempt, "answered": status,
+                  "scheduled_at": parse_rfc3339(headers.get("timewheel-scheduled-at")),
+                  "path": path}
+        if self.done:
+            soak.add("arrival", **fields, pid=self.pid)
+        else:
+            self.waiting.append(fields)
 
 
 async def _heartbeat(state: _SoakState) -> None:
@@ -148,6 +179,13 @@ async def _heartbeat(state: _SoakState) -> None:
         if now - last > STALL_S:
             state.add("receiver_stall", start=last, end=now)
         last = now
+
+
+async def _resolver(state: _SoakState) -> None:
+    while True:
+        await asyncio.sleep(RESOLVE_S)
+        if state.unresolved:
+            state.resolve()
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -163,8 +201,12 @@ async def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         beat = loop.create_task(_heartbeat(state))
+        resolver = loop.create_task(_resolver(state))
         await stop.wait()
         beat.cancel()
+        resolver.cancel()
+        if state.unresolved:
+            state.resolve()
         server.close()
     return 0
 
