@@ -1,12 +1,13 @@
 """The soak's faults: a plan drawn from the seed, and the code that injects each kind.
 
 Every fault starts at a planned offset from the start of the load (``at``), 2 ms before the
-middle of a *burst* of tasks the load created 5 s earlier, due in clumps around that instant
-(bench/soak_load.py): the fault lands while attempts are between their start in Redis and
-their send, and while start calls are in flight to Redis, which is where a process or Redis
-fault can double or delay a callback. A process fault is *aimed*: one process usually claims
-a whole burst, so the injector reads which process sent the burst's first arrivals (the
-receiver's file) and kills or stops that one; the planned target only when none arrived yet.
+middle of a burst of tasks the load created 5 s earlier, one due every millisecond around
+that instant (bench/soak_load.py): the fault lands while attempts are between their start in
+Redis and their send (or while their start calls are in flight to Redis), which is where a
+process or Redis fault can double or delay a callback. A process fault is *aimed*: a burst's
+tasks are all in one bucket and due within 70 ms, so one claim usually takes them all, and
+the injector reads which process sent the burst's scouts (due 60-40 ms earlier; the
+receiver's file) and kills or stops that one; the planned target when none arrived in time.
 Faults run one after the other; each is logged with the time it began and the time the system
 was whole again (the process restarted or resumed, Redis answering, the cluster ok).
 
@@ -40,6 +41,7 @@ PROCESS_FAULTS = ("proc_kill", "proc_stop")
 SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall")
 CLUSTER_KINDS = ("proc_kill", "proc_stop", "failover", "master_kill", "slot_migration")
 RESTART_AFTER_S = 1.0
+LEAD_S = 0.002  # a fault starts this long before the middle of its burst
 REDIS_DOWN_S = 1.0  # a restart is not instant: its supervisor's delay, the AOF's load
 
 
@@ -109,10 +111,11 @@ class Injector:
     def run_all(self, faults: list[Fault], t0: float, errors: list[str]) -> None:
         for n, fault in enumerate(faults):
             if fault.kind in PROCESS_FAULTS:
-                # the burst's scouts are due 60-40 ms before its middle: see who sends them
-                self._sleep_until(t0 + fault.at - 0.03)
-                self._aim(fault, f"b{n}-")
-            self._sleep_until(t0 + fault.at - 0.002)
+                # the burst's scouts are due 60-40 ms before its middle: see who sent them
+                self._sleep_until(t0 + fault.at - 0.035)
+                while not self._aim(fault, f"b{n}-") and time.time() < t0 + fault.at - 0.008:
+                    time.sleep(0.002)
+            self._sleep_until(t0 + fault.at - LEAD_S)
             try:
                 self.run(fault)
             except Exception as exc:  # reported with the summary; the run goes on
@@ -123,7 +126,7 @@ class Injector:
         if t > time.time():
             time.sleep(t - time.time())
 
-    def _aim(self, fault: Fault, prefix: str) -> None:
+    def _aim(self, fault: Fault, prefix: str) -> bool:
         with self.wheel.arrivals_path.open() as fh:
             fh.seek(self._offset)
             for line in fh:
@@ -138,6 +141,7 @@ class Injector:
                     None)
         if slot is not None:
             fault.target, fault.aimed = slot, True
+        return fault.aimed
 
     def run(self, fault: Fault) -> dict[str, Any]:
         method = getattr(self, f"_{fault.kind}")

@@ -4,10 +4,10 @@ Each second, on average: 5 single POSTs, a batch of 8 every 2 s, 0.3 PUTs of a n
 PUT replaces and 0.5 DELETEs of tasks not yet due, due 1-12 s ahead (0.5-6 s in the short
 mode); 80 % of callbacks answer 200, 10 % answer 503 twice first, 10 % hang past the timeout
 once. Schedules with ``every`` (2 s and 3 s from the start, 5 s from the middle; the 3 s one is
-deleted at two thirds, all at the end). Before each fault, a *burst*: 63 tasks due
-within 60 ms before and 10 ms after the fault's instant (``BURST``). Requests go to a random
-serve process that is not being faulted; each runs as its own asyncio task, so a hung answer
-never slows the load.
+deleted at two thirds, all at the end). Before each fault, a *burst* of 20 tasks in one
+bucket: 3 scouts due 60-40 ms before the fault's instant, one a ms within 8 ms of it.
+Requests go to a random serve process that is not being faulted; each runs as its own
+asyncio task, so a hung answer never slows the load.
 """
 
 from __future__ import annotations
@@ -21,16 +21,21 @@ import aiohttp
 
 from bench.soak_faults import Fault
 from bench.soak_receiver import parse_rfc3339
+from timewheel.store.keys import Keyspace
 
 if TYPE_CHECKING:
     from bench.soak import Wheel
 
 CLIENT_TIMEOUT_S = 15.0  # past the service's own Redis timeouts (5 s socket, 1 s WAIT)
 # Seconds from the fault's instant at which a burst's tasks are due: three scouts (whose
-# sender the injector reads to aim at it), then clumps of 12 due at the same millisecond,
-# 5 ms apart. A process sends a clump one request after the other once their start calls
-# answered: while it does, the rest of the clump is started in Redis and not yet sent.
-BURST = (-0.060, -0.050, -0.040, *sorted([-0.010, -0.005, 0.0, 0.005, 0.010] * 12))
+# sender the injector reads to aim at it), then one task a millisecond from 8 ms before to 8 ms
+# after. A process starts an attempt in Redis 5 ms before it is due and, once answered, waits
+# for its time: wherever the fault lands, some are started and not yet sent. (Denser bursts
+# make the process fall behind: it then sends each as soon as its start is answered, and the
+# window closes.) All in one bucket and due within 70 ms, so one claim (everything due up to
+# its horizon) almost always takes them all: the scouts' sender holds the rest too.
+BURST = (-0.06, -0.05, -0.04, *(ms / 1000 for ms in range(-8, 9)))
+BURST_BUCKET = 5
 BEHAVIOURS = (("ok", 0.8), ("fail", 0.1), ("hang", 0.1))
 
 
@@ -51,6 +56,7 @@ class Load:
         self.expect: dict[str, float] = {}
         self.movable: dict[str, float] = {}  # acknowledged, not yet due: replace/cancel targets
         self.session: aiohttp.ClientSession | None = None
+        self.keys = Keyspace(wheel.key_prefix)  # the wheel's 16 buckets (a new wheel's default)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -184,8 +190,9 @@ class Load:
 
     def burst(self, n: int, fault: Fault) -> None:
         at = self.t0 + fault.at
-        items = [(f"b{n}-{j}", "ok", round(at + offset, 3), None)
-                 for j, offset in enumerate(BURST)]
+        keys = (key for j in range(10_000) if self.keys.bucket_of(key := f"b{n}-{j}")
+                == BURST_BUCKET)
+        items = [(next(keys), "ok", round(at + offset, 3), None) for offset in BURST]
         self._spawn(self.batch(items, via="burst"))
 
     # -- the run ---------------------------------------------------------------------------

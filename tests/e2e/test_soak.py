@@ -16,14 +16,24 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak_history import read
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {"proc_kill", "proc_stop", "redis_restart", "redis_stall"}
 
 
+class UnexplainedDuplicate(AssertionError):
+    """The one failure the xfail below expects; any other failure fails the test."""
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason=(
+# Not strict: the SIGSTOP must land in the few ms between an attempt's start in Redis and its
+# send, which one aimed stop does in about half of the short runs on the 2-core machine
+# (bench/README.md, "Fault-injection soak"); a strict marker would fail CI on the other half.
+# Any other failure (lost, early, after cancel, a fault not injected) fails the test.
+@pytest.mark.xfail(strict=False, raises=UnexplainedDuplicate, reason=(
     "issue #23 finding, reproduced by the soak: a process SIGSTOPped after it marked an "
     "attempt started sends it on SIGCONT, past its lease, after another process delivered "
     "the task (an unexplained duplicate). The delivery-core rebuild must fix it; remove this "
@@ -43,7 +53,7 @@ def test_short_soak_loses_nothing_fires_nothing_early_and_doubles_only_after_fau
     # held the burst due at that instant), tasks created, cancelled and delivered.
     assert summary["fault_errors"] == [], table
     assert set(summary["faults_by_kind"]) == KINDS, table
-    history = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
+    history = read(tmp_path / "history.jsonl")
     aimed = [e["aimed"] for e in history if e["type"] == "fault" and e["kind"] == "proc_stop"]
     assert aimed == [True], table
     assert summary["tasks_acknowledged"] > 300 and summary["tasks_cancelled"] > 0, table
@@ -56,5 +66,6 @@ def test_short_soak_loses_nothing_fires_nothing_early_and_doubles_only_after_fau
     assert counts["rounded_down"] == 0, details["rounded_down"][:5]
     assert counts["phantom"] == 0, details["phantom"][:5]
     assert counts["delivered_after_cancel"] == 0, details["after_cancel"][:5]
-    assert counts["duplicates_unexplained"] == 0, details["duplicates_unexplained"][:5]
     assert summary["exit_codes"] == {"p0": 0, "p1": 0, "p2": 0}, table
+    if counts["duplicates_unexplained"]:
+        raise UnexplainedDuplicate(details["duplicates_unexplained"][:5])
