@@ -45,6 +45,7 @@ import argparse
 import json
 import sys
 from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,7 @@ class Checker:
         for a in self.arrivals:
             arrivals[a["key"]].append(a)
         out: dict[str, Any] = {"lost": [], "early": [], "rounded_down": [], "phantom": [],
-                               "after_cancel": [], "late_beyond_bound": [],
+                               "after_cancel": [], "superseded": [], "late_beyond_bound": [],
                                "duplicates_explained": [], "duplicates_unexplained": []}
         tally: Counter[str] = Counter()
         for key, ops in by_key.items():
@@ -200,6 +201,7 @@ class Checker:
             return
         tally["acked"] += 1
         tally["delivered"] += bool(got_2xx)
+        self._superseded(key, acked_writes, arrivals, out)
         last = acked_writes[-1]
         later = [o for o in ops if o["t0"] > last["t0"]]
         cancel_ok = [o for o in later if o["op"] == "cancel" and o.get("status") == 204]
@@ -221,6 +223,23 @@ class Checker:
         elif got_2xx[0]["t"] > due + self.bound:
             out["late_beyond_bound"].append({"key": key, "due": due,
                                              "delivered": got_2xx[0]["t"]})
+
+    def _superseded(self, key: str, writes: list[Event], arrivals: list[Event],
+                    out: dict[str, Any]) -> None:
+        """An arrival of a version that a PUT had replaced when it was answered (by its
+        scheduled-at), unless it was in flight then (the rule of a DELETE's answer)."""
+        for old, new in pairwise(writes):
+            was = old.get("execute_at")
+            if was is None or was == new.get("execute_at"):
+                continue
+            for a in arrivals:
+                sched = a.get("scheduled_at")
+                if sched is None or abs(sched - was) > 0.0005 or a["t"] <= new["t1"]:
+                    continue
+                if not (sched <= new["t1"] and a["t"] <= new["t1"] + self.timeout):
+                    out["superseded"].append({"key": key, "replaced_at": round(new["t1"], 3),
+                                              "arrival": round(a["t"], 3), "scheduled_at": sched,
+                                              "sender": self._who(a)})
 
     def _early(self, key: str, group: list[Event], out: dict[str, Any]) -> None:
         for a in group:
@@ -270,6 +289,7 @@ class Checker:
                 "duplicates_unexplained": len(out["duplicates_unexplained"]),
                 "occurrences_fired_twice": tally["occurrence_dups"],
                 "delivered_after_cancel": len(out["after_cancel"]),
+                "delivered_superseded": len(out["superseded"]),
                 "late_beyond_bound": len(out["late_beyond_bound"]),
                 "slow_recovery": len(out["slow_recovery"]),
             },
@@ -293,7 +313,7 @@ class Checker:
 
 
 FAILING = ("lost", "early", "rounded_down", "phantom", "duplicates_unexplained",
-           "delivered_after_cancel")
+           "delivered_after_cancel", "delivered_superseded")
 
 
 def check(events: list[Event]) -> dict[str, Any]:
@@ -328,6 +348,7 @@ def table(summary: dict[str, Any]) -> str:
         ("duplicates UNEXPLAINED", c["duplicates_unexplained"]),
         ("  of which occurrences fired twice", c["occurrences_fired_twice"]),
         ("delivered after DELETE 204", c["delivered_after_cancel"]),
+        ("replaced version delivered after the PUT", c["delivered_superseded"]),
         ("delivered later than due + bound", c["late_beyond_bound"]),
         ("sent > 2 ticks after Redis was back", c["slow_recovery"]),
         ("lateness p50/p99/max ms, outside faults",
@@ -339,8 +360,8 @@ def table(summary: dict[str, Any]) -> str:
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
-    for kind in ("duplicates_unexplained", "after_cancel", "lost", "early", "phantom",
-                 "slow_recovery"):
+    for kind in ("duplicates_unexplained", "after_cancel", "superseded", "lost", "early",
+                 "phantom", "slow_recovery"):
         for item in summary["details"][kind][:5]:
             lines.append(f"  {kind}: {json.dumps(item)}")
     lines.append("RESULT: " + ("FAIL " + ", ".join(summary["failed"]) if summary["failed"]

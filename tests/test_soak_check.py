@@ -180,3 +180,13 @@ def test_lateness_is_split_by_fault_windows_and_slow_recovery_is_reported() -> N
     assert summary["lateness_in_fault_windows"]["max_ms"] == 4500.0
     slow = summary["details"]["slow_recovery"]
     assert [s["key"] for s in slow] == ["b"] and summary["failed"] == []
+
+
+def test_the_replaced_version_delivered_after_the_put_answered_is_reported() -> None:
+    put = create("a", T0 + 9, t0=T0 + 2)
+    put["op"], put["status"] = "replace", 200
+    stale = counts(create("a", T0 + 5), put, arrival("a", T0 + 5, T0 + 5),
+                   arrival("a", T0 + 9, T0 + 9), end(T0 + 60))
+    assert stale["delivered_superseded"] == 1
+    fine = counts(create("a", T0 + 5), put, arrival("a", T0 + 9, T0 + 9), end(T0 + 60))
+    assert fine["delivered_superseded"] == 0 and fine["lost"] == 0
