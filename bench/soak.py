@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="soak-"))
     out.mkdir(parents=True, exist_ok=True)
-    # The injector thread must wake on time for its 1.5 ms lead: hand the interpreter over
+    # The injector thread must wake on time for its 2 ms lead: hand the interpreter over
     # sooner than the default 5 ms when the load's thread holds it.
     sys.setswitchinterval(0.0005)
     summary = asyncio.run(soak(args, out))

@@ -66,6 +66,7 @@ def test_short_soak_loses_nothing_fires_nothing_early_and_doubles_only_after_fau
     assert counts["rounded_down"] == 0, details["rounded_down"][:5]
     assert counts["phantom"] == 0, details["phantom"][:5]
     assert counts["delivered_after_cancel"] == 0, details["after_cancel"][:5]
+    assert counts["delivered_superseded"] == 0, details["superseded"][:5]
     assert summary["exit_codes"] == {"p0": 0, "p1": 0, "p2": 0}, table
     if counts["duplicates_unexplained"]:
         raise UnexplainedDuplicate(details["duplicates_unexplained"][:5])
