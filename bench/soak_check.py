@@ -19,10 +19,10 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   that attempt could still be unrecorded: from one task timeout before its arrival (a process
   killed or stopped before the receiver read the request had sent it before) to ``timeout +
   lease margin + tick`` after (the dispatcher retries recording an outcome that long); when
-  the sender is unknown (no live process owned the connection at accept: it had died), by a
-  SIGKILL in the timeout before the arrival; explained by a Redis fault
-  when one (restart, stall, failover, migration) overlaps that window or the second before it
-  (appendfsync everysec may lose the last second of writes); explained by the receiver when
+  the sender is unknown (no live process owned the connection when the receiver looked, a
+  few ms after the accept: it had died), by a SIGKILL in that same window; explained by a
+  Redis fault when one (restart, stall, failover, migration) overlaps that window or the
+  second before it (appendfsync everysec may lose the last second of writes); by the receiver when
   its loop did not run for about a task timeout or more right before it read the first 2xx
   attempt (the request waited in its socket; the sender may have timed out before the
   answer). Otherwise UNEXPLAINED.
@@ -106,9 +106,9 @@ class Checker:
                 continue
             if pid is not None and f.get("pid") == pid:
                 return f"{f['kind']} of {f['target']} at {f['start']:.3f}"
-            if pid is None and f["kind"] == "proc_kill" and f["start"] <= first["t"]:
+            if pid is None and f["kind"] == "proc_kill":
                 return (f"proc_kill of {f['target']} at {f['start']:.3f} (sender unknown: no "
-                        "live process owned the connection)")
+                        "live process owned the connection when the receiver looked)")
         for f in self.faults:
             end = f.get("end") or self.end
             if f["kind"] not in PROCESS_FAULTS and f["start"] <= hi and end >= lo - 1.0:

@@ -110,6 +110,15 @@ def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None
                    fault(kind, T0 + 5.002, T0 + 13, pid=1),
                    arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
         assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (1, 0), kind
+    # the sender died before the receiver could name it (pid None): a SIGKILL in the window
+    c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=None),
+               fault("proc_kill", T0 + 5.003, T0 + 7, pid=1),
+               arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (1, 0)
+    c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=None),
+               fault("proc_stop", T0 + 5.003, T0 + 13, pid=1),
+               arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1  # a stopped process still holds its sockets
     # control: the fault hit the other process
     c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
                fault("proc_kill", T0 + 5.002, T0 + 13, pid=2),
