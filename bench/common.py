@@ -214,13 +214,15 @@ def print_machine(facts: dict[str, Any]) -> None:
 
 
 def start_receiver(args: Sequence[str] = (), *, timeout: float = 15.0,
-                   log_path: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    """Start ``python -m bench.receiver --port 0 ...`` and return (process, port)."""
+                   log_path: Path | None = None, module: str = "bench.receiver"
+                   ) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``python -m <module> --port 0 ...`` (a receiver that prints ``LISTENING <port>``
+    first) and return (process, port)."""
     import select
 
     with open(log_path or os.devnull, "ab") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.receiver", "--port", "0", *args],
+            [sys.executable, "-m", module, "--port", "0", *args],
             cwd=str(BENCH_DIR.parent), stdout=subprocess.PIPE, stderr=stderr,
         )
     assert proc.stdout is not None

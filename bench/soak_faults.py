@@ -1,0 +1,245 @@
+"""The soak's faults: a plan drawn from the seed, and the code that injects each kind.
+
+Every fault starts at a planned offset from the start of the load (``at``), 2 ms before the
+middle of a burst of tasks the load created 5 s earlier, one due every millisecond around
+that instant (bench/soak_load.py): the fault lands while attempts are between their start in
+Redis and their send (or while their start calls are in flight to Redis), which is where a
+process or Redis fault can double or delay a callback. A process fault is *aimed*: a burst's
+tasks are all in one bucket and due within 70 ms, so one claim usually takes them all, and
+the injector reads which process sent the burst's scouts (due 60-40 ms earlier; the
+receiver's file) and kills or stops that one; the planned target when none arrived in time.
+Faults run one after the other; each is logged with the time it began and the time the system
+was whole again (the process restarted or resumed, Redis answering, the cluster ok).
+
+Kinds: ``proc_kill`` (SIGKILL, restart 1 s later), ``proc_stop`` (SIGSTOP longer than any
+lease, then SIGCONT), ``redis_restart`` (SIGKILL of redis-server, restart from its AOF on the
+same port), ``redis_stall`` (SIGSTOP of redis-server longer than the service's socket timeout);
+with a cluster, ``failover`` (CLUSTER FAILOVER FORCE on a replica), ``master_kill`` (SIGKILL
+of a master, its replica promoted, the old master restarted as a replica) and
+``slot_migration`` (a task bucket's slot moved to another master, key batch by key batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tests.cluster.replicated import ReplicatedCluster, stopped
+from tests.support.redis_server import RedisServer
+from timewheel.store.connection import SOCKET_TIMEOUT
+from timewheel.store.keys import Keyspace
+
+if TYPE_CHECKING:
+    from bench.soak import Wheel
+
+PROCESS_FAULTS = ("proc_kill", "proc_stop")
+SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall")
+CLUSTER_KINDS = ("proc_kill", "proc_stop", "failover", "master_kill", "slot_migration")
+RESTART_AFTER_S = 1.0
+LEAD_S = 0.002  # a fault starts this long before the middle of its burst
+REDIS_DOWN_S = 1.0  # a restart is not instant: its supervisor's delay, the AOF's load
+
+
+@dataclass
+class Fault:
+    at: float  # seconds after the load started
+    kind: str
+    target: int  # serve process index, or a choice among Redis nodes
+    duration: float  # how long a stop or stall lasts (0 for the others)
+    aimed: bool = False  # the target was the process seen sending the fault's burst
+
+
+def stop_seconds(timeout: float, margin: float, tick: float) -> float:
+    """Longer than any lease (due + timeout + margin, claimed up to a tick ahead)."""
+    return timeout + margin + tick + 3.0
+
+
+def stall_seconds() -> float:
+    """Longer than the service's Redis socket timeout."""
+    return SOCKET_TIMEOUT + 2.0
+
+
+def plan(seed: int, load_s: float, processes: int, *, cluster: bool, short: bool,
+         timeout: float, margin: float, tick: float) -> list[Fault]:
+    """The faults of one run. Short mode: one of each single-Redis kind (kill, stop, Redis
+    restart, Redis stall), or of each cluster kind. Long mode: kinds drawn from a shuffled bag
+    (so each comes up equally often), a random gap after each fault's recovery."""
+    rng = random.Random(seed)
+    kinds = CLUSTER_KINDS if cluster else SINGLE_KINDS
+    recovery = timeout + margin + 2 * tick  # leases of what it held run out, then a tick
+    out: list[Fault] = []
+    t = 8.0 + rng.uniform(0, 2)
+    bag: list[str] = []
+    while True:
+        if short:
+            if len(out) == len(kinds):
+                break
+            kind = kinds[len(out)]
+        else:
+            if not bag:
+                bag = list(kinds)
+                rng.shuffle(bag)
+            kind = bag.pop()
+        duration = 0.0
+        if kind == "proc_stop":
+            duration = stop_seconds(timeout, margin, tick) + (0 if short else rng.uniform(0, 4))
+        elif kind == "redis_stall":
+            duration = stall_seconds() + (0 if short else rng.uniform(0, 3))
+        if not short and t + duration + recovery > load_s - 5:
+            break
+        out.append(Fault(round(t, 3), kind, rng.randrange(processes), round(duration, 3)))
+        busy = {"proc_kill": 3.0, "redis_restart": 3.0, "master_kill": 15.0,
+                "failover": 8.0, "slot_migration": 8.0}.get(kind, duration)
+        t += busy + recovery + (rng.uniform(2, 4) if short else rng.uniform(4, 14))
+    return out
+
+
+class Injector:
+    """Runs the faults one at a time, each at its instant (blocking: a thread of its own), and
+    logs each in the history."""
+
+    def __init__(self, wheel: Wheel) -> None:
+        self.wheel = wheel
+        self._offset = 0  # how far the receiver's arrivals file has been read
+        self._senders: dict[str, int | None] = {}  # burst key -> pid of its latest arrival
+
+    def run_all(self, faults: list[Fault], t0: float, errors: list[str]) -> None:
+        for n, fault in enumerate(faults):
+            if fault.kind in PROCESS_FAULTS:
+                # the burst's scouts are due 60-40 ms before its middle: see who sent them
+                self._sleep_until(t0 + fault.at - 0.035)
+                while not self._aim(fault, f"b{n}-") and time.time() < t0 + fault.at - 0.008:
+                    time.sleep(0.002)
+            self._sleep_until(t0 + fault.at - LEAD_S)
+            try:
+                self.run(fault)
+            except Exception as exc:  # reported with the summary; the run goes on
+                errors.append(f"{fault.kind} at {fault.at}: {exc!r}")
+
+    @staticmethod
+    def _sleep_until(t: float) -> None:
+        if t > time.time():
+            time.sleep(t - time.time())
+
+    def _aim(self, fault: Fault, prefix: str) -> bool:
+        with self.wheel.arrivals_path.open() as fh:
+            fh.seek(self._offset)
+            for line in fh:
+                if not line.endswith("\n"):
+                    break
+                self._offset += len(line.encode())
+                event = json.loads(line)
+                if event.get("type") == "arrival":
+                    self._senders[event["key"]] = event.get("pid")
+        pids = [pid for key, pid in self._senders.items() if key.startswith(prefix)]
+        slot = next((i for i, s in enumerate(self.wheel.slots) if pids and s.pid == pids[-1]),
+                    None)
+        if slot is not None:
+            fault.target, fault.aimed = slot, True
+        return fault.aimed
+
+    def run(self, fault: Fault) -> dict[str, Any]:
+        method = getattr(self, f"_{fault.kind}")
+        start = time.time()
+        info: dict[str, Any] = method(fault) or {}
+        end = time.time()
+        return self.wheel.history.add("fault", kind=fault.kind, start=start, end=end,
+                                      planned_at=fault.at, aimed=fault.aimed, **info)
+
+    # -- serve processes ---------------------------------------------------------------
+
+    def _proc_kill(self, fault: Fault) -> dict[str, Any]:
+        slot = self.wheel.slots[fault.target]
+        pid = slot.pid
+        slot.up = False
+        self.wheel.kill(slot, "SIGKILL")
+        time.sleep(RESTART_AFTER_S)
+        self.wheel.restart(slot)
+        return {"target": slot.name, "pid": pid, "detail": f"restarted as pid {slot.pid}"}
+
+    def _proc_stop(self, fault: Fault) -> dict[str, Any]:
+        slot = self.wheel.slots[fault.target]
+        slot.up = False
+        os.kill(slot.pid, signal.SIGSTOP)
+        time.sleep(fault.duration)
+        os.kill(slot.pid, signal.SIGCONT)
+        slot.up = True
+        return {"target": slot.name, "pid": slot.pid, "detail": f"stopped {fault.duration} s"}
+
+    # -- one Redis ---------------------------------------------------------------------
+
+    def _server(self) -> RedisServer:
+        assert isinstance(self.wheel.redis, RedisServer)
+        return self.wheel.redis
+
+    def _redis_restart(self, fault: Fault) -> dict[str, Any]:
+        server = self._server()
+        server.kill()
+        down = time.time()
+        time.sleep(REDIS_DOWN_S)
+        server.start()
+        return {"target": f"redis:{server.port}",
+                "detail": f"SIGKILL, back from AOF after {time.time() - down:.2f} s"}
+
+    def _redis_stall(self, fault: Fault) -> dict[str, Any]:
+        server = self._server()
+        with stopped(server):
+            time.sleep(fault.duration)
+        return {"target": f"redis:{server.port}", "detail": f"SIGSTOP {fault.duration} s"}
+
+    # -- a cluster ---------------------------------------------------------------------
+
+    def _cluster(self) -> ReplicatedCluster:
+        assert isinstance(self.wheel.redis, ReplicatedCluster)
+        return self.wheel.redis
+
+    def _masters(self) -> list[int]:
+        return sorted(port for port, master in self._cluster().roles().items() if master is None)
+
+    def _failover(self, fault: Fault) -> dict[str, Any]:
+        cluster = self._cluster()
+        old = self._masters()[fault.target % len(self._masters())]
+        replica = cluster.replica_of(old)
+        with replica.client() as conn:
+            conn.execute_command("CLUSTER FAILOVER FORCE")
+        deadline = time.monotonic() + 30
+        while cluster.roles().get(replica.port, 0) is not None or not cluster.state_ok():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replica {replica.port} not promoted")
+            time.sleep(0.1)
+        cluster.wait_ok(30)
+        return {"target": f"master:{old}", "detail": f"replica {replica.port} promoted"}
+
+    def _master_kill(self, fault: Fault) -> dict[str, Any]:
+        cluster = self._cluster()
+        old = self._masters()[fault.target % len(self._masters())]
+        cluster.replica_of(old)  # fail now, before the kill, if it has none
+        server = cluster.server(old)
+        server.kill()
+        promoted = cluster.wait_promoted(old)
+        server.start()
+        self.wheel.apply_appendfsync(server)
+        cluster.wait_ok(30)
+        return {"target": f"master:{old}",
+                "detail": f"SIGKILL; replica {promoted} promoted; {old} back as a replica"}
+
+    def _slot_migration(self, fault: Fault) -> dict[str, Any]:
+        from tests.cluster.test_migration import migrate_slot
+
+        cluster = self._cluster()
+        keys = Keyspace(self.wheel.key_prefix)
+        bucket = fault.target * 5 % keys.buckets
+        tag = keys.prefix(bucket)
+        source = cluster.owner(tag)
+        target = next(p for p in self._masters() if p != source)
+        with cluster.server(source).client() as conn:
+            slot = int(conn.execute_command("CLUSTER KEYSLOT", tag))
+        moved = migrate_slot(cluster, slot, source, target)
+        cluster.wait_ok(30)
+        return {"target": f"slot:{slot}",
+                "detail": f"bucket {bucket}: {moved} keys from {source} to {target}"}

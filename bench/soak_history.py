@@ -1,0 +1,68 @@
+"""The soak's history: every client operation, every arrival at the receiver, every fault and
+every serve process, one JSON object per line, appended as it happens (Jepsen-style).
+
+Record types (the ``type`` field), all times Unix seconds from ``time.time()`` on this host:
+
+- ``meta``: the run's settings (task timeout, lease margin, tick, bound, seed, ...).
+- ``op``: one client operation. ``op`` is ``create`` (POST, batch item or PUT of a new key),
+  ``replace`` (PUT of a key the load created before), ``cancel`` (DELETE /tasks/{key}),
+  ``schedule_put`` or ``schedule_delete``; ``t0`` when it was sent, ``t1`` when its answer
+  (or its failure) came back, ``status`` the HTTP status (or the batch item's), ``None`` when
+  no answer came (connection refused, timeout); ``requested_at`` the execute_at the client
+  asked for, ``execute_at`` the one the service acknowledged (from its task view).
+- ``arrival``: one callback at the receiver: ``t``, ``key`` (webhook-id), ``attempt``,
+  ``scheduled_at`` (parsed ``timewheel-scheduled-at``), ``answered`` (the status written back;
+  0 = held past the task timeout, never answered in time), ``pid`` of the sending process.
+- ``fault``: ``kind``, ``target``, ``start``, ``end``, ``detail``.
+- ``proc``: one serve process incarnation: ``name``, ``pid``, ``start``, ``end``, ``ended``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+Event = dict[str, Any]
+
+
+class History:
+    """Append-only and thread-safe (the receiver runs on its own thread); kept in memory too."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._file = path.open("w", buffering=1)  # line-buffered: a crash keeps what happened
+
+    def add(self, type_: str, **fields: Any) -> Event:
+        event = {"type": type_, **fields}
+        line = json.dumps(event)
+        with self._lock:
+            self._events.append(event)
+            self._file.write(line + "\n")
+        return event
+
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._events)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read(path: Path) -> list[Event]:
+    return list(_lines(path))
+
+
+def _lines(path: Path) -> Iterator[Event]:
+    with path.open() as fh:
+        for line in fh:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:  # blank, or the last line still being written
+                continue

@@ -1,0 +1,201 @@
+"""The soak's checker (bench/soak_check.py) on small hand-made histories: each category fires
+on the history that has it, and stays at zero on the same history without the fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.soak_check import check
+
+T0 = 1_800_000_000.0
+META = {"type": "meta", "task_timeout_s": 2.0, "lease_margin_s": 2.0, "tick_s": 1.0,
+        "early_slack_s": 0.02, "bound_s": 30.0}
+
+
+def create(key: str, due: float, status: int | None = 201, t0: float = T0) -> dict[str, Any]:
+    return {"type": "op", "op": "create", "key": key, "t0": t0, "t1": t0 + 0.01,
+            "status": status, "requested_at": due, "execute_at": due if status else None}
+
+
+def cancel(key: str, t1: float, status: int | None = 204) -> dict[str, Any]:
+    return {"type": "op", "op": "cancel", "key": key, "t0": t1 - 0.01, "t1": t1,
+            "status": status}
+
+
+def arrival(key: str, t: float, scheduled: float, answered: int = 200, pid: int | None = 1,
+            attempt: int = 1) -> dict[str, Any]:
+    return {"type": "arrival", "key": key, "t": t, "scheduled_at": scheduled,
+            "answered": answered, "pid": pid, "attempt": attempt}
+
+
+def proc(name: str, pid: int) -> dict[str, Any]:
+    return {"type": "proc", "name": name, "pid": pid, "start": T0}
+
+
+def fault(kind: str, start: float, end: float, pid: int | None = None) -> dict[str, Any]:
+    return {"type": "fault", "kind": kind, "start": start, "end": end, "target": kind,
+            "pid": pid}
+
+
+def end(t: float) -> dict[str, Any]:
+    return {"type": "end", "t": t}
+
+
+def run(*events: dict[str, Any]) -> dict[str, Any]:
+    return check([META, proc("p0", 1), proc("p1", 2), *events])
+
+
+def counts(*events: dict[str, Any]) -> dict[str, int]:
+    return run(*events)["counts"]  # type: ignore[no-any-return]
+
+
+def test_a_delivered_task_is_clean() -> None:
+    summary = run(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5), end(T0 + 60))
+    assert summary["failed"] == []
+    assert summary["tasks_acknowledged"] == summary["tasks_delivered"] == 1
+
+
+def test_lost_fires_when_an_acknowledged_task_never_arrives_with_a_2xx() -> None:
+    history = [create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, answered=503),
+               end(T0 + 60)]
+    summary = run(*history)
+    assert summary["counts"]["lost"] == 1 and "lost" in summary["failed"]
+    # control: the retry that succeeds
+    assert counts(*history, arrival("a", T0 + 6, T0 + 5, attempt=2))["lost"] == 0
+
+
+def test_an_indeterminate_create_or_cancel_is_never_lost() -> None:
+    assert counts(create("a", T0 + 5, status=None), end(T0 + 60))["lost"] == 0
+    assert counts(create("a", T0 + 5, status=503), end(T0 + 60))["lost"] == 0
+    assert counts(create("a", T0 + 5), cancel("a", T0 + 1, status=None),
+                  end(T0 + 60))["lost"] == 0
+    assert counts(create("a", T0 + 5), end(T0 + 60))["lost"] == 1  # control
+
+
+def test_early_fires_beyond_the_clock_slack_only() -> None:
+    early = counts(create("a", T0 + 5), arrival("a", T0 + 4.97, T0 + 5), end(T0 + 60))
+    assert early["early"] == 1
+    within = counts(create("a", T0 + 5), arrival("a", T0 + 4.99, T0 + 5), end(T0 + 60))
+    assert within["early"] == 0
+
+
+def test_an_execute_at_rounded_down_is_reported() -> None:
+    op = create("a", T0 + 5)
+    op["requested_at"], op["execute_at"] = T0 + 5.0004, T0 + 5.0
+    assert counts(op, arrival("a", T0 + 5.01, T0 + 5), end(T0 + 60))["rounded_down"] == 1
+    op["execute_at"] = T0 + 5.001  # rounded up: fine
+    assert counts(op, arrival("a", T0 + 5.01, T0 + 5.001), end(T0 + 60))["rounded_down"] == 0
+
+
+def test_a_duplicate_without_a_fault_is_unexplained() -> None:
+    summary = run(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
+                  arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert summary["counts"]["duplicates_unexplained"] == 1
+    assert "duplicates_unexplained" in summary["failed"]
+
+
+def test_the_stopped_process_that_sends_after_another_delivered_is_unexplained() -> None:
+    """issue #23's finding: p0 stopped while its attempt was started, p1 re-claims after the
+    lease and delivers, p0 resumes and sends: the first 2xx came from p1, which no fault hit."""
+    summary = run(create("a", T0 + 5), fault("proc_stop", T0 + 5.002, T0 + 13, pid=1),
+                  arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2),
+                  arrival("a", T0 + 13.01, T0 + 5, pid=1, attempt=1), end(T0 + 60))
+    dup = summary["details"]["duplicates_unexplained"]
+    assert len(dup) == 1 and dup[0]["again_sender_faults"]
+
+
+def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None:
+    for kind in ("proc_kill", "proc_stop"):
+        c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
+                   fault(kind, T0 + 5.002, T0 + 13, pid=1),
+                   arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+        assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (1, 0), kind
+    # the sender died before the receiver could name it (pid None): a SIGKILL in the window
+    c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=None),
+               fault("proc_kill", T0 + 5.003, T0 + 7, pid=1),
+               arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (1, 0)
+    c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=None),
+               fault("proc_stop", T0 + 5.003, T0 + 13, pid=1),
+               arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1  # a stopped process still holds its sockets
+    # control: the fault hit the other process
+    c = counts(create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
+               fault("proc_kill", T0 + 5.002, T0 + 13, pid=2),
+               arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1
+
+
+def test_a_duplicate_after_a_redis_fault_or_a_receiver_stall_is_explained() -> None:
+    base = [create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
+            arrival("a", T0 + 12, T0 + 5, pid=2, attempt=2), end(T0 + 60)]
+    assert counts(*base, fault("redis_restart", T0 + 5.1, T0 + 6))["duplicates_explained"] == 1
+    stall = {"type": "receiver_stall", "start": T0 + 2.9, "end": T0 + 5.0}
+    assert counts(*base, stall)["duplicates_explained"] == 1
+    short = {"type": "receiver_stall", "start": T0 + 4.5, "end": T0 + 5.0}  # < a timeout
+    assert counts(*base, short)["duplicates_unexplained"] == 1
+    late = fault("redis_restart", T0 + 30, T0 + 31)  # long after the first was recorded
+    assert counts(*base, late)["duplicates_unexplained"] == 1
+
+
+def test_an_occurrence_fired_twice_is_counted() -> None:
+    put = {"type": "op", "op": "schedule_put", "key": "s", "t0": T0, "t1": T0, "status": 201}
+    key = f"s.{int((T0 + 4) * 1000)}"
+    c = counts(put, arrival(key, T0 + 4.001, T0 + 4),
+               arrival(key, T0 + 8, T0 + 4, pid=2), end(T0 + 60))
+    assert c["occurrences_fired_twice"] == 1 and c["duplicates_unexplained"] == 1
+    assert counts(put, arrival(key, T0 + 4.001, T0 + 4), end(T0 + 60))["phantom"] == 0
+
+
+def test_delivered_after_a_cancel_unless_in_flight() -> None:
+    after = counts(create("a", T0 + 5), cancel("a", T0 + 3), arrival("a", T0 + 5, T0 + 5),
+                   end(T0 + 60))
+    assert after["delivered_after_cancel"] == 1
+    # in flight: due before the DELETE's answer and arriving within a timeout of it
+    in_flight = counts(create("a", T0 + 5), cancel("a", T0 + 5.01),
+                       arrival("a", T0 + 5.02, T0 + 5), end(T0 + 60))
+    assert in_flight["delivered_after_cancel"] == 0
+    # due before, but arriving later than a timeout after: it started after the answer
+    late = counts(create("a", T0 + 5), cancel("a", T0 + 5.01),
+                  arrival("a", T0 + 9, T0 + 5), end(T0 + 60))
+    assert late["delivered_after_cancel"] == 1
+
+
+def test_an_occurrence_after_its_schedules_delete_is_delivered_after_cancel() -> None:
+    put = {"type": "op", "op": "schedule_put", "key": "s", "t0": T0, "t1": T0, "status": 201}
+    gone = {"type": "op", "op": "schedule_delete", "key": "s", "t0": T0 + 9, "t1": T0 + 10,
+            "status": 204}
+    key = f"s.{int((T0 + 12) * 1000)}"
+    assert counts(put, gone, arrival(key, T0 + 12, T0 + 12),
+                  end(T0 + 60))["delivered_after_cancel"] == 1
+    before = f"s.{int((T0 + 8) * 1000)}"
+    assert counts(put, gone, arrival(before, T0 + 8, T0 + 8),
+                  end(T0 + 60))["delivered_after_cancel"] == 0
+
+
+def test_a_delivery_of_a_key_never_written_is_a_phantom() -> None:
+    assert counts(arrival("z", T0 + 1, T0 + 1), end(T0 + 60))["phantom"] == 1
+    refused = create("z", T0 + 1, status=422)
+    assert counts(refused, arrival("z", T0 + 1, T0 + 1), end(T0 + 60))["phantom"] == 1
+    unsure = create("z", T0 + 1, status=None)
+    assert counts(unsure, arrival("z", T0 + 1, T0 + 1), end(T0 + 60))["phantom"] == 0
+
+
+def test_lateness_is_split_by_fault_windows_and_slow_recovery_is_reported() -> None:
+    summary = run(create("a", T0 + 5), arrival("a", T0 + 5.010, T0 + 5),
+                  create("b", T0 + 40), arrival("b", T0 + 44.5, T0 + 40),
+                  fault("redis_restart", T0 + 39.9, T0 + 41), end(T0 + 90))
+    assert summary["lateness_outside_faults"]["max_ms"] == 10.0
+    assert summary["lateness_in_fault_windows"]["max_ms"] == 4500.0
+    slow = summary["details"]["slow_recovery"]
+    assert [s["key"] for s in slow] == ["b"] and summary["failed"] == []
+
+
+def test_the_replaced_version_delivered_after_the_put_answered_is_reported() -> None:
+    put = create("a", T0 + 9, t0=T0 + 2)
+    put["op"], put["status"] = "replace", 200
+    stale = counts(create("a", T0 + 5), put, arrival("a", T0 + 5, T0 + 5),
+                   arrival("a", T0 + 9, T0 + 9), end(T0 + 60))
+    assert stale["delivered_superseded"] == 1
+    fine = counts(create("a", T0 + 5), put, arrival("a", T0 + 9, T0 + 9), end(T0 + 60))
+    assert fine["delivered_superseded"] == 0 and fine["lost"] == 0
