@@ -17,6 +17,7 @@ import ipaddress
 import socket
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -28,6 +29,8 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from aiohttp.tracing import Trace
+
+from timewheel.errors import TimeWheelError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -283,6 +286,18 @@ def guarded_socket_factory(
     return factory
 
 
+class NotWritten(TimeWheelError):
+    """The request was not written: when its connection was ready, ``may_write`` said no
+    (the attempt's lease had run short while it waited: a stalled process)."""
+
+
+# Set by the sender around one request: asked once the connection is ready, just before the
+# request is written (timewheel/delivery/senders.py). A context variable reaches the
+# connector's public connect() without threading an argument through aiohttp.
+may_write: ContextVar[Callable[[], bool] | None] = ContextVar("timewheel_may_write",
+                                                               default=None)
+
+
 class GuardedConnector(aiohttp.TCPConnector):
     """TCPConnector that checks every connection; build it with guarded_connector().
     Its DNS cache only ever holds validated GuardedResolver answers (and the
@@ -298,6 +313,17 @@ class GuardedConnector(aiohttp.TCPConnector):
         )
         self._resolver_owner = resolver is None  # close the default resolver we made
         self._netguard_policy = policy
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        """A connection from the pool or a new one; refused (given back unused) when the
+        request's ``may_write`` says no once it is ready: a process stopped while it waited
+        for the connection must not send after its attempt's lease ran short."""
+        conn = await super().connect(req, traces, timeout)
+        check = may_write.get()
+        if check is not None and not check():
+            conn.release()
+            raise NotWritten("the attempt's lease ran short before its request was written")
+        return conn
 
     async def _resolve_host(
         self, host: str, port: int, traces: Sequence[Trace] | None = None

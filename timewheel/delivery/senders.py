@@ -12,7 +12,7 @@ redirects and ignore proxy variables.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -22,9 +22,11 @@ import httpx
 from timewheel.delivery.netguard import (
     BlockedAddress,
     NetworkPolicy,
+    NotWritten,
     blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
+    may_write,
 )
 
 MAX_RESPONSE_BYTES = 64 * 1024  # read (the first ``keep_body`` bytes kept), then dropped
@@ -71,7 +73,11 @@ class Sender(Protocol):
     keep_body: int  # response body bytes an Answer carries
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
-                   body: bytes | None, timeout: float) -> Answer: ...
+                   body: bytes | None, timeout: float,
+                   ready: Callable[[], bool] | None = None) -> Answer:
+        """Send one request. ``ready`` is asked once more when its connection is ready, just
+        before the request is written; False raises NotWritten (nothing was sent)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -87,7 +93,9 @@ class AiohttpSender:
         )
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
-                   body: bytes | None, timeout: float) -> Answer:
+                   body: bytes | None, timeout: float,
+                   ready: Callable[[], bool] | None = None) -> Answer:
+        token = may_write.set(ready)  # GuardedConnector.connect asks it (netguard.py)
         try:
             async with self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False,
@@ -111,6 +119,8 @@ class AiohttpSender:
             raise SendError(kind, f"{type(exc).__name__}: {exc}") from exc
         except BlockedAddress as exc:
             raise SendError("blocked", str(exc)) from exc
+        finally:
+            may_write.reset(token)
 
     async def aclose(self) -> None:
         await self._session.close()
@@ -128,7 +138,11 @@ class HttpxSender:
         )
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
-                   body: bytes | None, timeout: float) -> Answer:
+                   body: bytes | None, timeout: float,
+                   ready: Callable[[], bool] | None = None) -> Answer:
+        # httpx has no public hook between getting a connection and writing: asked here.
+        if ready is not None and not ready():
+            raise NotWritten("the attempt's lease ran short before its request was written")
         try:
             async with self._client.stream(method, url, headers=headers, content=body,
                                            timeout=timeout) as response:

@@ -12,7 +12,8 @@ The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_
 - WAITING_FOR_FLOW: due; its flow has no permit for it yet (timewheel/engine/flow_gate.py).
 - ADMITTED: holds a permit of its flow; a worker takes it.
 - STARTED: Redis counted the attempt (lua/start.lua) and handed over headers and body.
-- SENT: the request is on the wire. Only from here on can the receiver have seen it.
+- SENT: the request is on its way (waiting for its connection, then written). Only from here
+  on can the receiver have seen it; the lease is asked once more just before the write.
 - ANSWERED: its outcome is decided (an answer, an error or a timeout), being recorded.
 - Terminal: RECORDED (outcome and history written), UNRECORDED (Redis did not take the
   outcome within the lease: another process re-sends the task), PARKED (waits in Redis for
@@ -61,7 +62,9 @@ NEXT: dict[Stage, frozenset[Stage]] = {
     # Back to WAITING_FOR_FLOW from STARTED too: lua/start.lua answers a started attempt again
     # with the same number, so a rated flow's attempt late for its logged start asks again.
     Stage.STARTED: frozenset({Stage.SENT, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW}),
-    Stage.SENT: frozenset({Stage.ANSWERED}),
+    # SENT -> HANDED_BACK: its connection came only after its lease ran short, so the
+    # request was never written (timewheel/delivery/netguard.py NotWritten).
+    Stage.SENT: frozenset({Stage.ANSWERED, Stage.HANDED_BACK}),
     Stage.ANSWERED: frozenset({Stage.RECORDED, Stage.UNRECORDED}),
 }
 TERMINAL = frozenset(Stage) - NEXT.keys()

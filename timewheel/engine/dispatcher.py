@@ -24,6 +24,7 @@ import logging
 from collections.abc import Iterator, Sequence
 
 from timewheel.clock import Clock
+from timewheel.delivery.netguard import NotWritten
 from timewheel.delivery.senders import Sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
@@ -158,7 +159,11 @@ class Dispatcher:
             self._hand_back(attempt, "its lease ran short before it was sent (stalled)")
             return
         self._lifecycle.move(attempt, Stage.SENT)
-        outcome = await self._executor.send(attempt, timeout_ms)
+        try:
+            outcome = await self._executor.send(attempt, timeout_ms)
+        except NotWritten:  # stalled while it waited for its connection
+            self._hand_back(attempt, "its lease ran short before its request was written")
+            return
         self._lifecycle.move(attempt, Stage.ANSWERED)
         self._gate.give_back(attempt)
         recording = asyncio.create_task(self._record(attempt, outcome))

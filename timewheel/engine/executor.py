@@ -48,7 +48,9 @@ class Executor:
 
     async def send(self, attempt: Attempt, timeout_ms: int) -> Outcome:
         """Send the started attempt with the headers and body that lua/start.lua read (a claim
-        carries no body: what is sent is what is stored at start), and decide its outcome."""
+        carries no body: what is sent is what is stored at start), and decide its outcome.
+        Raises NotWritten when its lease ran short while it waited for its connection (the
+        lease is asked once more then, just before the request is written)."""
         task, started = attempt.task, attempt.started
         assert started is not None
         started_ms = self._clock.wall_ms()
@@ -62,8 +64,9 @@ class Executor:
                                          task.url) as span:
             self._metrics.inflight.inc()
             try:
-                answer = await self._sender.send(task.method, task.url, headers,
-                                                 started.body or None, timeout_ms / 1000.0)
+                answer = await self._sender.send(
+                    task.method, task.url, headers, started.body or None, timeout_ms / 1000.0,
+                    ready=lambda: attempt.may_send(self._clock.now_ms()))
             except SendError as exc:
                 error = exc
             finally:
