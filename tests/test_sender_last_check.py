@@ -59,3 +59,23 @@ async def test_a_request_whose_lease_ran_short_is_not_written(
         assert seen == ["/a", "/c"]
     finally:
         await fresh.aclose()
+
+
+async def test_a_request_stalled_after_its_connection_is_not_written(
+        server: tuple[str, list[str]]) -> None:
+    """aiohttp writes a request with a body in a task of its own, on the next loop iteration
+    after the connection is ready: the lease is asked again there, just before the bytes
+    leave. Here it has room when the connection is ready and none a moment later (a process
+    stopped in between). Control: with room left, the same request is written."""
+    base, seen = server
+    sender = AiohttpSender(NetworkPolicy(allow_private=True), max_connections=4)
+    answers = iter([True, False])
+    try:
+        with pytest.raises(NotWritten):
+            await sender.send("POST", f"{base}/late", [], b'{"a":1}', 5.0,
+                              ready=lambda: next(answers))
+        assert seen == []
+        answer = await sender.send("POST", f"{base}/again", [], b"{}", 5.0, ready=lambda: True)
+        assert answer.status == 200 and seen == ["/again"]
+    finally:
+        await sender.aclose()

@@ -298,6 +298,38 @@ may_write: ContextVar[Callable[[], bool] | None] = ContextVar("timewheel_may_wri
                                                                default=None)
 
 
+def _ask_may_write() -> None:
+    check = may_write.get()
+    if check is not None and not check():
+        raise NotWritten("the attempt's lease ran short before its request was written")
+
+
+async def _before_body_write(session: Any, context: Any, params: Any) -> None:
+    """aiohttp writes a request with a body (headers and body together) in a task of its own
+    on the next loop iteration; this runs in that task just before the first write."""
+    _ask_may_write()
+
+
+def last_check_trace() -> aiohttp.TraceConfig:
+    """The trace that asks ``may_write`` just before a request's body (and its headers,
+    buffered with it) is written: the last moment before the bytes leave the process."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_before_body_write)
+    return trace
+
+
+def not_written_cause(exc: BaseException | None) -> NotWritten | None:
+    """The NotWritten behind an aiohttp error (aiohttp wraps what its body writer raises in a
+    ClientConnectionError caused by it), else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotWritten):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
 class GuardedConnector(aiohttp.TCPConnector):
     """TCPConnector that checks every connection; build it with guarded_connector().
     Its DNS cache only ever holds validated GuardedResolver answers (and the
@@ -319,10 +351,11 @@ class GuardedConnector(aiohttp.TCPConnector):
         request's ``may_write`` says no once it is ready: a process stopped while it waited
         for the connection must not send after its attempt's lease ran short."""
         conn = await super().connect(req, traces, timeout)
-        check = may_write.get()
-        if check is not None and not check():
+        try:
+            _ask_may_write()
+        except NotWritten:
             conn.release()
-            raise NotWritten("the attempt's lease ran short before its request was written")
+            raise
         return conn
 
     async def _resolve_host(

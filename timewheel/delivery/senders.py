@@ -26,7 +26,9 @@ from timewheel.delivery.netguard import (
     blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
+    last_check_trace,
     may_write,
+    not_written_cause,
 )
 
 MAX_RESPONSE_BYTES = 64 * 1024  # read (the first ``keep_body`` bytes kept), then dropped
@@ -89,7 +91,7 @@ class AiohttpSender:
         self._session = aiohttp.ClientSession(
             connector=guarded_connector(policy, limit=max_connections, limit_per_host=0),
             trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar(),
+            cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[last_check_trace()],
         )
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
@@ -111,6 +113,9 @@ class AiohttpSender:
         except TimeoutError as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
+            not_written = not_written_cause(exc)
+            if not_written is not None:
+                raise not_written from exc
             blocked = blocked_cause(exc)
             if blocked is not None:
                 raise SendError("blocked", str(blocked)) from exc
