@@ -20,11 +20,13 @@ import httpx
 import pytest
 import redis.exceptions
 from aiohappyeyeballs import AddrInfoType
+from aiohttp.abc import AbstractResolver, ResolveResult
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from tests.support.redis_server import RedisServer, free_port
+from timewheel.delivery import netguard
 from timewheel.delivery.netguard import (
     BlockedAddress,
     GuardedConnector,
@@ -183,6 +185,38 @@ async def test_aiohttp_dials_through_the_socket_factory(dials: list[str]) -> Non
                                f"http://127.0.0.1:{free_port()}/", dials)
     assert blocked_cause(error) is None
     assert dials == ["127.0.0.1"]
+
+
+class _ClosingResolver(AbstractResolver):
+    closed = 0
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        raise AssertionError("not resolving here")
+
+    async def close(self) -> None:
+        type(self).closed += 1
+
+
+async def test_tcp_connector_closes_the_resolver_it_owns(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    # GuardedConnector passes aiohttp its GuardedResolver and sets TCPConnector's private
+    # _resolver_owner so that closing the connector closes the default resolver made for it.
+    monkeypatch.setattr(netguard, "DefaultResolver", _ClosingResolver)
+    monkeypatch.setattr(_ClosingResolver, "closed", 0)
+    connector = guarded_connector(NetworkPolicy())
+    assert connector._resolver_owner is True
+    await connector.close()
+    assert _ClosingResolver.closed == 1
+
+
+async def test_tcp_connector_leaves_a_given_resolver_open(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """The control: a resolver the caller gave is the caller's to close."""
+    monkeypatch.setattr(_ClosingResolver, "closed", 0)
+    connector = guarded_connector(NetworkPolicy(), resolver=_ClosingResolver())
+    await connector.close()
+    assert _ClosingResolver.closed == 0
 
 
 # ------------------------------------------------------------------ httpx / httpcore's pool

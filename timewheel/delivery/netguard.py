@@ -300,7 +300,9 @@ class GuardedConnector(aiohttp.TCPConnector):
             socket_factory=guarded_socket_factory(policy, factory),
             **kwargs,
         )
-        self._resolver_owner = resolver is None  # close the default resolver we made
+        # TCPConnector's private flag: closing the connector closes the (default) resolver
+        # made here; tests/test_library_internals.py checks that aiohttp still honours it.
+        self._resolver_owner = resolver is None
         self._netguard_policy = policy
 
     async def _resolve_host(
