@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
 
 from tests.client.conftest import Both
 from tests.conftest import START_MS
@@ -31,6 +30,7 @@ from timewheel.models import (
     TaskStatus,
     TaskView,
 )
+from timewheel.scopes import ApiToken
 from timewheel.settings import Settings
 from timewheel.store import Store
 
@@ -124,7 +124,7 @@ async def test_list_with_a_bad_query_is_invalid(real: Both) -> None:
 
 async def test_token(app_transport: Callable[[Settings], Any], settings: Settings) -> None:
     """With tokens set, a client without one gets UnauthorizedError; with one it works."""
-    settings = settings.model_copy(update={"api_tokens": [SecretStr("s3cret")]})
+    settings = settings.model_copy(update={"api_tokens": [ApiToken("s3cret")]})
     async with app_transport(settings) as transport:
         async with AsyncClient("http://timewheel", token="", transport=transport) as anonymous:
             with pytest.raises(UnauthorizedError) as raised:
