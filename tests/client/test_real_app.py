@@ -15,6 +15,7 @@ from tests.test_api import fail_due
 from timewheel.client import (
     AsyncClient,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
@@ -134,6 +135,23 @@ async def test_token(app_transport: Callable[[Settings], Any], settings: Setting
             with pytest.raises(NotFoundError):
                 await ok.get_task("k")
             assert (await ok.create_task({"key": "k", "callback_url": URL})).key == "k"
+
+
+async def test_scope_too_small(app_transport: Callable[[Settings], Any],
+                               settings: Settings) -> None:
+    """A read token may look but not cancel: ForbiddenError naming the scope needed."""
+    settings = settings.model_copy(update={"api_tokens": [ApiToken("read:r3ad"),
+                                                          ApiToken("write:wr1te")]})
+    async with app_transport(settings) as transport:
+        async with AsyncClient("http://timewheel", token="wr1te", transport=transport) as writer:
+            await writer.create_task({"key": "k", "callback_url": URL})
+        async with AsyncClient("http://timewheel", token="r3ad", transport=transport) as reader:
+            assert (await reader.get_task("k")).status == "scheduled"
+            with pytest.raises(ForbiddenError) as raised:
+                await reader.cancel_task("k")
+            assert raised.value.detail == ("this token has scope read; DELETE /tasks/k needs "
+                                           "write")
+            assert (await reader.get_task("k")).status == "scheduled"
 
 
 async def test_schedules(real: Both) -> None:

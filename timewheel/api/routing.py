@@ -45,8 +45,15 @@ class StrictJSONRequest(Request):
         return self._json
 
 
+_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing or invalid bearer token (when tokens are set)"},
+    403: {"description": "the token's scope is too small; the detail names the scope needed"},
+}
+
+
 class TaskRoute(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        kwargs["responses"] = {**_AUTH_RESPONSES, **(kwargs.get("responses") or {})}
         super().__init__(path, endpoint, **kwargs)
         needs = self._needs()
         self.description = f"{self.description}\n\nToken scope: `{needs.scope.value}`.".lstrip()
