@@ -93,6 +93,7 @@ Needs.ADMIN = Depends(Needs(Scope.ADMIN))
 
 
 def needed_scope(dependencies: Sequence[Any]) -> Needs | None:
-    """The ``Needs`` among a route's dependencies, if it declares one."""
+    """The ``Needs`` among a route's dependencies (the highest, should a router add one to a
+    route's own: FastAPI runs both), or None when it declares none."""
     found = [d.dependency for d in dependencies if isinstance(d.dependency, Needs)]
-    return found[0] if found else None
+    return max(found, key=lambda needs: needs.scope.rank, default=None)
