@@ -7,12 +7,12 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import SecretStr
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from tests.test_api import URL, fail_due, snapshot
 from timewheel.clock import FakeClock
+from timewheel.scopes import ApiToken
 from timewheel.store import Outcome, Store
 
 TASK = {"key": "r", "callback_url": URL, "method": "PUT", "delay": 60, "timeout": 3,
@@ -118,7 +118,7 @@ async def test_patch_invalid_is_422_and_stores_nothing(client: httpx.AsyncClient
 
 async def test_patch_needs_the_token_when_tokens_are_set(make_client: Any, settings: Any
                                                          ) -> None:
-    guarded = settings.model_copy(update={"api_tokens": [SecretStr("s3cret")]})
+    guarded = settings.model_copy(update={"api_tokens": [ApiToken("s3cret")]})
     async with make_client(guarded) as client:
         assert (await client.patch("/tasks/x", json={"delay": 1})).status_code == 401
         r = await client.patch("/tasks/x", json={"delay": 1},

@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from timewheel.scopes import ApiToken, check_tokens
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -47,7 +49,8 @@ class Settings(BaseSettings):
     redis_cluster: bool = False
     data_dir: Path = Path(".timewheel")
     key_prefix: str = Field(default="tw", pattern=r"^[A-Za-z0-9._:-]{1,50}$")
-    api_tokens: Annotated[list[SecretStr], NoDecode] = []
+    # ``[read:|write:|admin:]<token>``, comma-separated; a bare token is admin (timewheel/scopes.py)
+    api_tokens: Annotated[list[ApiToken], NoDecode] = []
     signing_secret: Annotated[list[SecretStr], NoDecode] = []
     allow_private_networks: bool = False
     allowed_networks: Annotated[list[IPNetwork], NoDecode] = []
@@ -116,6 +119,11 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} looks like a Kubernetes service link for a Service "
                              "named timewheel: pass --port, or set enableServiceLinks: false")
         return value
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _scoped(cls, value: list[ApiToken]) -> list[ApiToken]:
+        return check_tokens(value)
 
     @field_validator("signing_secret")
     @classmethod

@@ -20,6 +20,7 @@ from timewheel.client import (
     Client,
     ClientError,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
@@ -171,6 +172,7 @@ async def test_each_method_sends_its_request_and_parses_the_answer(
 
 ERRORS = [
     (401, {"detail": "missing or invalid bearer token"}, UnauthorizedError),
+    (403, {"detail": "this token has scope read; POST /tasks needs write"}, ForbiddenError),
     (404, {"detail": "no task with key 'k1'"}, NotFoundError),
     (409, {"detail": "task 'k1' exists with other content"}, ConflictError),
     (413, {"detail": [{"type": "too_large", "loc": ["body", "body"], "msg": "too large"}]},

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
 
 from tests.client.conftest import Both
 from tests.conftest import START_MS
@@ -16,6 +15,7 @@ from tests.test_api import fail_due
 from timewheel.client import (
     AsyncClient,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     UnauthorizedError,
@@ -31,6 +31,7 @@ from timewheel.models import (
     TaskStatus,
     TaskView,
 )
+from timewheel.scopes import ApiToken
 from timewheel.settings import Settings
 from timewheel.store import Store
 
@@ -124,7 +125,7 @@ async def test_list_with_a_bad_query_is_invalid(real: Both) -> None:
 
 async def test_token(app_transport: Callable[[Settings], Any], settings: Settings) -> None:
     """With tokens set, a client without one gets UnauthorizedError; with one it works."""
-    settings = settings.model_copy(update={"api_tokens": [SecretStr("s3cret")]})
+    settings = settings.model_copy(update={"api_tokens": [ApiToken("s3cret")]})
     async with app_transport(settings) as transport:
         async with AsyncClient("http://timewheel", token="", transport=transport) as anonymous:
             with pytest.raises(UnauthorizedError) as raised:
@@ -134,6 +135,23 @@ async def test_token(app_transport: Callable[[Settings], Any], settings: Setting
             with pytest.raises(NotFoundError):
                 await ok.get_task("k")
             assert (await ok.create_task({"key": "k", "callback_url": URL})).key == "k"
+
+
+async def test_scope_too_small(app_transport: Callable[[Settings], Any],
+                               settings: Settings) -> None:
+    """A read token may look but not cancel: ForbiddenError naming the scope needed."""
+    settings = settings.model_copy(update={"api_tokens": [ApiToken("read:r3ad"),
+                                                          ApiToken("write:wr1te")]})
+    async with app_transport(settings) as transport:
+        async with AsyncClient("http://timewheel", token="wr1te", transport=transport) as writer:
+            await writer.create_task({"key": "k", "callback_url": URL})
+        async with AsyncClient("http://timewheel", token="r3ad", transport=transport) as reader:
+            assert (await reader.get_task("k")).status == "scheduled"
+            with pytest.raises(ForbiddenError) as raised:
+                await reader.cancel_task("k")
+            assert raised.value.detail == ("this token has scope read; DELETE /tasks/k needs "
+                                           "write")
+            assert (await reader.get_task("k")).status == "scheduled"
 
 
 async def test_schedules(real: Both) -> None:

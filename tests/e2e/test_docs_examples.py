@@ -18,10 +18,10 @@ that stops working fails CI. The convention, also in the README's "Development" 
 
 What the test gives the blocks:
 
-- Addresses: the examples use 127.0.0.1:8080 for the service and 127.0.0.1:9000 for
-  ``timewheel listen``. The test replaces ``127.0.0.1:8080`` / ``--port 8080`` and
-  ``127.0.0.1:9000`` / ``--port 9000`` in every block by free ports of its own, so that it can
-  run beside other tests; nothing but loopback is ever called.
+- Addresses: the examples use 127.0.0.1:8080 for the service, 127.0.0.1:8081 for a second one
+  (the README's scoped tokens) and 127.0.0.1:9000 for ``timewheel listen``. The test replaces
+  ``127.0.0.1:PORT`` / ``--port PORT`` of these three in every block by free ports of its own,
+  so that it can run beside other tests; nothing but loopback is ever called.
 - The environment: ``TIMEWHEEL_URL`` and ``TIMEWHEEL_PORT`` (that free port),
   ``TIMEWHEEL_DATA_DIR`` in the test's tmp dir (the embedded Redis), this Python's ``bin`` and
   scripts dirs first on PATH (``python3``, ``timewheel``), and a curl configuration with
@@ -62,13 +62,14 @@ RUN = {"sh", "python"}
 SHOWN = {"text", "json"}
 BLOCK_SECONDS = 60
 WAIT_SECONDS = 30
-SERVICE_PORT, LISTEN_PORT = "8080", "9000"  # as the examples write them
+# as the examples write them; 8081 is the README's second service (scoped tokens)
+SERVICE_PORT, SECOND_PORT, LISTEN_PORT = "8080", "8081", "9000"
 
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!--\s*(.*?)\s*-->\s*$")
 BACKGROUND = re.compile(r"^background ([\w-]+): (127\.0\.0\.1:\d+)$")
 WAIT_FOR = re.compile(r'^wait-for: ([\w-]+) prints "(.+)"$')
-ADDRESS = re.compile(r"(127\.0\.0\.1:|--port )(8080|9000)\b")
+ADDRESS = re.compile(r"(127\.0\.0\.1:|--port )(8080|8081|9000)\b")
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class Session:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.ports = {SERVICE_PORT: str(free_port()), LISTEN_PORT: str(free_port())}
+        self.ports = {port: str(free_port()) for port in (SERVICE_PORT, SECOND_PORT, LISTEN_PORT)}
         curl_home = directory / "curl"
         curl_home.mkdir()
         (curl_home / ".curlrc").write_text("fail-with-body\nshow-error\n")

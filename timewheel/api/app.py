@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -17,8 +17,19 @@ from starlette.routing import Match, Route
 from starlette.staticfiles import StaticFiles
 
 from timewheel import __version__
-from timewheel.api import attempts, batch, errors, flows, ops, schedules, stats, tasks, ui
-from timewheel.api.deps import require_token
+from timewheel.api import (
+    attempts,
+    auth,
+    batch,
+    errors,
+    flows,
+    ops,
+    schedules,
+    stats,
+    tasks,
+    ui,
+)
+from timewheel.api.deps import Needs
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
 from timewheel.clock import Clock
@@ -63,13 +74,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.add_middleware(RequestId)  # outermost: 413s and traced requests get an id too
     app.include_router(ops.router)
     app.include_router(ops.metrics_router,
-                       dependencies=[] if settings.metrics_public else [Depends(require_token)])
+                       dependencies=[] if settings.metrics_public else [Needs.READ])
     app.include_router(batch.router)  # before tasks: /tasks/batch is not /tasks/{key}
     app.include_router(tasks.router)
     app.include_router(attempts.router)
     app.include_router(flows.router)
     app.include_router(schedules.router)
     app.include_router(stats.router)
+    app.include_router(auth.router)
     app.include_router(ui.router)  # the dashboard: no token for the page, its calls use one
     if not public_docs:
         _private_openapi(app)
@@ -79,7 +91,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
 
 
 def _private_openapi(app: FastAPI) -> None:
-    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Needs.READ])
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
@@ -92,7 +104,7 @@ def _docs(app: FastAPI, *, public: bool) -> None:
               name="docs-assets")
 
     @app.get("/docs", include_in_schema=False,
-             dependencies=[] if public else [Depends(require_token)])
+             dependencies=[] if public else [Needs.READ])
     async def docs() -> HTMLResponse:
         return get_swagger_ui_html(
             openapi_url="/openapi.json", title="timewheel",
@@ -108,7 +120,8 @@ def _error_handlers(app: FastAPI) -> None:
             # Starlette's Allow lists only the first route matching the path; /tasks has two.
             routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
                       *tasks.router.routes, *flows.router.routes, *schedules.router.routes,
-                      *stats.router.routes, *ui.router.routes, *attempts.router.routes]
+                      *stats.router.routes, *ui.router.routes, *attempts.router.routes,
+                      *auth.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import TaskKey
 from timewheel.errors import TaskNotFound
@@ -28,7 +28,7 @@ def attempt_view(record: AttemptRecord) -> AttemptView:
         process=record.process or None)
 
 
-@router.get("/{key}/attempts", response_model=AttemptList, responses={
+@router.get("/{key}/attempts", dependencies=[Needs.READ], response_model=AttemptList, responses={
     404: {"description": "no such task"}, 503: {"description": "Redis unavailable"}})
 async def list_attempts(key: TaskKey, wheel: WheelDep) -> AttemptList:
     """The kept attempts of a task (the last ``TIMEWHEEL_ATTEMPTS_KEPT``), oldest first: each

@@ -27,7 +27,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.errors import validation_error
 from timewheel.api.routing import TaskRoute
 from timewheel.api.views import body_value, task_view
@@ -58,7 +58,7 @@ def _given_key(item: Any) -> str | None:
     return key if isinstance(key, str) and _VALID_KEY.fullmatch(key) else None
 
 
-@router.post("/batch", response_model=BatchResult, responses={
+@router.post("/batch", dependencies=[Needs.WRITE], response_model=BatchResult, responses={
     413: {"description": "the whole request is over the size limit"},
     422: {"description": "`tasks` missing, not a list, empty or over 1000 items"},
     503: {"description": "Redis unavailable"}})

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response
 from fastapi.exceptions import RequestValidationError
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.models import KEY_PATTERN
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
@@ -46,13 +46,14 @@ async def _view(wheel: Wheel, flow_key: str) -> FlowView:
     )
 
 
-@router.get("", response_model=FlowList, responses=_RESPONSES)
+@router.get("", dependencies=[Needs.READ], response_model=FlowList, responses=_RESPONSES)
 async def list_flows(wheel: WheelDep) -> FlowList:
     """Flows whose limits were set with PUT (every other flow runs on the defaults)."""
     return FlowList(flows=[await _view(wheel, key) for key in await wheel.flows.configured()])
 
 
-@router.put("/{flow_key:path}", response_model=FlowView, responses=_RESPONSES)
+@router.put("/{flow_key:path}", dependencies=[Needs.ADMIN],
+            response_model=FlowView, responses=_RESPONSES)
 async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> FlowView:
     """Set a flow's limits; every process obeys them from its next permit on."""
     await wheel.flows.set_limits(_checked(flow_key),
@@ -60,13 +61,15 @@ async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> Flow
     return await _view(wheel, flow_key)
 
 
-@router.get("/{flow_key:path}", response_model=FlowView, responses=_RESPONSES)
+@router.get("/{flow_key:path}", dependencies=[Needs.READ],
+            response_model=FlowView, responses=_RESPONSES)
 async def get_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """A flow's limits in force (the defaults for a flow never set) and its load now."""
     return await _view(wheel, _checked(flow_key))
 
 
-@router.delete("/{flow_key:path}", status_code=204, response_class=Response,
+@router.delete("/{flow_key:path}", dependencies=[Needs.ADMIN],
+               status_code=204, response_class=Response,
                responses=_RESPONSES)
 async def delete_flow(flow_key: FlowKey, wheel: WheelDep) -> Response:
     """Back to the defaults."""

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.engine.occurrences import latest_at_or_before
 from timewheel.models import (
@@ -47,7 +47,7 @@ def _view(record: ScheduleRecord, now: int) -> ScheduleView:
     )
 
 
-@router.put("/{schedule_id}", response_model=ScheduleView,
+@router.put("/{schedule_id}", dependencies=[Needs.WRITE], response_model=ScheduleView,
             responses={201: {"description": "created"}, **_RESPONSES})
 async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: WheelDep,
                        response: Response) -> ScheduleView:
@@ -60,7 +60,7 @@ async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: Whe
     return _view(record, wheel.clock.now_ms())
 
 
-@router.get("", response_model=ScheduleList, responses=_RESPONSES)
+@router.get("", dependencies=[Needs.READ], response_model=ScheduleList, responses=_RESPONSES)
 async def list_schedules(
     wheel: WheelDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -72,12 +72,14 @@ async def list_schedules(
     return ScheduleList(schedules=[_view(r, now) for r in records], next_cursor=last)
 
 
-@router.get("/{schedule_id}", response_model=ScheduleView, responses=_RESPONSES)
+@router.get("/{schedule_id}", dependencies=[Needs.READ],
+            response_model=ScheduleView, responses=_RESPONSES)
 async def get_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
     return _view(await wheel.schedules.get(schedule_id), wheel.clock.now_ms())
 
 
-@router.delete("/{schedule_id}", status_code=204, response_class=Response,
+@router.delete("/{schedule_id}", dependencies=[Needs.WRITE],
+               status_code=204, response_class=Response,
                responses=_RESPONSES)
 async def delete_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> Response:
     """Delete: once this returns, no occurrence of the schedule starts (one in flight may
@@ -86,13 +88,15 @@ async def delete_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/{schedule_id}/pause", response_model=ScheduleView, responses=_RESPONSES)
+@router.post("/{schedule_id}/pause", dependencies=[Needs.WRITE],
+             response_model=ScheduleView, responses=_RESPONSES)
 async def pause_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
     """Pause: once this returns, no occurrence starts until a resume."""
     return _view(await wheel.schedules.pause(schedule_id), wheel.clock.now_ms())
 
 
-@router.post("/{schedule_id}/resume", response_model=ScheduleView, responses=_RESPONSES)
+@router.post("/{schedule_id}/resume", dependencies=[Needs.WRITE],
+             response_model=ScheduleView, responses=_RESPONSES)
 async def resume_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
     """Resume from the next occurrence after now: occurrences missed while paused are not
     fired."""

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, Field
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.models import format_ms
 from timewheel.store.stats import MINUTE_MS, dead_letter_count, due_per_minute
@@ -76,7 +76,7 @@ class ProcessStats(BaseModel):
     dead_letters: int = Field(description="failed tasks in the dead letters, whole wheel")
 
 
-@router.get("/due", response_model=DueLoad, responses=_RESPONSES)
+@router.get("/due", dependencies=[Needs.READ], response_model=DueLoad, responses=_RESPONSES)
 async def due_load(
     wheel: WheelDep,
     minutes: Annotated[int, Query(ge=1, le=MAX_MINUTES,
@@ -99,7 +99,7 @@ async def due_load(
         buckets=buckets, clamped=count < minutes)
 
 
-@router.get("", response_model=ProcessStats, responses=_RESPONSES)
+@router.get("", dependencies=[Needs.READ], response_model=ProcessStats, responses=_RESPONSES)
 async def process_stats(wheel: WheelDep) -> ProcessStats:
     """This process's callback counters, in-flight gauge and lateness histograms (the figures
     of ``/metrics``, as JSON), and the dead-letter count over the whole wheel."""

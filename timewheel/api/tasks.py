@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.views import task_view
 from timewheel.models import (
@@ -30,7 +30,7 @@ _CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("", status_code=201, response_model=TaskView, responses={
+@router.post("", dependencies=[Needs.WRITE], status_code=201, response_model=TaskView, responses={
     200: {"model": TaskView, "description": "an identical task exists (a repeated request)"},
     **_CONFLICT_RESPONSES})
 async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> TaskView:
@@ -43,8 +43,8 @@ async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> 
     return task_view(result.record)
 
 
-@router.put("/{key}", response_model=TaskView, responses={201: {"description": "created"},
-                                                          **_CONFLICT_RESPONSES})
+@router.put("/{key}", dependencies=[Needs.WRITE], response_model=TaskView,
+            responses={201: {"description": "created"}, **_CONFLICT_RESPONSES})
 async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
                        response: Response) -> TaskView:
     """Create the task, or replace (reschedule) it if it has not finished."""
@@ -55,7 +55,7 @@ async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
     return task_view(result.record)
 
 
-@router.patch("/{key}", response_model=TaskView, responses={
+@router.patch("/{key}", dependencies=[Needs.WRITE], response_model=TaskView, responses={
     **_CONFLICT_RESPONSES, 409: {"description": "the task has finished (the body is its view)"}})
 async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -> TaskView:
     """Move a task that has not finished to a new time (``execute_at`` or ``delay``, and
@@ -66,7 +66,7 @@ async def reschedule_task(key: TaskKey, body: TaskReschedule, wheel: WheelDep) -
     return task_view(await wheel.tasks.reschedule(key, body))
 
 
-@router.delete("/{key}", status_code=204, response_class=Response,
+@router.delete("/{key}", dependencies=[Needs.WRITE], status_code=204, response_class=Response,
                responses=_CONFLICT_RESPONSES)
 async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     """Cancel: once this returns 204, no attempt starts (one in flight may still arrive)."""
@@ -74,12 +74,13 @@ async def cancel_task(key: TaskKey, wheel: WheelDep) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/{key}", response_model=TaskView, responses=_CONFLICT_RESPONSES)
+@router.get("/{key}", dependencies=[Needs.READ],
+            response_model=TaskView, responses=_CONFLICT_RESPONSES)
 async def get_task(key: TaskKey, wheel: WheelDep) -> TaskView:
     return task_view(await wheel.tasks.get(key))
 
 
-@router.get("", response_model=TaskList, responses=_CONFLICT_RESPONSES)
+@router.get("", dependencies=[Needs.READ], response_model=TaskList, responses=_CONFLICT_RESPONSES)
 async def list_tasks(
     wheel: WheelDep,
     status: Annotated[TaskStatus, Query(description="the status to list (required)")],
@@ -98,7 +99,8 @@ async def list_tasks(
     return TaskList(tasks=[task_view(record) for record in records], next_cursor=following)
 
 
-@router.post("/{key}/replay", response_model=TaskView, responses=_CONFLICT_RESPONSES)
+@router.post("/{key}/replay", dependencies=[Needs.WRITE],
+             response_model=TaskView, responses=_CONFLICT_RESPONSES)
 async def replay_task(key: TaskKey, wheel: WheelDep) -> TaskView:
     """Schedule a failed or cancelled task again, now, with its attempts reset."""
     return task_view(await wheel.tasks.replay(key))

@@ -15,6 +15,7 @@ from timewheel.client.errors import (
     APIError,
     ClientError,
     ConflictError,
+    ForbiddenError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
@@ -26,5 +27,5 @@ from timewheel.client.errors import (
 from timewheel.client.sync import Client
 
 __all__ = ["APIError", "AsyncClient", "Client", "ClientError", "ConflictError",
-           "InvalidRequestError", "NotFoundError", "PayloadTooLargeError", "UnauthorizedError",
-           "UnavailableError", "UnexpectedAnswerError", "UnreachableError"]
+           "ForbiddenError", "InvalidRequestError", "NotFoundError", "PayloadTooLargeError",
+           "UnauthorizedError", "UnavailableError", "UnexpectedAnswerError", "UnreachableError"]

@@ -4,6 +4,7 @@
      +-- ClientError                  status_code (None without an answer), detail
           +-- APIError                the service answered with an error status
           |    +-- UnauthorizedError     401: token missing or not accepted
+          |    +-- ForbiddenError        403: the token's scope is too small for the call
           |    +-- NotFoundError         404: no such task, schedule, ...
           |    +-- ConflictError         409: key taken by other content, task finished (.view)
           |    +-- PayloadTooLargeError  413: body over the size limit
@@ -66,6 +67,11 @@ class UnauthorizedError(APIError):
     """401: the service has tokens set and this call carried none, or a wrong one."""
 
 
+class ForbiddenError(APIError):
+    """403: the token is valid, but its scope (read, write, admin) does not allow this call;
+    ``detail`` names the scope it needs."""
+
+
 class NotFoundError(APIError):
     """404: no such task (or schedule, flow route, ...)."""
 
@@ -109,8 +115,8 @@ class UnexpectedAnswerError(ClientError):
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
-    401: UnauthorizedError, 404: NotFoundError, 409: ConflictError, 413: PayloadTooLargeError,
-    422: InvalidRequestError, 503: UnavailableError,
+    401: UnauthorizedError, 403: ForbiddenError, 404: NotFoundError, 409: ConflictError,
+    413: PayloadTooLargeError, 422: InvalidRequestError, 503: UnavailableError,
 }
 
 

@@ -34,6 +34,17 @@ export function setToken(token) {
   else window.sessionStorage.removeItem(TOKEN_KEY);
 }
 
+// What the token may do: "read", "write" or "admin" (GET /auth; "admin" when the service has no
+// tokens set), or null while unknown (no token, or it was refused): then nothing that needs
+// write or admin is shown.
+export async function fetchScope() {
+  try {
+    return (await request("GET", "auth")).scope;
+  } catch {
+    return null;
+  }
+}
+
 // Set by app.js: shows the token dialog and resolves true when a token was saved, false when
 // the user cancelled. Concurrent 401s share one prompt.
 let prompter = async () => false;

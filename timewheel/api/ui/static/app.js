@@ -1,7 +1,7 @@
 // The dashboard's shell: hash routes to pages, the token dialog, the Redis health light.
 // Pages render into <main> and may return a cleanup function (timers) run when they are left.
 
-import { BASE, getToken, onTokenNeeded, setToken } from "./api.js";
+import { BASE, fetchScope, getToken, onTokenNeeded, setToken } from "./api.js";
 import { clearNotice } from "./dom.js";
 import * as dead from "./page-dead.js";
 import * as flows from "./page-flows.js";
@@ -22,6 +22,21 @@ const PAGES = {
 };
 
 let cleanup = null;
+let scope = null; // the token's scope (GET /auth), null while unknown
+
+// <body class="can-write can-admin">: style.css shows what needs a scope only to a token that
+// has it (dom.js, needs()).
+function applyScope(value) {
+  scope = value;
+  document.body.classList.toggle("can-write", scope === "write" || scope === "admin");
+  document.body.classList.toggle("can-admin", scope === "admin");
+  document.body.dataset.scope = scope || "";
+  document.getElementById("token-button").dispatchEvent(new Event("scope"));
+}
+
+async function refreshScope() {
+  applyScope(await fetchScope());
+}
 
 // "#/tasks?status=failed" -> ["tasks", URLSearchParams, undefined]; "#/task/k" -> ["task", .., "k"]
 function parseHash() {
@@ -57,7 +72,10 @@ function tokenDialog() {
   let settle = null;
 
   function refreshButton() {
-    button.textContent = getToken() ? "Token ✓" : "Token";
+    // A token that may not do everything says so (an admin token, the usual one, says nothing).
+    const shown = { read: " (read only)", write: " (write)" }[scope] || "";
+    button.textContent = getToken() ? `Token ✓${shown}` : "Token";
+    button.title = scope ? `This token's scope: ${scope}` : "";
   }
 
   function close(saved) {
@@ -82,16 +100,20 @@ function tokenDialog() {
     setToken(input.value);
     const waiting = settle !== null;
     close(true);
-    if (!waiting) route(); // opened from the header: reload the page with the new token
+    // opened from the header: learn the new token's scope, then draw the page again with it
+    if (!waiting) refreshScope().then(route);
+    else refreshScope();
   });
   document.getElementById("token-forget").addEventListener("click", () => {
     setToken("");
     input.value = "";
     close(false);
+    applyScope(null); // no token: asking /auth now would only bring the dialog back
   });
   document.getElementById("token-cancel").addEventListener("click", () => close(false));
   dialog.addEventListener("cancel", () => close(false)); // Escape
   button.addEventListener("click", () => open());
+  button.addEventListener("scope", refreshButton);
   refreshButton();
   onTokenNeeded(open);
 }
@@ -127,5 +149,6 @@ tokenDialog();
 zoneToggle();
 window.addEventListener("hashchange", route);
 route();
+refreshScope();
 health();
 window.setInterval(health, HEALTH_MS);

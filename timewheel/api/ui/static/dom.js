@@ -94,6 +94,15 @@ export function table(headers, rows, { empty = "Nothing here." } = {}) {
     h("tbody", {}, rows)));
 }
 
+// Marks an element as needing a token scope ("write" or "admin"): style.css hides it unless
+// <body> says the token has that scope (app.js sets the classes from GET /auth). Hidden, not
+// just disabled: a read-only dashboard on a team screen shows no buttons it cannot use. The API
+// refuses such calls anyway (403); this only keeps them out of sight.
+export function needs(scope, node) {
+  node.dataset.needs = scope;
+  return node;
+}
+
 // A button that asks once more before it acts: the first click shows "Yes" and "No".
 export function confirmButton(label, question, action, { danger = true } = {}) {
   const wrap = h("span", { class: "confirm" });

@@ -2,19 +2,19 @@
 // one at a time or as a selection (POST /tasks/{key}/replay each).
 
 import { api, seg } from "./api.js";
-import { h, notify, table, time, fill } from "./dom.js";
+import { h, needs, notify, table, time, fill } from "./dom.js";
 
 export function render(root) {
   const results = h("div", { id: "dead-results" });
-  const replaySelected = h("button", { type: "button", id: "replay-selected", disabled: true,
-    onclick: () => replay([...selected]) }, "Replay selected");
-  const selectAll = h("input", { type: "checkbox", id: "select-all", title: "select all",
+  const replaySelected = needs("write", h("button", { type: "button", id: "replay-selected",
+    disabled: true, onclick: () => replay([...selected]) }, "Replay selected"));
+  const selectAll = needs("write", h("input", { type: "checkbox", id: "select-all", title: "select all",
     onchange: () => {
       for (const task of rows) {
         if (selectAll.checked) selected.add(task.key); else selected.delete(task.key);
       }
       draw();
-    } });
+    } }));
   root.append(
     h("h1", {}, "Dead letters"),
     h("p", { class: "muted" }, "Tasks that failed for good, newest first. Replay schedules " +
@@ -47,12 +47,12 @@ export function render(root) {
   }
 
   function row(task) {
-    const box = h("input", { type: "checkbox", class: "pick", checked: selected.has(task.key),
-      "aria-label": `select ${task.key}`,
+    const box = needs("write", h("input", { type: "checkbox", class: "pick",
+      checked: selected.has(task.key), "aria-label": `select ${task.key}`,
       onchange: () => {
         if (box.checked) selected.add(task.key); else selected.delete(task.key);
         sync();
-      } });
+      } }));
     return h("tr", { "data-key": task.key },
       h("td", {}, box),
       h("td", {}, h("a", { href: `#/task/${seg(task.key)}`, class: "key" }, task.key)),
@@ -60,8 +60,8 @@ export function render(root) {
       h("td", { class: "num" }, `${task.attempts} / ${task.max_attempts}`),
       h("td", { class: "num" }, task.last_status_code ?? "—"),
       h("td", { class: "clip", title: task.last_error || "" }, task.last_error || "—"),
-      h("td", {}, h("button", { type: "button", class: "secondary",
-        onclick: () => replay([task.key]) }, "Replay")));
+      h("td", {}, needs("write", h("button", { type: "button", class: "secondary replay",
+        onclick: () => replay([task.key]) }, "Replay"))));
   }
 
   function sync() {

@@ -2,7 +2,7 @@
 // (PUT /flows/{key}) or dropped back to the defaults (DELETE).
 
 import { api, seg } from "./api.js";
-import { confirmButton, h, notify, table, fill } from "./dom.js";
+import { confirmButton, h, needs, notify, table, fill } from "./dom.js";
 import { attempt } from "./page-tasks.js";
 
 const REFRESH_MS = 5000;
@@ -36,14 +36,15 @@ export function render(root) {
     inputmode: "numeric", placeholder: "default", size: 8 });
   const newRate = h("input", { id: "flow-rate", name: "rate", inputmode: "decimal",
     placeholder: "none", size: 8 });
-  const form = h("form", { class: "toolbar", id: "flow-form", onsubmit: (event) => {
+  // Flows are admin's (docs/api.md v3, "Scoped tokens"): the form and the row actions need it.
+  const form = needs("admin", h("form", { class: "toolbar", id: "flow-form", onsubmit: (event) => {
     event.preventDefault();
     attempt(() => save(keyInput.value.trim(), newParallelism, newRate), load);
   } },
   h("label", {}, "Flow ", keyInput),
   h("label", {}, "Parallelism ", newParallelism),
   h("label", {}, "Rate /s ", newRate),
-  h("button", { type: "submit" }, "Set limits"));
+  h("button", { type: "submit" }, "Set limits")));
 
   root.append(
     h("h1", {}, "Flows"),
@@ -79,7 +80,7 @@ export function render(root) {
       h("td", { class: "num rate" }, flow.rate ?? "—"),
       h("td", { class: "num" }, flow.in_flight),
       h("td", { class: "num" }, flow.waiting),
-      h("td", {}, h("span", { class: "row-actions" },
+      h("td", {}, needs("admin", h("span", { class: "row-actions" },
         h("button", { type: "button", class: "secondary edit", onclick: () => {
           editing = flow.key;
           draw();
@@ -87,7 +88,7 @@ export function render(root) {
         confirmButton("Reset", `Back to the defaults?`, () => attempt(async () => {
           await api.del(`flows/${seg(flow.key)}`);
           notify(`Flow ${flow.key} is back on the defaults.`);
-        }, load)))));
+        }, load))))));
   }
 
   function draw() {

@@ -2,7 +2,7 @@
 // (POST /schedules/{id}/pause, /resume).
 
 import { api, seg } from "./api.js";
-import { h, localTime, notify, table, time, fill } from "./dom.js";
+import { h, localTime, needs, notify, table, time, fill } from "./dom.js";
 import { attempt } from "./page-tasks.js";
 
 function when(schedule) {
@@ -41,9 +41,9 @@ export function render(root) {
       h("td", { class: "next-run" }, time(schedule.next_run_at)),
       h("td", {}, time(schedule.last_run_at)),
       h("td", {}, h("span", { class: "row-actions" },
-        h("button", { type: "button", class: schedule.paused ? "" : "secondary",
+        needs("write", h("button", { type: "button", class: schedule.paused ? "" : "secondary",
           onclick: () => attempt(() => toggle(schedule), load) },
-        schedule.paused ? "Resume" : "Pause"),
+        schedule.paused ? "Resume" : "Pause")),
         h("a", { title: "its occurrences, as tasks", href: `#/tasks?status=scheduled&prefix=${encodeURIComponent(`${schedule.id}.`)}` },
           "tasks"))));
   }

@@ -3,7 +3,7 @@
 
 import { api, seg } from "./api.js";
 import { attemptsPanel } from "./attempts.js";
-import { badge, confirmButton, h, localTime, notify, table, time, fill } from "./dom.js";
+import { badge, confirmButton, h, localTime, needs, notify, table, time, fill } from "./dom.js";
 
 const STATUSES = ["scheduled", "retrying", "delivering", "failed", "succeeded", "cancelled"];
 const OPEN = new Set(["scheduled", "retrying", "delivering", "waiting"]);
@@ -45,7 +45,7 @@ export function taskActions(task, after) {
     actions.push(h("button", { type: "button", class: "secondary",
       onclick: () => attempt(() => replay(task.key), after) }, "Replay"));
   }
-  return h("span", { class: "row-actions" }, actions);
+  return needs("write", h("span", { class: "row-actions" }, actions));
 }
 
 export function render(root, params) {
