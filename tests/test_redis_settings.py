@@ -60,7 +60,7 @@ async def test_a_redis_with_its_defaults_is_warned_about_and_its_slices_are_not_
             assert await dense_slice_encoding(store) == "skiplist"
     warnings = memory_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert "zset-max-ziplist-entries 128 (set 1024)" in warnings[0]
+    assert "zset-max-ziplist-entries 128 (set 512)" in warnings[0]
 
 
 async def test_the_recommended_settings_are_not_warned_about_and_keep_slices_compact(
@@ -100,10 +100,10 @@ async def test_the_embedded_redis_starts_with_the_compact_settings(
 
 
 def test_server_args_use_the_names_each_version_accepts() -> None:
-    assert server_args((6, 2)) == ["--zset-max-ziplist-entries", "1024"]
-    assert server_args((7, 0)) == ["--zset-max-listpack-entries", "1024"]
-    assert server_args((7, 2)) == ["--zset-max-listpack-entries", "1024",
-                                   "--set-max-listpack-entries", "1024"]
+    assert server_args((6, 2)) == ["--zset-max-ziplist-entries", "512"]
+    assert server_args((7, 0)) == ["--zset-max-listpack-entries", "512"]
+    assert server_args((7, 2)) == ["--zset-max-listpack-entries", "512",
+                                   "--set-max-listpack-entries", "512"]
     assert parse_version("Redis server v=6.2.14 sha=40305114:0 malloc=libc") == (6, 2)
     assert parse_version("Redis server v=7.4.1 sha=00000000:0 malloc=jemalloc") == (7, 4)
     with pytest.raises(ValueError):
@@ -114,11 +114,11 @@ def test_costly_settings_name_each_one_in_the_servers_own_names() -> None:
     # Redis 7.2+ answers CONFIG GET "*set-max-*-entries" under both zset names.
     redis_72 = {"zset-max-listpack-entries": "128", "zset-max-ziplist-entries": "128",
                 "set-max-listpack-entries": "128", "set-max-intset-entries": "512"}
-    assert costly_settings(redis_72) == ["zset-max-listpack-entries 128 (set 1024)",
-                                         "set-max-listpack-entries 128 (set 1024)"]
+    assert costly_settings(redis_72) == ["zset-max-listpack-entries 128 (set 512)",
+                                         "set-max-listpack-entries 128 (set 512)"]
     assert costly_settings({**redis_72, "zset-max-listpack-entries": "2048",
                             "zset-max-ziplist-entries": "2048",
-                            "set-max-listpack-entries": "1024"}) == []
+                            "set-max-listpack-entries": "512"}) == []
     assert costly_settings({"zset-max-ziplist-entries": "128",
                             "set-max-intset-entries": "512"}) == [
-        "zset-max-ziplist-entries 128 (set 1024)"]
+        "zset-max-ziplist-entries 128 (set 512)"]

@@ -6,9 +6,10 @@
   from a listpack (ziplist on Redis 6.2) into a skiplist and a pending task costs ~100 bytes
   more. The same holds for the minute's delete-set (``md:<minute>``, a set of task keys) on
   Redis 7.2+, which has a listpack encoding for small sets of strings (6.2 has none: a set of
-  strings is always a hash table there). A listpack's operations scan it (O(N)), so the limit is
-  not unbounded: 1024 entries keeps a claim of 100 from a full slice well under a millisecond
-  (bench/README.md "Memory at density").
+  strings is always a hash table there). A listpack's operations scan and move it (O(N)), and
+  the same limit applies to the bucket's lease and finished indexes, so the limit is not set
+  higher than such a wheel needs: 512 keeps slices compact up to ~8,000 tasks due a minute,
+  for ~5 µs more Redis time per claimed task (bench/README.md, "Memory at density").
 
 Redis 7 renamed ``zset-max-ziplist-entries`` to ``zset-max-listpack-entries`` (the old name is an
 alias); ``set-max-listpack-entries`` exists from 7.2 on. A setting the server does not know is
@@ -29,7 +30,7 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
-COMPACT_ENTRIES = 1024
+COMPACT_ENTRIES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,6 @@ async def warn_about_settings(redis: Redis | RedisCluster) -> None:
     for node, values in encodings.items():
         costly = costly_settings(values)
         if costly:
-            log.warning("Redis %s has %s: a dense wheel's minute slices and delete-sets will "
-                        "not be compact and each pending task costs ~100 bytes more "
-                        "(docs/deploy.md, \"Redis settings\")", node, ", ".join(costly))
+            log.warning("Redis %s has %s: the minute slices of a busy wheel (more than ~2,000 "
+                        "tasks due a minute) will not be compact, ~90 bytes more a pending task "
+                        "(docs/deploy.md, \"Redis settings for memory\")", node, ", ".join(costly))
