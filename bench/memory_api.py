@@ -8,29 +8,34 @@ timewheel/store/embedded.py, with its memory settings), tasks created with ``POS
 /tasks/batch`` (1,000 a request, two requests in flight): a ``--key-length`` key, a 34-byte URL,
 a 13-byte body, due ``--per-minute`` a minute from ten minutes on (nothing falls due during the
 run). The figure is the embedded Redis's ``used_memory`` (less the clients' buffers) after
-minus before, divided by N, read through its unix socket; sizes grow in one wheel. The
-cancelled figure comes from a second service: N tasks created, then each cancelled with
-``DELETE /tasks/{key}`` (32 in flight) before its minute comes, so each still sits in its
-minute's delete-set. bench/memory.py measures the same without HTTP, in a Redis of its own.
+minus before, divided by N, read through its unix socket (``--redis-defaults``: the service on
+a redis-server of the bench's own with Redis's defaults instead, for the figure before); sizes
+grow in one wheel. The cancelled figure comes from a second service: N tasks created, then
+each cancelled with ``DELETE /tasks/{key}`` (32 in flight) before its minute comes, so each
+still sits in its minute's delete-set. bench/memory.py measures the same without HTTP, in a
+Redis of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
+import os
 import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from bench.common import RESULTS_DIR, print_machine, run, stop_process
-from bench.memory import BODY, URL, facts_for, used_memory
+from bench.memory import BODY, URL, dedicated_redis, facts_for, used_memory
 from bench.service import start_service, wait_healthy
 
 START_S = 600  # the first task is due ten minutes after the run starts
@@ -90,8 +95,8 @@ async def cancel(session: aiohttp.ClientSession, base: str, keys: list[str]) -> 
 
 
 async def measure(svc: Any, sizes: list[int], cancelled: bool, per_minute: int,
-                  key_length: int) -> list[dict[str, Any]]:
-    url = redis_url(svc.data_dir)
+                  key_length: int, url: str | None = None) -> list[dict[str, Any]]:
+    url = url or redis_url(svc.data_dir)
     rows = []
     connector = aiohttp.TCPConnector(limit=64)
     async with aiohttp.ClientSession(connector=connector,
@@ -120,14 +125,33 @@ async def measure(svc: Any, sizes: list[int], cancelled: bool, per_minute: int,
     return rows
 
 
-def one_service(sizes: list[int], cancelled: bool, per_minute: int,
-                key_length: int) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="timewheel-bench-memory-") as tmp:
+def one_service(sizes: list[int], cancelled: bool, per_minute: int, key_length: int,
+                redis_defaults: bool = False) -> list[dict[str, Any]]:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="timewheel-bench-memory-"))
+        url = None
+        if redis_defaults:  # "before": a Redis of the bench's own, with Redis's defaults
+            url = stack.enter_context(dedicated_redis(None, []))
+            stack.enter_context(patched_env(TIMEWHEEL_REDIS_URL=url, TIMEWHEEL_KEY_PREFIX="tw"))
         svc = start_service(service_args(), Path(tmp), secrets.token_hex(3))
         try:
-            return run(measure(svc, sizes, cancelled, per_minute, key_length))
+            return run(measure(svc, sizes, cancelled, per_minute, key_length, url))
         finally:
             stop_process(svc.proc, 30.0)
+
+
+@contextlib.contextmanager
+def patched_env(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                    "figure, in a second service (0: skip)")
     p.add_argument("--per-minute", type=int, default=6000, help="tasks due a minute")
     p.add_argument("--key-length", type=int, default=23)
+    p.add_argument("--redis-defaults", action="store_true", help="the service on a Redis of the "
+                   "bench's own with Redis's default settings, not its embedded Redis")
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
     facts = facts_for(None)
@@ -145,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     stamp = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H%M%SZ}"
     t0 = time.perf_counter()
     print("pending (one service, sizes grow):")
-    pending = one_service(args.sizes, False, args.per_minute, args.key_length)
+    pending = one_service(args.sizes, False, args.per_minute, args.key_length,
+                          args.redis_defaults)
     cancelled = None
     if args.cancelled:
         print("cancelled (a second service):")
-        cancelled = one_service([args.cancelled], True, args.per_minute, args.key_length)[0]
+        cancelled = one_service([args.cancelled], True, args.per_minute, args.key_length,
+                                args.redis_defaults)[0]
     out = {"benchmark": "memory_api", "started_at": stamp,
            "command": "python -m bench.memory_api " + " ".join(sys.argv[1:]),
-           "machine": facts, "per_minute": args.per_minute, "key_length": args.key_length,
+           "machine": facts, "redis_defaults": args.redis_defaults,
+           "per_minute": args.per_minute, "key_length": args.key_length,
            "pending": pending, "cancelled": cancelled,
            "wall_s": round(time.perf_counter() - t0, 1)}
     directory = Path(args.results_dir) if args.results_dir else RESULTS_DIR
