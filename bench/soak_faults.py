@@ -199,11 +199,18 @@ class Injector:
         return self.wheel.redis
 
     def _masters(self) -> list[int]:
-        return sorted(port for port, master in self._cluster().roles().items() if master is None)
+        """The masters as each live server says of itself, once the cluster has settled from
+        the previous fault (one node's table may still list a demoted master as one, and a
+        SETSLOT or failover aimed by it fails half-way)."""
+        cluster = self._cluster()
+        cluster.wait_ok(60)
+        return sorted(s.port for s in cluster.servers
+                      if s.running and not cluster.is_replica(s))
 
     def _failover(self, fault: Fault) -> dict[str, Any]:
         cluster = self._cluster()
-        old = self._masters()[fault.target % len(self._masters())]
+        masters = self._masters()
+        old = masters[fault.target % len(masters)]
         replica = cluster.replica_of(old)
         with replica.client() as conn:
             conn.execute_command("CLUSTER FAILOVER FORCE")
@@ -217,14 +224,17 @@ class Injector:
 
     def _master_kill(self, fault: Fault) -> dict[str, Any]:
         cluster = self._cluster()
-        old = self._masters()[fault.target % len(self._masters())]
+        masters = self._masters()
+        old = masters[fault.target % len(masters)]
         cluster.replica_of(old)  # fail now, before the kill, if it has none
         server = cluster.server(old)
         server.kill()
-        promoted = cluster.wait_promoted(old)
-        server.start()
-        self.wheel.apply_appendfsync(server)
-        cluster.wait_ok(30)
+        try:
+            promoted = cluster.wait_promoted(old)
+        finally:  # back as a replica, whatever happened: never leave a node dead
+            server.start()
+            self.wheel.apply_appendfsync(server)
+        cluster.wait_ok(60)
         return {"target": f"master:{old}",
                 "detail": f"SIGKILL; replica {promoted} promoted; {old} back as a replica"}
 
@@ -235,11 +245,12 @@ class Injector:
         keys = Keyspace(self.wheel.key_prefix)
         bucket = fault.target * 5 % keys.buckets
         tag = keys.prefix(bucket)
+        masters = self._masters()
         source = cluster.owner(tag)
-        target = next(p for p in self._masters() if p != source)
+        target = next(p for p in masters if p != source)
         with cluster.server(source).client() as conn:
             slot = int(conn.execute_command("CLUSTER KEYSLOT", tag))
         moved = migrate_slot(cluster, slot, source, target)
-        cluster.wait_ok(30)
+        cluster.wait_ok(60)
         return {"target": f"slot:{slot}",
                 "detail": f"bucket {bucket}: {moved} keys from {source} to {target}"}
