@@ -144,11 +144,18 @@ class Injector:
         return fault.aimed
 
     def run(self, fault: Fault) -> dict[str, Any]:
+        """Inject ``fault`` and log it; one that fails half-way is logged too (with its error:
+        it may have left something broken), then the error is raised."""
         method = getattr(self, f"_{fault.kind}")
         start = time.time()
-        info: dict[str, Any] = method(fault) or {}
-        end = time.time()
-        return self.wheel.history.add("fault", kind=fault.kind, start=start, end=end,
+        try:
+            info: dict[str, Any] = method(fault) or {}
+        except Exception as exc:
+            self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
+                                   planned_at=fault.at, aimed=fault.aimed, target=fault.target,
+                                   error=repr(exc))
+            raise
+        return self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
                                       planned_at=fault.at, aimed=fault.aimed, **info)
 
     # -- serve processes ---------------------------------------------------------------
