@@ -144,11 +144,18 @@ class Injector:
         return fault.aimed
 
     def run(self, fault: Fault) -> dict[str, Any]:
+        """Inject ``fault`` and log it; one that fails half-way is logged too (with its error:
+        it may have left something broken), then the error is raised."""
         method = getattr(self, f"_{fault.kind}")
         start = time.time()
-        info: dict[str, Any] = method(fault) or {}
-        end = time.time()
-        return self.wheel.history.add("fault", kind=fault.kind, start=start, end=end,
+        try:
+            info: dict[str, Any] = method(fault) or {}
+        except Exception as exc:
+            self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
+                                   planned_at=fault.at, aimed=fault.aimed, target=fault.target,
+                                   error=repr(exc))
+            raise
+        return self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
                                       planned_at=fault.at, aimed=fault.aimed, **info)
 
     # -- serve processes ---------------------------------------------------------------
@@ -199,11 +206,18 @@ class Injector:
         return self.wheel.redis
 
     def _masters(self) -> list[int]:
-        return sorted(port for port, master in self._cluster().roles().items() if master is None)
+        """The masters as each live server says of itself, once the cluster has settled from
+        the previous fault (one node's table may still list a demoted master as one, and a
+        SETSLOT or failover aimed by it fails half-way)."""
+        cluster = self._cluster()
+        cluster.wait_ok(60)
+        return sorted(s.port for s in cluster.servers
+                      if s.running and not cluster.is_replica(s))
 
     def _failover(self, fault: Fault) -> dict[str, Any]:
         cluster = self._cluster()
-        old = self._masters()[fault.target % len(self._masters())]
+        masters = self._masters()
+        old = masters[fault.target % len(masters)]
         replica = cluster.replica_of(old)
         with replica.client() as conn:
             conn.execute_command("CLUSTER FAILOVER FORCE")
@@ -217,16 +231,34 @@ class Injector:
 
     def _master_kill(self, fault: Fault) -> dict[str, Any]:
         cluster = self._cluster()
-        old = self._masters()[fault.target % len(self._masters())]
+        masters = self._masters()
+        old = masters[fault.target % len(masters)]
         cluster.replica_of(old)  # fail now, before the kill, if it has none
         server = cluster.server(old)
         server.kill()
-        promoted = cluster.wait_promoted(old)
-        server.start()
-        self.wheel.apply_appendfsync(server)
-        cluster.wait_ok(30)
+        try:
+            promoted = cluster.wait_promoted(old)
+        finally:  # back as a replica, whatever happened: never leave a node dead
+            server.start()
+            self.wheel.apply_appendfsync(server)
+        cluster.wait_ok(60)
         return {"target": f"master:{old}",
                 "detail": f"SIGKILL; replica {promoted} promoted; {old} back as a replica"}
+
+    def _undo_migration(self, slot: int, source: int, target: int) -> None:
+        cluster = self._cluster()
+        src, dst = cluster.server(source), cluster.server(target)
+        with src.client() as s_conn, dst.client() as d_conn:
+            src_id = s_conn.execute_command("CLUSTER MYID").decode()
+            for conn in (s_conn, d_conn):
+                conn.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+            while keys := d_conn.execute_command("CLUSTER GETKEYSINSLOT", slot, 10):
+                d_conn.execute_command("MIGRATE", "127.0.0.1", source, "", 0, 5000,
+                                       "KEYS", *keys)
+            for server in cluster.servers:
+                if server.running and not cluster.is_replica(server):
+                    with server.client() as conn:
+                        conn.execute_command("CLUSTER SETSLOT", slot, "NODE", src_id)
 
     def _slot_migration(self, fault: Fault) -> dict[str, Any]:
         from tests.cluster.test_migration import migrate_slot
@@ -235,11 +267,19 @@ class Injector:
         keys = Keyspace(self.wheel.key_prefix)
         bucket = fault.target * 5 % keys.buckets
         tag = keys.prefix(bucket)
+        masters = self._masters()
         source = cluster.owner(tag)
-        target = next(p for p in self._masters() if p != source)
+        target = next(p for p in masters if p != source)
         with cluster.server(source).client() as conn:
             slot = int(conn.execute_command("CLUSTER KEYSLOT", tag))
-        moved = migrate_slot(cluster, slot, source, target)
-        cluster.wait_ok(30)
+        try:
+            moved = migrate_slot(cluster, slot, source, target)
+        except Exception:
+            # Half-moved (a role changed under it): put the slot back where it was on every
+            # master and move any keys that went over back, or that master would refuse
+            # everything (CLUSTERDOWN) for the rest of the run, as the first runs showed.
+            self._undo_migration(slot, source, target)
+            raise
+        cluster.wait_ok(60)
         return {"target": f"slot:{slot}",
                 "detail": f"bucket {bucket}: {moved} keys from {source} to {target}"}
