@@ -312,3 +312,45 @@ async def test_run_logs_each_outage_once(store: Store, fake_clock: FakeClock,
 
     records = [r for r in caplog.records if r.name == "timewheel.engine.ticker"]
     assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING] * 2
+
+
+class OneBucketBroken(FlakyStore):
+    """Claims of one bucket raise what redis-py's cluster client raised on a half-moved slot
+    (an AttributeError, not a StoreUnavailable); the other buckets answer."""
+
+    def __init__(self, store: Store, broken: int | None) -> None:
+        super().__init__(store)
+        self.broken = broken
+
+    async def claim(self, bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
+        if bucket == self.broken:
+            raise AttributeError("'NoneType' object has no attribute 'execute_command'")
+        return await super().claim(bucket, **kwargs)
+
+
+@pytest.mark.parametrize("broken", [None, 3])
+async def test_a_broken_bucket_does_not_stop_the_others(
+        store: Store, fake_clock: FakeClock, broken: int | None) -> None:
+    """One bucket's claim fails with an unexpected error: the buckets after it are claimed in
+    the same tick (isolation), and the failure is counted. Control (none broken): every
+    bucket's task is claimed."""
+    keys = [keys_in_bucket(store, bucket, 1)[0] for bucket in range(store.keys.buckets)]
+    for key in keys:
+        await add(store, key, START_MS + 100)
+    dispatcher = FakeDispatcher()
+    ticker, metrics = make_ticker(OneBucketBroken(store, broken), fake_clock, dispatcher)
+    await ticker.tick()
+    expected = [k for b, k in enumerate(keys) if b != broken]
+    assert sorted(dispatcher.keys) == sorted(expected)
+    errors = metrics.registry.get_sample_value("timewheel_tick_errors_total") or 0.0
+    assert errors == (0 if broken is None else 1)
+
+
+async def test_every_bucket_failing_raises_so_the_loop_backs_off(
+        store: Store, fake_clock: FakeClock) -> None:
+    flaky = FlakyStore(store)
+    flaky.down = True
+    ticker, _ = make_ticker(flaky, fake_clock, FakeDispatcher())
+    with pytest.raises(StoreUnavailable):
+        await ticker.tick()
+    assert flaky.claims == store.keys.buckets  # each bucket was tried once

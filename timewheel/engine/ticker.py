@@ -54,14 +54,31 @@ class Ticker:
         reads the clock afresh: a slow pass must not claim later buckets with a stale "now"
         (their tasks would miss their start and be handed back)."""
         claimed = 0
-        for bucket in range(self._store.keys.buckets):
+        failed: list[tuple[int, Exception]] = []
+        buckets = self._store.keys.buckets
+        for bucket in range(buckets):
             more = True
             while more and not self._stopping.is_set():
                 room = self._max_pending - self._dispatcher.holding
                 if room <= 0:
                     return claimed  # bounded work: the rest waits in Redis for the next tick
-                more, count = await self._claim(bucket, min(self._claim_batch, room))
+                try:
+                    more, count = await self._claim(bucket, min(self._claim_batch, room))
+                except Exception as exc:  # one bucket must not stop the others
+                    # A slot half-moved on a cluster, one master refusing: the other buckets
+                    # (other slots, other masters) are claimed all the same (the soak found a
+                    # redis-py AttributeError on ASKING stopping every bucket after it).
+                    failed.append((bucket, exc))
+                    break
                 claimed += count
+        if failed:
+            if len(failed) == buckets:
+                raise failed[0][1]  # nothing answered: Redis is down, run() backs off
+            self._metrics.tick_errors.inc()  # a pass that failed in part
+            first_bucket, first = failed[0]
+            log.warning("claiming %d of %d buckets failed (bucket %d: %s: %s); the others "
+                        "were claimed", len(failed), buckets, first_bucket,
+                        type(first).__name__, first)
         return claimed
 
     async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
