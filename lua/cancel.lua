@@ -42,7 +42,7 @@ put_head(tkey, h)
 redis.call('PEXPIRE', tkey, retention)
 redis.call('ZADD', P .. 'fc', now, key)
 if stopped then
-  add_unanswered(P, key, tkey, h[ATT] + 1, 'cancelled', 'stopped by a DELETE before it was sent',
-    kept)
+  add_unanswered(P, key, h[ATT] + 1, 'cancelled', 'stopped by a DELETE before it was sent',
+    kept, retention)
 end
 return 1

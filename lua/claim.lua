@@ -50,8 +50,8 @@ for _, key in ipairs(expired) do
   local h = head(tkey)
   if h and h[ST] == 'd' then
     if h[STARTED] == 1 then
-      add_unanswered(P, key, tkey, h[ATT], 'lost',
-        'no outcome within its lease: its process died or stalled', kept)
+      add_unanswered(P, key, h[ATT], 'lost',
+        'no outcome within its lease: its process died or stalled', kept, nil)
     end
     take(P, key, tkey, h, now, margin, claim, record, out)
   else

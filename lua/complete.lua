@@ -34,7 +34,7 @@ for i = 4, #ARGV, 8 do
     -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
-    add_attempt(P, key, tkey, entry, kept)
+    add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
   elseif not ours or h[ST] ~= 'd' or (outcome == 'retry' and not due) then
     out[#out + 1] = 0
@@ -51,8 +51,12 @@ for i = 4, #ARGV, 8 do
       redis.call('ZADD', P .. FINISHED_INDEX[h[ST]], now, key)
     end
     put_with_err(tkey, h, err)
-    if outcome ~= 'retry' then redis.call('PEXPIRE', tkey, retention) end
-    add_attempt(P, key, tkey, entry, kept)
+    local ttl = nil
+    if outcome ~= 'retry' then
+      redis.call('PEXPIRE', tkey, retention)
+      ttl = retention
+    end
+    add_attempt(P, key, entry, kept, ttl)
     out[#out + 1] = 1
   end
 end

@@ -28,8 +28,8 @@ for i = 2, #ARGV, 2 do
     -- sent after all.
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
-    add_unanswered(P, key, tkey, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
-      kept)
+    add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
+      kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
   elseif h[ST] ~= 'd' then
     out[#out + 1] = 0

@@ -1,4 +1,4 @@
--- lib: record, slices, parking
+-- lib: record, slices, parking, attempts
 -- schedule: create a task, or replace one that has not finished.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:". Every key below is derived from it, so all of
@@ -51,6 +51,7 @@ if old and not finished then
   end
 elseif finished then
   redis.call('ZREM', P .. finished, key)
+  keep_attempts(P, key)  -- created again: its history goes on, no longer expiring
 end
 
 local due = h[DUE]
