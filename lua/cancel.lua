@@ -40,6 +40,7 @@ end
 h[ST], h[FINISHED], h[OP], h[CLAIM], h[STARTED] = 'c', now, op, claim, started
 put_head(tkey, h)
 redis.call('PEXPIRE', tkey, retention)
+redis.call('PEXPIRE', attempts_key(P, key), retention)  -- its history expires with it
 redis.call('ZADD', P .. 'fc', now, key)
 if stopped then
   add_unanswered(P, key, h[ATT] + 1, 'cancelled', 'stopped by a DELETE before it was sent',

@@ -557,3 +557,19 @@ async def test_replay_refuses_other_statuses(store: Store, redis: Redis, status:
     assert await run(store, "replay", "none", NOW, "r1") == -1
     assert await dump(redis) == {"t:a": rec(status), "cur": str(M0)}
 
+
+
+async def test_cancel_gives_a_tried_tasks_history_the_records_ttl(store: Store,
+                                                                  redis: Redis) -> None:
+    """A retrying task (tried before, history without TTL while pending) cancelled before its
+    next claim: its history expires with the record (no key left behind for ever). Control: a
+    task never tried has no history key to expire."""
+    await seed(redis, {"t:a": rec("retrying", attempts=1, due=NOW + MIN),
+                       f"ms:{M0 + 1}": {"a": NOW + MIN}, **minutes(M0 + 1), "cur": str(M0),
+                       "t:b": rec(due=NOW + MIN)})
+    await redis.rpush(f"{P}a:a", entry("a", "retry"))
+    await assert_ttls(redis, {})
+    assert await run(store, "cancel", "a", NOW, RET, "r1", KEPT) == 1
+    assert await run(store, "cancel", "b", NOW, RET, "r2", KEPT) == 1
+    await assert_ttls(redis, {"t:a": RET, "a:a": RET, "t:b": RET})
+    assert "a:b" not in await dump(redis)
