@@ -138,3 +138,29 @@ async def test_a_start_unanswered_in_a_redis_outage_is_handed_back_when_redis_an
     assert raw["status"] == "scheduled" and raw["attempts"] == "0" and "claim" not in raw
     assert await wheel.lease() == []
     assert [t.key for t in await wheel.claim(token="other")] == ["job-1"]
+
+
+async def test_a_start_failing_with_a_library_error_is_handed_back(
+        wheel: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only StoreUnavailable: redis-py's cluster client raised AttributeError mid-failover
+    (the cluster soak). The attempt is not sent, leaves the process's books (settle would
+    time out otherwise) and goes back to the wheel. Control: the same task with the store
+    answering is sent."""
+    route = router.post(URL).respond(200)
+    store = wheel.store
+    real_start = store.start
+
+    async def broken_start(bucket: int, **kwargs: Any) -> Any:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    monkeypatch.setattr(store, "start", broken_start)
+    await wheel.add()
+    [task] = await wheel.claim()
+    wheel.dispatcher.submit([task], wheel.clock.now_ms())
+    wheel.clock.set(task.due_ms)
+    await wheel.settle()
+    assert not route.called
+    assert (await wheel.raw())["status"] == "scheduled"
+    monkeypatch.setattr(store, "start", real_start)
+    await wheel.fire()
+    assert route.call_count == 1

@@ -379,3 +379,24 @@ async def test_a_lowered_parallelism_holds_from_the_next_permit_on(
     await wait_until(lambda: _true(len(receiver.attempts) == 6), "all six sent")
     await gated.settle()
     assert receiver.seen_at_once[:2] == [1, 2]
+
+
+async def test_parking_one_attempt_found_cancelled_parks_the_rest(
+        store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """park.lua answers per claim: one cancelled meanwhile (0) is skipped, an error hands its
+    claim back, and neither stops the others of the batch from being parked."""
+    gate, lifecycle, _ = bare_gate(store, fake_clock)
+    attempts = [waiting_attempt(lifecycle, name) for name in "abc"]
+
+    async def park(attempt: Attempt) -> bool:
+        if attempt.task.key == "b":
+            raise AttributeError("a client library's own error")
+        return attempt.task.key != "a"
+
+    handed: list[str] = []
+    monkeypatch.setattr(gate._recorder, "park", park)
+    monkeypatch.setattr(gate._recorder, "hand_back",
+                        lambda items, why: handed.extend(a.task.key for a in items))
+    await gate._park(attempts)
+    assert [a.stage for a in attempts] == [Stage.SKIPPED, Stage.HANDED_BACK, Stage.PARKED]
+    assert handed == ["b"] and len(lifecycle) == 0

@@ -6,7 +6,8 @@ The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_
        │               │    ▲            │           │                     │
        │               │    └────────────┴───────────┤                     └──► UNRECORDED
        ▼               ▼                 ▼           ▼
-    HANDED_BACK      PARKED      SKIPPED, HANDED_BACK   HANDED_BACK
+    HANDED_BACK   PARKED, SKIPPED   SKIPPED, HANDED_BACK   HANDED_BACK
+                                           (and SENT -> HANDED_BACK, UNRECORDED: see NEXT)
 
 - CLAIMED: held under a lease, on the timeline until just before it is due.
 - WAITING_FOR_FLOW: due; its flow has no permit for it yet (timewheel/engine/flow_gate.py).
@@ -55,7 +56,9 @@ class Stage(enum.Enum):
 
 NEXT: dict[Stage, frozenset[Stage]] = {
     Stage.CLAIMED: frozenset({Stage.WAITING_FOR_FLOW, Stage.HANDED_BACK}),
-    Stage.WAITING_FOR_FLOW: frozenset({Stage.ADMITTED, Stage.PARKED, Stage.HANDED_BACK}),
+    # -> SKIPPED: parking found it cancelled or replaced meanwhile.
+    Stage.WAITING_FOR_FLOW: frozenset({Stage.ADMITTED, Stage.PARKED, Stage.SKIPPED,
+                                       Stage.HANDED_BACK}),
     # Back to WAITING_FOR_FLOW: a rated flow's permit went stale while it waited for a worker.
     Stage.ADMITTED: frozenset({Stage.STARTED, Stage.SKIPPED, Stage.HANDED_BACK,
                                Stage.WAITING_FOR_FLOW}),
@@ -64,7 +67,9 @@ NEXT: dict[Stage, frozenset[Stage]] = {
     Stage.STARTED: frozenset({Stage.SENT, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW}),
     # SENT -> HANDED_BACK: its connection came only after its lease ran short, so the
     # request was never written (timewheel/delivery/netguard.py NotWritten).
-    Stage.SENT: frozenset({Stage.ANSWERED, Stage.HANDED_BACK}),
+    # SENT -> UNRECORDED: the send failed in a way no outcome describes (a bug, a library
+    # error): what the receiver saw is unknown, so the lease re-sends it.
+    Stage.SENT: frozenset({Stage.ANSWERED, Stage.HANDED_BACK, Stage.UNRECORDED}),
     Stage.ANSWERED: frozenset({Stage.RECORDED, Stage.UNRECORDED}),
 }
 TERMINAL = frozenset(Stage) - NEXT.keys()

@@ -32,7 +32,6 @@ from timewheel.engine.executor import Executor
 from timewheel.engine.flow_gate import FlowGate
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
-from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Outcome, Store
 from timewheel.store.flow_store import FlowStore
@@ -131,10 +130,10 @@ class Dispatcher:
         await self._clock.sleep_until(task.due_ms - CHECK_LEAD_MS)
         try:
             started = await self._recorder.start(attempt)
-        except StoreUnavailable as exc:
+        except Exception as exc:  # StoreUnavailable, or a client library's own error
             # Whether it was counted is unknown; it was not sent: hand it back once Redis
             # answers, rather than leave it to its whole lease.
-            self._hand_back(attempt, f"Redis did not answer its start: {exc}")
+            self._hand_back(attempt, f"its start failed: {type(exc).__name__}: {exc}")
             return
         if not started.attempt:  # cancelled or replaced since the claim: not ours to send
             if attempt.started is not None:
@@ -171,8 +170,20 @@ class Dispatcher:
         recording.add_done_callback(self._recording.discard)
 
     async def _record(self, attempt: Attempt, outcome: Outcome) -> None:
-        recorded = await self._recorder.record(attempt, outcome)
-        self._lifecycle.move(attempt, Stage.RECORDED if recorded else Stage.UNRECORDED)
+        recorded = False
+        try:
+            recorded = await self._recorder.record(attempt, outcome)
+        finally:  # even if it fails unexpectedly: the lease re-sends an unrecorded attempt
+            self._lifecycle.move(attempt, Stage.RECORDED if recorded else Stage.UNRECORDED)
+
+    def _abandon(self, attempt: Attempt) -> None:
+        """An attempt whose worker failed unexpectedly leaves this process's books: not sent,
+        it is handed back; sent, its outcome is unknown and its lease re-sends it."""
+        if attempt.stage in (Stage.ADMITTED, Stage.STARTED):
+            self._hand_back(attempt, "its worker failed before it was sent")
+        elif attempt.stage is Stage.SENT:
+            self._lifecycle.move(attempt, Stage.UNRECORDED)
+            self._gate.give_back(attempt)
 
     def _late_for_its_rate(self, attempt: Attempt, now: int) -> bool:
         """A rated flow logged this attempt's start for ``start_ms``; sent much later, it
@@ -212,8 +223,9 @@ class Dispatcher:
                 else:  # sent, unanswered after the grace period: its lease re-sends it
                     self._gate.give_back(attempt)
                 raise
-            except Exception:  # one bad attempt must not stop the worker; its lease re-sends it
+            except Exception:  # one bad attempt must not stop the worker
                 log.exception("delivering %s failed", attempt.task.key)
+                self._abandon(attempt)
             finally:
                 self._workers[me] = None
 

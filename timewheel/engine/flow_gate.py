@@ -382,6 +382,8 @@ class FlowGate:
     async def _park(self, attempts: list[Attempt]) -> None:
         results = await asyncio.gather(*(self._recorder.park(a) for a in attempts),
                                        return_exceptions=True)
+        # Any error (Redis away, or a library's own): not parked as far as we know, so the
+        # claim goes back to the wheel (release.lua answers 0 if it was parked after all).
         unparked = []
         for attempt, result in zip(attempts, results, strict=True):
             if isinstance(result, BaseException):

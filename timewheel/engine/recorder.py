@@ -23,7 +23,6 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.engine.attempt import Attempt
 from timewheel.engine.batching import BucketBatcher
-from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import CompleteReply, Outcome, ParkReply, ReleaseReply, Store
 from timewheel.store.record import Started
@@ -98,7 +97,8 @@ class Recorder:
         while True:
             try:
                 return await write()
-            except StoreUnavailable as exc:
+            except Exception as exc:  # StoreUnavailable, or a client library's own error
+                # (redis-py's cluster client raised AttributeError mid-failover in the soak)
                 if self._clock.now_ms() + delay * 1000 > until_ms:
                     log.warning("%s not stored, its lease will do: %s", what, exc)
                     return None
