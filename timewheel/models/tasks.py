@@ -8,6 +8,7 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -75,6 +76,15 @@ def parse_execute_at(value: str | int | float) -> int:
     return epoch_ms_ceil(seconds)
 
 
+def _parses_as_execute_at(value: str | float) -> str | float:
+    parse_execute_at(value)
+    return value
+
+
+# An RFC 3339 date-time with offset or Unix seconds, checked as it parses (POST, PUT, PATCH).
+ExecuteAt = Annotated[StrictStr | Number, AfterValidator(_parses_as_execute_at)]
+
+
 def format_ms(ms: int | None) -> str | None:
     """Epoch milliseconds as RFC 3339 UTC with milliseconds (``2026-11-22T10:00:00.123Z``)."""
     if ms is None:
@@ -92,7 +102,7 @@ class TaskFields(BaseModel):
     method: Method = Method.POST
     headers: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     body: Any = None
-    execute_at: StrictStr | Number | None = None
+    execute_at: ExecuteAt | None = None
     delay: NonNegative | None = None
     timeout: Positive | None = None
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 5
@@ -133,13 +143,6 @@ class TaskFields(BaseModel):
             seen.add(lower)
         return value
 
-    @field_validator("execute_at")
-    @classmethod
-    def _valid_execute_at(cls, value: str | float | None) -> str | float | None:
-        if value is not None:
-            parse_execute_at(value)
-        return value
-
     @model_validator(mode="after")
     def _one_time(self) -> TaskFields:
         if self.execute_at is not None and self.delay is not None:
@@ -159,16 +162,9 @@ class TaskReschedule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    execute_at: StrictStr | Number | None = None
+    execute_at: ExecuteAt | None = None
     delay: NonNegative | None = None
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] | None = None
-
-    @field_validator("execute_at")
-    @classmethod
-    def _valid_execute_at(cls, value: str | float | None) -> str | float | None:
-        if value is not None:
-            parse_execute_at(value)
-        return value
 
     @model_validator(mode="after")
     def _exactly_one_time(self) -> TaskReschedule:
