@@ -52,11 +52,16 @@ class FakeDispatcher:
 
 class FlakyStore:
     """Fault-injecting wrapper: while ``down``, claim raises StoreUnavailable as a dead Redis
-    would; everything else goes to the real Store. Counts claim calls."""
+    would; everything else goes to the real Store. Counts claim calls.
+
+    ``down`` takes effect at a pass's first bucket and holds for the whole pass: a test that
+    flips it while a pass is half-way would otherwise make a partly failed pass (a different
+    log line, tested on its own below) whenever the flip lands between two buckets."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self.down = False
+        self._down_this_pass = False
         self.claims = 0
         self.limits: list[int] = []
 
@@ -65,7 +70,9 @@ class FlakyStore:
 
     async def claim(self, bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
         self.claims += 1
-        if self.down:
+        if bucket == 0:
+            self._down_this_pass = self.down
+        if self._down_this_pass:
             raise StoreUnavailable("claim: ConnectionError: Connection refused (injected)")
         self.limits.append(kwargs["limit"])
         return await self._store.claim(bucket, **kwargs)
