@@ -21,12 +21,12 @@ import httpx
 
 from timewheel.delivery.netguard import (
     BlockedAddress,
+    LastCheckRequest,
     NetworkPolicy,
     NotWritten,
     blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
-    last_check_trace,
     may_write,
     not_written_cause,
 )
@@ -91,7 +91,7 @@ class AiohttpSender:
         self._session = aiohttp.ClientSession(
             connector=guarded_connector(policy, limit=max_connections, limit_per_host=0),
             trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[last_check_trace()],
+            cookie_jar=aiohttp.DummyCookieJar(), request_class=LastCheckRequest,
         )
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],

@@ -45,6 +45,9 @@ class Executor:
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
         self._scheduled_at = functools.lru_cache(maxsize=1024)(format_ms)
+        self._outcome_counters = {"ok": metrics.outcomes["succeeded"],
+                                  "retry": metrics.outcomes["retried"],
+                                  "fail": metrics.outcomes["failed"]}
 
     async def send(self, attempt: Attempt, timeout_ms: int) -> Outcome:
         """Send the started attempt with the headers and body that lua/start.lua read (a claim
@@ -110,14 +113,14 @@ class Executor:
             verdict = "fail"
         next_ms = (next_due_ms(now, task.backoff_ms, number, retry_after)
                    if verdict == "retry" else None)
-        log.log(self._ok_level if verdict == "ok" else logging.INFO,
-                "callback %s attempt=%d %s %.3fs -> %s", task.key, number,
-                code if code is not None else message, took_ms / 1000.0, verdict,
-                extra={"task_key": task.key, "flow_key": task.flow, "attempt": number,
-                       "status_code": code, "duration_ms": round(took_ms, 1),
-                       "outcome": verdict, "error": message})
-        self._metrics.outcomes[{"ok": "succeeded", "retry": "retried", "fail": "failed"}[
-            verdict]].inc()
+        level = self._ok_level if verdict == "ok" else logging.INFO
+        if log.isEnabledFor(level):  # not even the extra dict for a line nobody reads
+            log.log(level, "callback %s attempt=%d %s %.3fs -> %s", task.key, number,
+                    code if code is not None else message, took_ms / 1000.0, verdict,
+                    extra={"task_key": task.key, "flow_key": task.flow, "attempt": number,
+                           "status_code": code, "duration_ms": round(took_ms, 1),
+                           "outcome": verdict, "error": message})
+        self._outcome_counters[verdict].inc()
         body = answer.body.decode(errors="replace") if answer is not None else None
         history = attempts.entry(
             attempt=number, started_ms=started_ms, duration_ms=round(took_ms),
