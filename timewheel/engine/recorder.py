@@ -38,7 +38,9 @@ class Recorder:
         self._store = store
         self._clock = clock
         self._metrics = metrics
-        self._starts: BucketBatcher[tuple[str, str], Started] = BucketBatcher(self._flush_starts)
+        # On a single Redis one start call carries every bucket's claims (group 0).
+        self._starts: BucketBatcher[tuple[int, str, str], Started] = BucketBatcher(
+            self._flush_starts, group=_one_call if store.starts_span_buckets else None)
         self._completes: BucketBatcher[Outcome, CompleteReply] = BucketBatcher(
             self._flush_completes)
         self._releases: BucketBatcher[tuple[str, str], ReleaseReply] = BucketBatcher(
@@ -56,7 +58,8 @@ class Recorder:
     async def start(self, attempt: Attempt) -> Started:
         """Count the attempt in Redis and get its headers and body; NOT_STARTED (attempt 0)
         when the claim is not ours any more. Raises StoreUnavailable."""
-        return await self._starts.submit(attempt.task.bucket, attempt.claim)
+        task = attempt.task
+        return await self._starts.submit(task.bucket, (task.bucket, task.key, task.token))
 
     async def park(self, attempt: Attempt) -> bool:
         """Whether the claim was parked (False: not ours any more). Raises StoreUnavailable."""
@@ -121,11 +124,15 @@ class Recorder:
         await asyncio.gather(*late, return_exceptions=True)
         return len(late)
 
-    async def _flush_starts(self, bucket: int,
-                            claims: Sequence[tuple[str, str]]) -> list[Started]:
-        return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
+    async def _flush_starts(self, group: int,
+                            claims: Sequence[tuple[int, str, str]]) -> list[Started]:
+        return await self._store.start_many(claims, now_ms=self._clock.now_ms())
 
     async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]
                                ) -> list[CompleteReply]:
         return await self._store.complete(bucket, now_ms=self._clock.now_ms(),
                                           outcomes=outcomes)
+
+
+def _one_call(bucket: int) -> int:
+    return 0

@@ -246,28 +246,47 @@ class Store:
         return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
                        started_ms=now_ms)
 
+    @property
+    def starts_span_buckets(self) -> bool:
+        """Whether one start call may carry several buckets' claims: on a single Redis, yes;
+        on a cluster each bucket is its own slot, and a script's keys must share one."""
+        return not isinstance(self.redis, RedisCluster)
+
     async def start(self, bucket: int, *, now_ms: int,
                     claims: Sequence[tuple[str, str]]) -> list[Started]:
-        """Begin attempts for (key, token) pairs: for each, the attempt number with the headers
-        and body to send, or NOT_STARTED (do not send). A record whose headers cannot be
-        decoded is failed at once, like an undecodable one at claim time."""
+        """Begin attempts for (key, token) pairs of one bucket: see ``start_many``."""
+        return await self.start_many([(bucket, key, token) for key, token in claims],
+                                     now_ms=now_ms)
+
+    async def start_many(self, claims: Sequence[tuple[int, str, str]], *,
+                         now_ms: int) -> list[Started]:
+        """Begin attempts for (bucket, key, token) claims, in one call (several buckets only
+        where ``starts_span_buckets``): for each, the attempt number with the headers and body
+        to send, or NOT_STARTED (do not send). A record whose headers cannot be decoded is
+        failed at once, like an undecodable one at claim time."""
+        by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into claims, in order
+        for i, (bucket, _, _) in enumerate(claims):
+            by_bucket.setdefault(bucket, []).append(i)
+        order = [i for indexes in by_bucket.values() for i in indexes]
+        args: list[str | int] = [len(by_bucket), *(len(ix) for ix in by_bucket.values())]
+        for i in order:
+            args += claims[i][1:]
         async with redis_errors("start"):
             reply = await self.scripts.start(
-                keys=[self.keys.prefix(bucket)],
-                args=[part for claim in claims for part in claim])
-        out, bad = [], []
-        for i, (key, token) in enumerate(claims):
-            attempt, headers, body = int(reply[3 * i]), reply[3 * i + 1], reply[3 * i + 2]
+                keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)
+        out: list[Started] = [NOT_STARTED] * len(claims)
+        bad: dict[int, list[Outcome]] = {}
+        for j, i in enumerate(order):
+            bucket, key, token = claims[i]
+            attempt, headers, body = int(reply[3 * j]), reply[3 * j + 1], reply[3 * j + 2]
             if not attempt:
-                out.append(NOT_STARTED)
                 continue
             try:
-                out.append(Started(attempt, layout.decode_headers(headers), body))
+                out[i] = Started(attempt, layout.decode_headers(headers), body)
             except (layout.BadRecord, UnicodeDecodeError) as exc:
-                bad.append(self._set_aside(key, token, exc, now_ms))
-                out.append(NOT_STARTED)
-        if bad:
-            await self.complete(bucket, now_ms=now_ms, outcomes=bad)
+                bad.setdefault(bucket, []).append(self._set_aside(key, token, exc, now_ms))
+        for bucket, outcomes in bad.items():
+            await self.complete(bucket, now_ms=now_ms, outcomes=outcomes)
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,
