@@ -1,4 +1,4 @@
--- lib: record
+-- lib: record, results
 -- start: mark attempts as begun, just before they are sent, and hand over what they send.
 -- Only a caller that still holds the claim may start: a task cancelled or replaced after it
 -- was claimed is not sent. Headers and body are read here, not at claim time, so a claim
@@ -7,9 +7,10 @@
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
 -- ARGV[1..] key, token pairs
 --
--- Reply: three values per pair: the attempt number (1, 2, ...), the headers and the body as
---        stored (timewheel/store/layout.py); or 0, "", "" when the claim is not the caller's
---        any more (do not send). Idempotent: starting a started attempt again (a retried
+-- Reply: four values per pair: the attempt number (1, 2, ...), the headers and the body as
+--        stored (timewheel/store/layout.py), and the task's result callbacks' URLs
+--        (lua/lib/results.lua, "" for none: the executor keeps the answer's body for them);
+--        or 0, "", "", "" when the claim is not the caller's any more (do not send). Idempotent: starting a started attempt again (a retried
 --        call) returns the same number.
 local P = KEYS[1]
 local out = {}
@@ -27,8 +28,10 @@ for i = 1, #ARGV, 2 do
     out[#out + 1] = h[ATT]
     out[#out + 1] = part(tkey, at, h[HL])
     out[#out + 1] = part(tkey, at + h[HL], h[BL])
+    out[#out + 1] = results_of(P, ARGV[i])
   else
     out[#out + 1] = 0
+    out[#out + 1] = ''
     out[#out + 1] = ''
     out[#out + 1] = ''
   end

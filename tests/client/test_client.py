@@ -55,14 +55,15 @@ def view(key: str = "k1", **changes: Any) -> dict[str, Any]:
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
             "created_at": AT, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
             "retry_backoff": 1.0, "flow_key": "example.com:443",
-            "attempts_url": f"/tasks/{key}/attempts"}
+            "attempts_url": f"/tasks/{key}/attempts", "on_success": None, "on_failure": None}
     return body | changes
 
 
 FLOW = {"key": "example.com:443", "parallelism": 3, "rate": None, "in_flight": 1, "waiting": 0}
 SCHEDULE = {"id": "s1", "cron": "*/5 * * * *", "every": None, "timezone": "UTC",
             "task": {"callback_url": URL, "method": "POST", "headers": {}, "body": None,
-                     "timeout": None, "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None},
+                     "timeout": None, "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None,
+                     "on_success": None, "on_failure": None},
             "paused": False, "next_run_at": AT, "last_run_at": None, "created_at": AT}
 BATCH = {"results": [{"key": "b1", "status": 201, "task": view("b1"), "detail": None},
                      {"key": None, "status": 422, "task": None,
