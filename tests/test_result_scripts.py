@@ -17,7 +17,6 @@ from tests.support.bucket_state import (
     M0,
     NOW,
     RET,
-    B,
     assert_ttls,
     claim,
     delivering,
