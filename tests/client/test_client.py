@@ -454,3 +454,14 @@ def test_a_malformed_token_is_refused_without_echoing_it(
             make()
         assert token.strip() not in str(raised.value)
         assert "printable ASCII" in str(raised.value)
+
+
+def test_create_task_sends_and_reads_result_callbacks(router: respx.MockRouter) -> None:
+    """on_success / on_failure go out as given and come back in the typed view."""
+    answer = view("r1", on_success="https://example.com/ok", on_failure=None)
+    route = router.post("/tasks").mock(return_value=httpx.Response(201, json=answer))
+    with Client(BASE) as client:
+        task = client.create_task(TaskCreate(key="r1", callback_url=URL,
+                                             on_success="https://example.com/ok"))
+    assert json.loads(route.calls.last.request.content)["on_success"] == "https://example.com/ok"
+    assert (task.on_success, task.on_failure) == ("https://example.com/ok", None)
