@@ -10,8 +10,9 @@
 -- Reply: four values per pair: the attempt number (1, 2, ...), the headers and the body as
 --        stored (timewheel/store/layout.py), and the task's result callbacks' URLs
 --        (lua/lib/results.lua, "" for none: the executor keeps the answer's body for them);
---        or 0, "", "", "" when the claim is not the caller's any more (do not send). Idempotent: starting a started attempt again (a retried
---        call) returns the same number.
+--        or 0, "", "", "" when the claim is not the caller's any more (do not send).
+--        Idempotent: starting a started attempt again (a retried call) returns the same
+--        number.
 local P = KEYS[1]
 local out = {}
 local tokens = {}

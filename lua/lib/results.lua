@@ -12,13 +12,5 @@ local function results_of(P, key)
   return value
 end
 
--- The URL of one kind ("ok": on_success, "fail": on_failure) in a results value, or ''.
-local function result_url(value, outcome)
-  local nl = string.find(value, '\n', 1, true)
-  if not nl then return '' end
-  if outcome == 'ok' then return string.sub(value, 1, nl - 1) end
-  return string.sub(value, nl + 1)
-end
-
 local function expire_results(P, key, ttl) redis.call('PEXPIRE', results_key(P, key), ttl) end
 local function keep_results(P, key) redis.call('PERSIST', results_key(P, key)) end
