@@ -1,4 +1,4 @@
--- lib: record
+-- lib: record, results
 -- start: mark attempts as begun, just before they are sent, and hand over what they send.
 -- Only a caller that still holds the claim may start: a task cancelled or replaced after it
 -- was claimed is not sent. Headers and body are read here, not at claim time, so a claim
@@ -12,10 +12,12 @@
 -- ARGV[2..n+1] how many key, token pairs belong to each prefix, in KEYS order
 -- ARGV[n+2..] the pairs, prefix by prefix
 --
--- Reply: three values per pair, in ARGV order: the attempt number (1, 2, ...), the headers and
---        the body as stored (timewheel/store/layout.py); or 0, "", "" when the claim is not the
---        caller's any more (do not send). Idempotent: starting a started attempt again (a
---        retried call) returns the same number.
+-- Reply: four values per pair, in ARGV order: the attempt number (1, 2, ...), the headers and
+--        the body as stored (timewheel/store/layout.py), and the task's result callbacks' URLs
+--        (lua/lib/results.lua, "" for none: the executor keeps the answer's body for them);
+--        or 0, "", "", "" when the claim is not the caller's any more (do not send).
+--        Idempotent: starting a started attempt again (a retried call) returns the same
+--        number.
 local n = tonumber(ARGV[1])
 local out = {}
 local tokens = {}
@@ -23,7 +25,8 @@ local i = n + 2
 for k = 1, n do
   local P = KEYS[k]
   for _ = 1, tonumber(ARGV[k + 1]) do
-    local tkey, token = P .. 't:' .. ARGV[i], ARGV[i + 1]
+    local key, token = ARGV[i], ARGV[i + 1]
+    local tkey = P .. 't:' .. key
     i = i + 2
     tokens[token] = tokens[token] or digest(token)
     local h = head(tkey)
@@ -36,8 +39,10 @@ for k = 1, n do
       out[#out + 1] = h[ATT]
       out[#out + 1] = part(tkey, at, h[HL])
       out[#out + 1] = part(tkey, at + h[HL], h[BL])
+      out[#out + 1] = results_of(P, key)
     else
       out[#out + 1] = 0
+      out[#out + 1] = ''
       out[#out + 1] = ''
       out[#out + 1] = ''
     end

@@ -28,6 +28,7 @@ from timewheel.store.record import (
     Started,
     TaskRecord,
     claimed_task,
+    decode_results,
     record_from_reply,
 )
 from timewheel.store.redis_errors import redis_errors
@@ -41,6 +42,7 @@ from timewheel.store.replies import (
     RescheduleReply,
     ScheduleReply,
 )
+from timewheel.store.results import ResultCallback
 from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Outcome:
     next_due_ms: int | None = None
     started_ms: int = 0
     history: str = ""  # the attempt's history entry (attempts.entry); "" writes a bare one
+    result: ResultCallback | None = None  # what a finished task's result callback reports
 
 
 def _no_history(o: Outcome) -> str:
@@ -130,8 +133,12 @@ class Store:
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
         """ARGV of ``lua/schedule.lua`` for one task (also used by batched creates)."""
-        return [task.key, "replace" if replace else "create", now_ms,
-                request_id or secrets.token_hex(8), task.record()]
+        args: list[str | bytes | int] = [task.key, "replace" if replace else "create", now_ms,
+                                         request_id or secrets.token_hex(8), task.record()]
+        results = task.results()
+        if results:  # lua/schedule.lua ARGV[6]; absent for the many tasks without any
+            args.append(results)
+        return args
 
     async def cancel(self, key: str, *, now_ms: int) -> CancelReply:
         """CANCELLED, NOT_FOUND, or FINISHED (already finished). The request id makes a
@@ -178,7 +185,7 @@ class Store:
                                                       args=[budget, *keys])
         out: list[TaskRecord | None] = []
         for i, key in enumerate(keys):
-            prefix, last_err, request = reply[3 * i], reply[3 * i + 1], reply[3 * i + 2]
+            prefix, last_err, request, results = reply[4 * i:4 * i + 4]
             if not prefix:
                 out.append(None)
                 continue
@@ -186,7 +193,7 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
                                        "restart a timewheel process to migrate it")
             try:
-                out.append(record_from_reply(key, prefix, last_err, request))
+                out.append(record_from_reply(key, prefix, last_err, request, results))
             except layout.BadRecord as exc:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out
@@ -278,11 +285,12 @@ class Store:
         bad: dict[int, list[Outcome]] = {}
         for j, i in enumerate(order):
             bucket, key, token = claims[i]
-            attempt, headers, body = int(reply[3 * j]), reply[3 * j + 1], reply[3 * j + 2]
-            if not attempt:
+            attempt, headers, body, results = reply[4 * j:4 * j + 4]
+            if not int(attempt):
                 continue
             try:
-                out[i] = Started(attempt, layout.decode_headers(headers), body)
+                out[i] = Started(int(attempt), layout.decode_headers(headers), body,
+                                 *decode_results(results))
             except (layout.BadRecord, UnicodeDecodeError) as exc:
                 bad.setdefault(bucket, []).append(self._set_aside(key, token, exc, now_ms))
         for bucket, outcomes in bad.items():
@@ -292,12 +300,16 @@ class Store:
     async def complete(self, bucket: int, *, now_ms: int,
                        outcomes: Sequence[Outcome]) -> list[CompleteReply]:
         """Record outcomes with their history entries: RECORDED, STALE (the claim was no
-        longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry)."""
-        args: list[str | int] = [now_ms, self.retention_ms, self.attempts_kept]
+        longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry). An
+        outcome that finishes its task with a ``result`` creates its result task in the same
+        call (lua/complete.lua)."""
+        args: list[str | bytes | int] = [now_ms, self.retention_ms, self.attempts_kept]
         for o in outcomes:
             args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
-                     o.started_ms, o.history or _no_history(o)]
+                     o.started_ms, o.history or _no_history(o),
+                     # made at the script's now: its finished_at is the parent's
+                     b"" if o.result is None else o.result.task(o.key, now_ms).record()]
         async with redis_errors("complete"):
             reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
         return [CompleteReply(int(x)) for x in reply]
