@@ -121,6 +121,8 @@ async def run(store: Store, name: str, *args: Any) -> Any:
     script = getattr(store.scripts, name, None) or getattr(store, f"{name}_script")
     if name == "start":  # one prefix, then its key, token pairs (lua/start.lua takes several)
         args = (1, len(args) // 2, *args)
+    elif name == "complete":  # now, retention, kept, one prefix, then its outcomes (nine each)
+        args = (*args[:3], 1, -(-(len(args) - 3) // 9), *args[3:])
     return await script(keys=[P], args=list(args))
 
 

@@ -21,9 +21,12 @@ MAX_BATCH = 1000  # keeps each script call short: Redis runs nothing else meanwh
 
 class BucketBatcher(Generic[Item, Result]):
     def __init__(self, flush: Callable[[int, Sequence[Item]], Awaitable[list[Result]]], *,
-                 group: Callable[[int], int] | None = None) -> None:
+                 group: Callable[[int], int] | None = None, linger_s: float = 0.0) -> None:
         self._flush = flush  # called with the group (the bucket, by default) and its items
         self._group = group
+        # Wait this long for more before a flush (0: the end of this loop iteration), for
+        # writes nobody waits on: callbacks answered a millisecond apart share a call.
+        self._linger_s = linger_s
         self._pending: defaultdict[int, list[tuple[Item, asyncio.Future[Result]]]] = (
             defaultdict(list))
         self._scheduled = False
@@ -36,7 +39,10 @@ class BucketBatcher(Generic[Item, Result]):
             (item, future))
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._kick)
+            if self._linger_s:
+                loop.call_later(self._linger_s, self._kick)
+            else:
+                loop.call_soon(self._kick)
         return await future
 
     def _kick(self) -> None:

@@ -299,20 +299,37 @@ class Store:
 
     async def complete(self, bucket: int, *, now_ms: int,
                        outcomes: Sequence[Outcome]) -> list[CompleteReply]:
-        """Record outcomes with their history entries: RECORDED, STALE (the claim was no
-        longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry). An
+        """Record outcomes of one bucket: see ``complete_many``."""
+        return await self.complete_many([(bucket, o) for o in outcomes], now_ms=now_ms)
+
+    async def complete_many(self, outcomes: Sequence[tuple[int, Outcome]], *,
+                            now_ms: int) -> list[CompleteReply]:
+        """Record (bucket, outcome) pairs with their history entries, in one call (several
+        buckets only where ``starts_span_buckets``): RECORDED, STALE (the claim was no longer
+        ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry) each. An
         outcome that finishes its task with a ``result`` creates its result task in the same
         call (lua/complete.lua)."""
-        args: list[str | bytes | int] = [now_ms, self.retention_ms, self.attempts_kept]
-        for o in outcomes:
+        by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into outcomes, in order
+        for i, (bucket, _) in enumerate(outcomes):
+            by_bucket.setdefault(bucket, []).append(i)
+        order = [i for indexes in by_bucket.values() for i in indexes]
+        args: list[str | bytes | int] = [now_ms, self.retention_ms, self.attempts_kept,
+                                         len(by_bucket),
+                                         *(len(ix) for ix in by_bucket.values())]
+        for i in order:
+            o = outcomes[i][1]
             args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
                      o.started_ms, o.history or _no_history(o),
                      # made at the script's now: its finished_at is the parent's
                      b"" if o.result is None else o.result.task(o.key, now_ms).record()]
         async with redis_errors("complete"):
-            reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
-        return [CompleteReply(int(x)) for x in reply]
+            reply = await self.scripts.complete(
+                keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)
+        out: list[CompleteReply] = [CompleteReply.STALE] * len(outcomes)
+        for j, i in enumerate(order):
+            out[i] = CompleteReply(int(reply[j]))
+        return out
 
     async def release(self, bucket: int, claims: Sequence[tuple[str, str]]
                       ) -> list[ReleaseReply]:

@@ -1,6 +1,7 @@
-"""One start call for every bucket's claims on a single Redis (lua/start.lua with several
-prefixes): each claim gets its own answer whatever the order of buckets in the call, and the
-recorder makes one call per event-loop iteration there, one per bucket on a cluster."""
+"""One start call and one complete call for every bucket's claims on a single Redis
+(lua/start.lua and lua/complete.lua with several prefixes): each claim gets its own answer
+whatever the order of buckets in the call, and the recorder makes one call per batch there,
+one per bucket on a cluster."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from timewheel.engine.attempt import Attempt
 from timewheel.engine.dispatcher import CHECK_GRID_MS
 from timewheel.engine.recorder import Recorder
 from timewheel.metrics import Metrics
-from timewheel.store import Store
+from timewheel.store import CompleteReply, Outcome, Store
 from timewheel.store.record import NOT_STARTED, ClaimedTask
 
 NOW = 1_800_000_000_000
@@ -71,6 +72,11 @@ class CountingStore:
     async def start_many(self, claims: Sequence[tuple[int, str, str]], **kwargs: Any) -> Any:
         self.calls.append({bucket for bucket, _, _ in claims})
         return await self._store.start_many(claims, **kwargs)
+
+    async def complete_many(self, outcomes: Sequence[tuple[int, Outcome]],
+                            **kwargs: Any) -> Any:
+        self.calls.append({bucket for bucket, _ in outcomes})
+        return await self._store.complete_many(outcomes, **kwargs)
 
 
 @pytest.mark.parametrize("span", [True, False], ids=["single Redis", "cluster"])
@@ -125,3 +131,47 @@ async def test_attempts_due_within_one_grid_step_start_in_one_call(
     assert sum(calls) == 40 and route.call_count == 40
     assert CHECK_GRID_MS == 5
     assert calls == [5] * 8  # the first due on a whole second: 5 tasks per grid step
+
+
+def delivered(claim: ClaimedTask, token: str | None = None) -> Outcome:
+    return Outcome(claim.key, token or claim.token, "ok", 200, started_ms=NOW)
+
+
+async def test_one_call_records_outcomes_of_many_buckets_each_with_its_own_reply(
+        store: Store) -> None:
+    """Outcomes interleaved over buckets in one complete call: each is recorded on its own
+    task; one whose claim is not the caller's (wrong token) is STALE in its place and leaves
+    its task as it was."""
+    claimed = await claimed_in_buckets(store, 12)
+    claimed.sort(key=lambda c: (int(c.key[1:]) % 3, c.key))
+    await store.start_many([(c.bucket, c.key, c.token) for c in claimed], now_ms=NOW)
+    stale = 7
+    outcomes = [(c.bucket, delivered(c, "not-the-token" if i == stale else None))
+                for i, c in enumerate(claimed)]
+    replies = await store.complete_many(outcomes, now_ms=NOW + 10)
+    assert replies == [CompleteReply.STALE if i == stale else CompleteReply.RECORDED
+                       for i in range(len(claimed))]
+    for i, c in enumerate(claimed):
+        record = await store.get(c.key)
+        assert record is not None
+        assert record.status.value == ("delivering" if i == stale else "succeeded"), c.key
+
+
+@pytest.mark.parametrize("span", [True, False], ids=["single Redis", "cluster"])
+async def test_outcomes_answered_together_are_recorded_in_one_call_on_a_single_redis(
+        store: Store, span: bool) -> None:
+    """Outcomes of several buckets recorded within the linger: one call on a single Redis,
+    one per bucket on a cluster; every outcome is recorded either way."""
+    claimed = await claimed_in_buckets(store, 12)
+    await store.start_many([(c.bucket, c.key, c.token) for c in claimed], now_ms=NOW)
+    counting = CountingStore(store, span=span)
+    recorder = Recorder(counting, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+    attempts = [Attempt.claimed(c, NOW, batch_deadline_ms=30_000, lease_margin_ms=5_000)
+                for c in claimed]
+    recorded = await asyncio.gather(*(recorder.record(a, delivered(a.task)) for a in attempts))
+    assert recorded == [True] * len(claimed)
+    buckets = {c.bucket for c in claimed}
+    if span:
+        assert counting.calls == [buckets]
+    else:
+        assert sorted(len(call) for call in counting.calls) == [1] * len(buckets)
