@@ -17,7 +17,7 @@ from tests.test_dispatcher import URL, Harness, router, wheel
 from tests.test_store import claim_all, task
 from timewheel.clock import FakeClock
 from timewheel.engine.attempt import Attempt
-from timewheel.engine.dispatcher import CHECK_GRID_MS
+from timewheel.engine.dispatcher import WAKE_GRID_MS
 from timewheel.engine.recorder import Recorder
 from timewheel.metrics import Metrics
 from timewheel.store import CompleteReply, Outcome, Store
@@ -103,7 +103,7 @@ async def test_starts_of_one_iteration_go_in_one_call_on_a_single_redis(
 async def test_attempts_due_within_one_grid_step_start_in_one_call(
         wheel: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
     """40 tasks due 1 ms apart over many buckets, the clock moving 1 ms at a time: the starts
-    go in one call per CHECK_GRID_MS step (8), not one per task (40). Every task is sent
+    go in one call per WAKE_GRID_MS step (8), not one per task (40). Every task is sent
     once, none before its due time."""
     route = router.post(URL).respond(200)
     store = wheel.store
@@ -129,7 +129,7 @@ async def test_attempts_due_within_one_grid_step_start_in_one_call(
             await asyncio.sleep(0)
     await wheel.settle()
     assert sum(calls) == 40 and route.call_count == 40
-    assert CHECK_GRID_MS == 5
+    assert WAKE_GRID_MS == 5
     assert calls == [5] * 8  # the first due on a whole second: 5 tasks per grid step
 
 
