@@ -9,6 +9,13 @@ in Redis (lua/park.lua), where waiting holds no lease, no worker, no connection 
 budget. Parked tasks are taken back (lua/unpark.lua) by whichever process finds room in
 their flow: after giving back a permit, when a rate window reopens, or at each tick.
 
+A paused flow (POST /flows/{key}/pause) is a flow whose permits call grants nothing: its due
+attempts wait here and are parked like those of a full flow, nothing is handed on, and on
+resume the parked ones come back earliest first, as when a full flow gets room again.
+
+Each tick (``poll``) the process reports how many attempts wait here per flow
+(lua/waiting_report.lua), so GET /flows counts them with the parked ones.
+
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
 to Redis as one permits call. A permit of a flow without a rate is handed straight to the
 next waiter of its flow here while its lease leaves room for that attempt, so a saturated
@@ -25,6 +32,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import secrets
+import socket
 from collections.abc import Iterator
 
 from timewheel.clock import Clock
@@ -49,6 +59,9 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
+# A process's waiting report counts this long past its tick unless written again: a process
+# that dies stops being counted within it.
+REPORT_SLACK_MS = 1_000
 
 
 class FlowGate:
@@ -70,6 +83,9 @@ class FlowGate:
         self._local_cap = local_cap
         self._max_waiting = max_waiting
         self._states: dict[str, FlowState] = {}
+        # This process in the waiting reports (unique per process start).
+        self._process = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._reported = False  # the last report held a count
         self._leases: dict[str, Lease] = {}  # the permits this process holds
         self._to_park: list[Attempt] = []
         self._parking: set[asyncio.Task[None]] = set()
@@ -121,10 +137,12 @@ class FlowGate:
         self._release(state, [permit])
 
     def _may_hand_on(self, state: FlowState, lease: Lease) -> bool:
-        """Not for a rated flow (every start must be logged in Redis), not above a lowered
+        """Not for a rated or paused flow (every start of a rated flow must be logged in Redis;
+        a pause is known from the flow's last permits call), not above a lowered
         parallelism, not past older parked tasks of the flow, and only if the lease outlasts
         the next attempt with its margin, as a fresh one would."""
-        if not state.queue or state.rated or state.room < 0 or self._stopping:
+        if (not state.queue or state.rated or state.paused or state.room < 0
+                or self._stopping):
             return False
         head = state.queue[0]
         if state.parked_buckets and state.parked_due < head.task.due_ms:
@@ -138,6 +156,7 @@ class FlowGate:
         it asked for, if a call under way grants it, is given back then (_granted)."""
         self._leases[permit] = lease
         attempt.permit, attempt.start_ms = permit, max(start_ms, attempt.task.due_ms)
+        attempt.retry = state.retry
         self._lifecycle.move(attempt, Stage.ADMITTED)
         self._ready.put_nowait(attempt)
 
@@ -154,8 +173,9 @@ class FlowGate:
             state.parked_buckets.add(bucket)
             self._kick(state)  # there may be room already (a permit came back meanwhile)
 
-    async def poll(self) -> None:
-        """Once a tick: permits given back by other processes, and parked tasks anywhere."""
+    async def poll(self, tick_ms: int = 1000) -> None:
+        """Once a tick: permits given back by other processes, parked tasks anywhere; then
+        report the attempts waiting here, per flow."""
         found = await asyncio.gather(*(self._store.parked_flows(bucket, SCAN_FLOWS)
                                        for bucket in range(self._store.keys.buckets)))
         for bucket, rows in enumerate(found):
@@ -166,6 +186,17 @@ class FlowGate:
                 del self._states[key]
             elif state.queue or state.parked_buckets:
                 self._kick(state)
+        await self._report(ttl_ms=2 * tick_ms + REPORT_SLACK_MS)
+
+    async def _report(self, *, ttl_ms: int) -> None:
+        """How many attempts wait here per flow, for GET /flows ``waiting`` (with the parked
+        ones). Written only when there is something to say: a count, or none after one."""
+        counts = {key: len(state.queue) for key, state in self._states.items() if state.queue}
+        if not counts and not self._reported:
+            return
+        await self._flows.report_waiting(self._process, counts, now_ms=self._clock.now_ms(),
+                                         ttl_ms=ttl_ms)
+        self._reported = bool(counts)
 
     def drain(self) -> list[Attempt]:
         """Shutdown: take every waiting attempt out (the caller hands their claims back); a
@@ -189,6 +220,12 @@ class FlowGate:
             await asyncio.gather(*late, return_exceptions=True)
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
+        if self._reported:  # drained: nothing waits here any more
+            try:
+                await self._flows.report_waiting(self._process, {},
+                                                 now_ms=self._clock.now_ms(), ttl_ms=1)
+            except StoreUnavailable:
+                pass  # the report runs out by itself
         running = [s.exchange for s in self._states.values() if s.exchange is not None]
         for task in running:
             task.cancel()
@@ -243,6 +280,7 @@ class FlowGate:
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
         state.rated, state.room = reply.rated, reply.room
+        state.paused, state.retry = reply.paused, reply.retry
         if waiters:
             self._granted(state, waiters, want[:reply.granted], Lease(now + lease_ms))
         elif unparking and reply.granted:
