@@ -65,10 +65,11 @@ class FlowView(BaseModel):
     waiting: int = Field(description="due tasks of the flow not started because of the flow "
                          "(its limits or a pause), parked or waiting in a process; may lag by "
                          "one tick")
-    paused: bool
-    max_attempts: int | None
-    retry_backoff: float | None
-    max_backoff: float | None
+    # Defaults only so that a client reads the view of a server older than v3.
+    paused: bool = False
+    max_attempts: int | None = None
+    retry_backoff: float | None = None
+    max_backoff: float | None = None
 
 
 class FlowList(BaseModel):
