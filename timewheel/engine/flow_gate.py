@@ -14,7 +14,7 @@ attempts wait here and are parked like those of a full flow, nothing is handed o
 resume the parked ones come back earliest first, as when a full flow gets room again.
 
 Each tick (``poll``) the process reports how many attempts wait here per flow
-(lua/waiting_report.lua), so GET /flows counts them with the parked ones.
+(timewheel/engine/waiting_report.py), so GET /flows counts them with the parked ones.
 
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
 to Redis as one permits call. A permit of a flow without a rate is handed straight to the
@@ -32,9 +32,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import secrets
-import socket
 from collections.abc import Iterator
 
 from timewheel.clock import Clock
@@ -42,6 +39,7 @@ from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
+from timewheel.engine.waiting_report import WaitingReport
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
@@ -59,9 +57,6 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
-# A process's waiting report counts this long past its tick unless written again: a process
-# that dies stops being counted within it.
-REPORT_SLACK_MS = 1_000
 
 
 class FlowGate:
@@ -83,9 +78,7 @@ class FlowGate:
         self._local_cap = local_cap
         self._max_waiting = max_waiting
         self._states: dict[str, FlowState] = {}
-        # This process in the waiting reports (unique per process start).
-        self._process = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._reported = False  # the last report held a count
+        self._report = WaitingReport(flows, clock)
         self._leases: dict[str, Lease] = {}  # the permits this process holds
         self._to_park: list[Attempt] = []
         self._parking: set[asyncio.Task[None]] = set()
@@ -186,17 +179,8 @@ class FlowGate:
                 del self._states[key]
             elif state.queue or state.parked_buckets:
                 self._kick(state)
-        await self._report(ttl_ms=2 * tick_ms + REPORT_SLACK_MS)
-
-    async def _report(self, *, ttl_ms: int) -> None:
-        """How many attempts wait here per flow, for GET /flows ``waiting`` (with the parked
-        ones). Written only when there is something to say: a count, or none after one."""
-        counts = {key: len(state.queue) for key, state in self._states.items() if state.queue}
-        if not counts and not self._reported:
-            return
-        await self._flows.report_waiting(self._process, counts, now_ms=self._clock.now_ms(),
-                                         ttl_ms=ttl_ms)
-        self._reported = bool(counts)
+        await self._report.write({key: len(state.queue) for key, state in self._states.items()
+                                  if state.queue}, tick_ms=tick_ms)
 
     def drain(self) -> list[Attempt]:
         """Shutdown: take every waiting attempt out (the caller hands their claims back); a
@@ -220,12 +204,7 @@ class FlowGate:
             await asyncio.gather(*late, return_exceptions=True)
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
-        if self._reported:  # drained: nothing waits here any more
-            try:
-                await self._flows.report_waiting(self._process, {},
-                                                 now_ms=self._clock.now_ms(), ttl_ms=1)
-            except StoreUnavailable:
-                pass  # the report runs out by itself
+        await self._report.clear()  # drained: nothing waits here any more
         running = [s.exchange for s in self._states.values() if s.exchange is not None]
         for task in running:
             task.cancel()
