@@ -7,6 +7,7 @@ attempt (task_store), and gives it back after the answer.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class FlowStore:
         stale = [flow for flow in flows if (found := self._defaults.get(flow)) is None
                  or now_ms - found[0] >= DEFAULTS_FRESH_MS]
         if stale:
-            read = [await self.limits(flow) for flow in stale]
+            read = await asyncio.gather(*(self.limits(flow) for flow in stale))
             if len(self._defaults) + len(stale) > DEFAULTS_KEPT:
                 self._defaults.clear()  # bounded: a page of many flows reads them again
             for flow, limits in zip(stale, read, strict=True):
