@@ -171,3 +171,15 @@ async def _flow(redis: Redis, key: str) -> bytes:
     from timewheel.store import layout
     raw = await redis.get("{tw:" + str(_bucket(key)) + "}:t:" + key)
     return bytes(layout.decode(raw)["flow"])
+
+
+async def test_pause_paths_take_only_post(client: httpx.AsyncClient, redis: Redis) -> None:
+    """Another method on a shorthand's path is a 405 naming POST, not a 422 for a flow key
+    "x/pause"; a flow may still be called "pause" itself."""
+    for method in ("GET", "PUT", "DELETE"):
+        response = await client.request(method, "/flows/x/pause", json={"parallelism": 2})
+        assert (response.status_code, response.headers["allow"]) == (405, "POST"), method
+    assert await flow_keys(redis) == []
+    response = await client.put("/flows/pause", json={"parallelism": 2})
+    assert response.status_code == 200 and response.json()["key"] == "pause"
+    assert (await client.get("/flows/resume")).json()["key"] == "resume"

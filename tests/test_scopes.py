@@ -91,8 +91,9 @@ def operations(schema: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def app_routes(app: Any) -> set[tuple[str, str]]:
-    """Every (method, path) the app routes, in the schema or not (HEAD is GET's)."""
-    return {(method, re.sub(r":path\}", "}", route.path))
+    """Every (method, path) the app routes, in the schema or not (HEAD is GET's), without
+    the convertors of its parameters."""
+    return {(method, re.sub(r":\w+\}", "}", route.path))
             for route in iter_route_contexts(app.routes)
             for method in route.methods or () if method != "HEAD"}
 

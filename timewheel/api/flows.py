@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
@@ -16,14 +17,25 @@ from timewheel.models.flows import FlowLimits, FlowList, FlowView
 from timewheel.service import Wheel
 from timewheel.store.flow_store import StoredLimits
 
+
+class FlowKeyConvertor(PathConvertor):
+    """A flow key as a path segment: anything, so that a key with a slash reaches ``_checked``
+    (422, the key is wrong) instead of matching no route (404), except ``<x>/pause`` and
+    ``<x>/resume``: those are the POST shorthands' paths, and another method there is a 405
+    (with ``Allow: POST``), not a 422 for a flow key "<x>/pause"."""
+
+    regex = r"(?!.+/(?:pause|resume)$).*"
+
+
+register_url_convertor("flow_key", FlowKeyConvertor())
+
 router = APIRouter(prefix="/flows", tags=["flows"], route_class=TaskRoute)
 
 _KEY = re.compile(KEY_PATTERN)
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such path (a flow key with a line break)"},
     503: {"description": "Redis unavailable"}}
-# ``:path`` so that a key with a slash reaches the check below (422) instead of matching no
-# route at all (404): the key is wrong, not the address.
+# Matched with the path-like convertor above, then checked by _checked (422 for a bad key).
 FlowKey = Annotated[str, Path(pattern=KEY_PATTERN,
                                 description="the flow key: 1-200 chars of [A-Za-z0-9._:-]")]
 
@@ -68,7 +80,7 @@ async def list_flows(wheel: WheelDep) -> FlowList:
     return FlowList(flows=[await _view(wheel, key) for key in await wheel.flows.configured()])
 
 
-@router.put("/{flow_key:path}", dependencies=[Needs.ADMIN],
+@router.put("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
             response_model=FlowView, responses=_RESPONSES)
 async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> FlowView:
     """Set a flow's limits, pause and retry defaults (the whole configuration: what is absent
@@ -96,14 +108,14 @@ async def resume_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     return await _view(wheel, flow_key)
 
 
-@router.get("/{flow_key:path}", dependencies=[Needs.READ],
+@router.get("/{flow_key:flow_key}", dependencies=[Needs.READ],
             response_model=FlowView, responses=_RESPONSES)
 async def get_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """A flow's limits in force (the defaults for a flow never set) and its load now."""
     return await _view(wheel, _checked(flow_key))
 
 
-@router.delete("/{flow_key:path}", dependencies=[Needs.ADMIN],
+@router.delete("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
                status_code=204, response_class=Response,
                responses=_RESPONSES)
 async def delete_flow(flow_key: FlowKey, wheel: WheelDep) -> Response:
