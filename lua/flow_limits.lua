@@ -9,6 +9,7 @@
 -- ARGV[4]  max_attempts default of the flow's tasks, or "" for none
 -- ARGV[5]  retry_backoff default in ms, or "" for none
 -- ARGV[6]  max_backoff in ms (the cap of every retry delay of the flow), or "" for none
+--          (arguments left out count as "")
 --
 -- Reply: FlowLimitsReply (timewheel/store/replies.py)
 --    1 LIMITED   something is set (a limit, a pause or a retry default)
@@ -17,6 +18,6 @@ local cfg = KEYS[1] .. 'cfg'
 redis.call('DEL', cfg)
 local fields = {'p', 'r', 'x', 'ma', 'rb', 'mb'}
 for i, field in ipairs(fields) do
-  if ARGV[i] ~= '' then redis.call('HSET', cfg, field, ARGV[i]) end
+  if ARGV[i] and ARGV[i] ~= '' then redis.call('HSET', cfg, field, ARGV[i]) end
 end
 return redis.call('EXISTS', cfg)
