@@ -102,7 +102,7 @@ class Wheel:
         limits = TaskLimits(max_horizon_seconds=settings.max_horizon_seconds,
                             batch_deadline_seconds=settings.batch_deadline_seconds)
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
-        wheel.tasks = TaskOperations(store, clock, policy, limits, metrics)
+        wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))

@@ -99,10 +99,11 @@ class Dispatcher:
         its own waiting room never stops this process from claiming other flows' tasks."""
         return self.in_flight - self._gate.waiting
 
-    async def poll_flows(self) -> None:
-        """Once a tick: take back parked tasks whose flow has room (any process parked them)."""
+    async def poll_flows(self, tick_ms: int = 1000) -> None:
+        """Once a tick: take back parked tasks whose flow has room (any process parked them),
+        and report the attempts waiting here for their flow."""
         self._start_workers()
-        await self._gate.poll()
+        await self._gate.poll(tick_ms)
 
     def submit(self, tasks: Sequence[ClaimedTask], claimed_at_ms: int) -> None:
         """Take over freshly claimed tasks; each fires at its own time."""

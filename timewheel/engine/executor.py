@@ -120,9 +120,12 @@ class Executor:
             assert error is not None
             verdict = "fail" if error.kind == "blocked" else "retry"
             code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
-        if verdict == "retry" and number >= task.max_attempts:
+        # The task's own retry fields win; else its flow's defaults as of its permit.
+        retry = attempt.retry
+        if verdict == "retry" and number >= retry.max_attempts_for(task.max_attempts):
             verdict = "fail"
-        next_ms = (next_due_ms(now, task.backoff_ms, number, retry_after)
+        next_ms = (next_due_ms(now, retry.backoff_ms_for(task.backoff_ms), number, retry_after,
+                               cap_ms=retry.cap_ms)
                    if verdict == "retry" else None)
         level = self._ok_level if verdict == "ok" else logging.INFO
         if log.isEnabledFor(level):  # not even the extra dict for a line nobody reads

@@ -18,7 +18,7 @@ names cost nothing. Fields (``FIELDS`` below, big-endian, integers unsigned):
     st c1        status: s scheduled, r retrying, d delivering, w waiting (parked for its
                  flow), o succeeded, f failed, c cancelled
     att H        attempts started
-    max B        max attempts (1..100)
+    max B        max attempts (1..100; 0: not set, the flow's default applies)
     meth c1      method: G GET, P POST, U PUT, A PATCH, D DELETE
     started B    1 once the current claim's attempt has started (lua/start.lua)
     due I6       ms of the next attempt (of the last one once finished); a pending task's
@@ -27,7 +27,7 @@ names cost nothing. Fields (``FIELDS`` below, big-endian, integers unsigned):
                  passes a slice that still has entries, so no minute needs storing
     exec I6      execute_at ms
     created I6   ms
-    backoff I4   ms;  timeout I4 ms
+    backoff I4   ms (0: not set, the flow's default applies);  timeout I4 ms
     last_at I6   ms (0: none);  last_code H (0: none);  finished I6 ms (0: not finished)
     claim c6     SHA-1 prefix of the token that holds the claim (zeros: none)
     op c6        SHA-1 prefix of the id of the last API request that wrote the task

@@ -92,8 +92,16 @@ class MigrateReply(IntEnum):
 class FlowLimitsReply(IntEnum):
     """lua/flow_limits.lua."""
 
-    LIMITED = 1  # a limit is set
-    DEFAULTS = 0  # no limit set: the defaults apply
+    LIMITED = 1  # a limit, a pause or a retry default is set
+    DEFAULTS = 0  # nothing set: the defaults apply
+
+
+@unique
+class FlowPauseReply(IntEnum):
+    """lua/flow_pause.lua."""
+
+    CONFIGURED = 1  # the flow keeps a configuration (paused, or something else set)
+    DEFAULTS = 0  # resumed with nothing else set: back to the defaults
 
 
 @unique
@@ -153,6 +161,7 @@ REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
     "park": ParkReply, "migrate": MigrateReply, "flow_limits": FlowLimitsReply,
+    "flow_pause": FlowPauseReply,
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
