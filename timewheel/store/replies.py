@@ -149,6 +149,23 @@ class SchedTombstoneReply(IntEnum):
 
 
 # The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
+@unique
+class RekeyReply(IntEnum):
+    """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the record changed since it was read: nothing written
+    GONE = -1
+
+
+@unique
+class RekeyAttemptReply(IntEnum):
+    """lua/rekey_attempt.lua: an attempt's response body sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    GONE = 0  # the entry is not in the history any more
+
+
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -156,4 +173,5 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
+    "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
 }

@@ -279,7 +279,8 @@ class ScheduleStore:
         """True: written (the task did not exist); False: the task exists."""
         keys = self.store.keys
         reply = await self._run("sched_tombstone", keys.bucket_of(task.key), [
-            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()])
+            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP,
+            *task.fields(self.store.cipher)])
         return SchedTombstoneReply(int(reply)) is SchedTombstoneReply.WRITTEN
 
     async def drop(self, bucket: int, members: Sequence[str]) -> None:
