@@ -180,8 +180,10 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
         try:
             headers, body = open_request(key, request[:hl], request[hl:hl + head["bl"]], cipher)
         except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext):
-            # Such a task is failed at start, its last_error says why (Store.start).
-            headers, body = [], b""
+            # Such a task is failed at start, its last_error says why (Store.start); a sealed
+            # body that does not open is shown as none.
+            headers = []
+            body = b"" if is_sealed(request[:hl]) else request[hl:hl + head["bl"]]
     attempts = head["att"]
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
