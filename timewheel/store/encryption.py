@@ -31,7 +31,6 @@ import os
 import re
 import struct
 from dataclasses import dataclass
-from hashlib import sha256
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -179,7 +178,8 @@ class Cipher:
         """The 12 fingerprint bytes a sealed record's head keeps: HMAC-SHA256 of h12 under the
         fingerprint key of ``key_id`` (default: the sealing key)."""
         key = self.current if key_id is None else self._keys[key_id]
-        return hmac.new(key.fp_key, h12, sha256).digest()[:H12_BYTES]
+        # hmac.digest: OpenSSL's one-shot HMAC, ~2x faster than hmac.new(...).digest().
+        return hmac.digest(key.fp_key, h12, "sha256")[:H12_BYTES]
 
     def knows(self, key_id: str) -> bool:
         return key_id in self._keys
