@@ -39,6 +39,7 @@ from timewheel.store.replies import RekeyAttemptReply, RekeyReply
 from timewheel.store.scripts import source
 
 DEFAULT_STEP = 200  # keys per SCAN step (one GET and at most one script call each)
+IN_FLIGHT = 32  # records read at once within a step: 32 MiB at most with 1 MiB bodies
 TOMBSTONE_FP = b"tombstone".ljust(12, b"\0")  # store/schedule_store.py TOMBSTONE_FP, stored
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -70,6 +71,7 @@ class Rotation:
         self._name = re.compile(r"^\{" + re.escape(key_prefix) + r":(\d+)\}:([ta]):(.+)$")
         self._rekey = redis.register_script(source("rekey"))
         self._rekey_attempt = redis.register_script(source("rekey_attempt"))
+        self._in_flight = asyncio.Semaphore(IN_FLIGHT)
 
     async def run(self, progress: Callable[[RotationReport], None] | None = None
                   ) -> RotationReport:
@@ -94,8 +96,13 @@ class Rotation:
     async def _step(self, kind: str, batch: Sequence[tuple[str, str, str]],
                     progress: Callable[[RotationReport], None] | None) -> None:
         one = self._task if kind == "t" else self._history
+
+        async def bounded(name: str, prefix: str, key: str) -> None:
+            async with self._in_flight:
+                await one(name, prefix, key)
+
         async with redis_errors("rotate"):
-            await asyncio.gather(*(one(name, prefix, key) for name, prefix, key in batch))
+            await asyncio.gather(*(bounded(name, prefix, key) for name, prefix, key in batch))
         if progress is not None:
             progress(self.report)
 
