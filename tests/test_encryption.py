@@ -241,3 +241,19 @@ def test_the_settings_summary_redacts_the_keys() -> None:
 def test_unknown_key_message() -> None:
     assert str(UnknownKey("k0")) == ("encrypted with key id 'k0', which "
                                      "TIMEWHEEL_ENCRYPTION_KEYS does not list")
+
+
+def test_keys_generate_prints_an_entry_the_settings_take(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from timewheel.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["keys", "generate", "--id", "k9"])
+    assert done.value.code == 0
+    line = capsys.readouterr().out.strip()
+    [(key_id, secret)] = parse_keys(line)
+    assert key_id == "k9" and len(secret) == 32
+    assert Settings(encryption_keys=line).cipher() is not None  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as done:
+        main(["keys", "generate", "--id", "no spaces"])
+    assert done.value.code == 2
