@@ -257,3 +257,38 @@ def test_keys_generate_prints_an_entry_the_settings_take(capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as done:
         main(["keys", "generate", "--id", "no spaces"])
     assert done.value.code == 2
+
+
+async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
+    """A schedule's task template (headers and body) is sealed in its spec; GET opens it; the
+    rotation seals it anew under the first key; a spec under an unlisted key makes no
+    occurrences (specs() leaves it out) and GET says why."""
+    from timewheel.errors import StoreUnavailable
+    from timewheel.operations.prepare import template_task
+    from timewheel.store.schedule_store import ScheduleStore
+
+    def schedules(store: Store) -> ScheduleStore:
+        return ScheduleStore(store, template_task=lambda t: template_task(t, default_timeout=10))
+
+    spec = {"cron": None, "every": 3600, "timezone": "UTC", "task": {
+        "callback_url": "http://127.0.0.1:9/cb", "headers": {"X-Api-Key": SECRET_HEADER},
+        "body": {"card": "4111-1111-1111-1111"}}}
+    old = schedules(await make_store(redis, K0))
+    await old.put("nightly", spec, paused=False, now_ms=NOW, next_after=lambda s, t: t + 3600_000)
+    assert SECRET_HEADER.encode() not in await raw_dump(redis)
+    assert b"4111" not in await raw_dump(redis)
+    got = await old.get("nightly")
+    assert got is not None and got.spec == spec
+    bucket = old.bucket_of("nightly")
+    assert "nightly" in await old.specs(bucket, ["nightly"])
+
+    only_k1 = schedules(await make_store(redis, K1))
+    assert await only_k1.specs(bucket, ["nightly"]) == {}
+    with pytest.raises(StoreUnavailable, match="key id 'k0'"):
+        await only_k1.get("nightly")
+
+    report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert report.schedules_rekeyed == 1
+    got = await only_k1.get("nightly")
+    assert got is not None and got.spec == spec
+    assert b"4111" not in await raw_dump(redis)

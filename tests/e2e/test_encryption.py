@@ -98,6 +98,11 @@ def test_a_dump_of_redis_shows_no_payload(
     create(service, "delivered", receiver.url("/ok"))
     create(service, "failed", receiver.url("/bad"))
     create(service, "pending", receiver.url("/ok"), delay=3600)
+    with service.client() as client:  # a schedule's task template holds headers and body too
+        resp = client.put("/schedules/hourly", json={"every": 3600, "task": {
+            "callback_url": receiver.url("/ok"), "headers": {"X-Secret": HEADER_VALUE},
+            "body": {"note": BODY_VALUE}}})
+        assert resp.status_code == 201, resp.text
     wait_status(service, ["delivered"], "succeeded")
     wait_status(service, ["failed"], "failed")
 
@@ -111,11 +116,15 @@ def test_a_dump_of_redis_shows_no_payload(
     assert pending["body"] == {"note": BODY_VALUE, "key": "pending"}
     with service.client() as client:
         [attempt] = client.get("/tasks/failed/attempts").json()["attempts"]
+        schedule = client.get("/schedules/hourly").json()
     assert attempt["response_body"] == RESPONSE_VALUE
+    assert schedule["task"]["headers"] == {"X-Secret": HEADER_VALUE}
+    assert schedule["task"]["body"] == {"note": BODY_VALUE}
 
     dump = dump_with_redis_cli(redis_server_e2e.port)
     aof = aof_bytes(redis_server_e2e)
-    assert b"pending" in dump and b"pending" in aof  # the dump did read the tasks
+    # The dump did read the tasks, the schedule and the occurrence it made.
+    assert b"pending" in dump and b"pending" in aof and b"hourly" in dump
     for marker in MARKERS:
         assert (marker.encode() in dump) is not encrypted, marker
         assert (marker.encode() in aof) is not encrypted, marker

@@ -19,7 +19,9 @@ keeps only its HMAC under the sealing key (``fingerprint``), because the unkeyed
 guessable body would let anyone holding a dump confirm a guess. Rotation re-keys it from h12.
 
 An attempt's response body (lua/lib/attempts.lua entries) is sealed the same way, its associated
-data the task key and attempt number, and stored base64 in the entry's ``bx`` field.
+data the task key and attempt number, and stored base64 in the entry's ``bx`` field. A
+schedule's spec (its task template holds headers and body; no script reads it) is sealed whole
+in the schedule's ``spec`` field, its associated data the schedule id.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ KEY_ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
 _LEN = struct.Struct(">I")
 _TASK_AD = b"timewheel task\x00"
 _ATTEMPT_AD = b"timewheel attempt\x00"
+_SCHEDULE_AD = b"timewheel schedule\x00"
 
 
 class UnknownKey(Exception):
@@ -183,6 +186,15 @@ class Cipher:
 
     def knows(self, key_id: str) -> bool:
         return key_id in self._keys
+
+    # -- schedule specs -----------------------------------------------------------------------
+
+    def seal_schedule(self, schedule_id: str, spec: str) -> bytes:
+        return self._seal(spec.encode(), _SCHEDULE_AD + schedule_id.encode())
+
+    def open_schedule(self, schedule_id: str, blob: bytes) -> str:
+        """Raises UnknownKey or BadCiphertext."""
+        return self._open(blob, _SCHEDULE_AD + schedule_id.encode())[1].decode()
 
     # -- attempt response bodies --------------------------------------------------------------
 

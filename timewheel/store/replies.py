@@ -166,6 +166,14 @@ class RekeyAttemptReply(IntEnum):
     GONE = 0  # the entry is not in the history any more
 
 
+@unique
+class RekeyScheduleReply(IntEnum):
+    """lua/rekey_schedule.lua: a schedule's spec sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the spec is not the one read any more
+
+
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -174,4 +182,5 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
     "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
+    "rekey_schedule": RekeyScheduleReply,
 }

@@ -35,7 +35,7 @@ from timewheel.store.encryption import (
     sealed_key_id,
 )
 from timewheel.store.redis_errors import redis_errors
-from timewheel.store.replies import RekeyAttemptReply, RekeyReply
+from timewheel.store.replies import RekeyAttemptReply, RekeyReply, RekeyScheduleReply
 from timewheel.store.scripts import source
 
 DEFAULT_STEP = 200  # keys per SCAN step (one GET and at most one script call each)
@@ -54,6 +54,9 @@ class RotationReport:
     tasks_unreadable: int = 0  # sealed under a key id not listed (or not verifying)
     attempts_rekeyed: int = 0
     attempts_changed: int = 0
+    schedules_rekeyed: int = 0  # specs (their task templates hold headers and bodies)
+    schedules_changed: int = 0
+    schedules_unreadable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -68,15 +71,17 @@ class Rotation:
         self.report = RotationReport()
         self._prefix = key_prefix
         # "{<prefix>:<bucket>}:t:<key>" and ":a:<key>"; task keys hold no braces.
-        self._name = re.compile(r"^\{" + re.escape(key_prefix) + r":(\d+)\}:([ta]):(.+)$")
+        self._name = re.compile(r"^\{" + re.escape(key_prefix) + r":(\d+)\}:([tas]):(.+)$")
         self._rekey = redis.register_script(source("rekey"))
         self._rekey_attempt = redis.register_script(source("rekey_attempt"))
+        self._rekey_schedule = redis.register_script(source("rekey_schedule"))
         self._in_flight = asyncio.Semaphore(IN_FLIGHT)
 
     async def run(self, progress: Callable[[RotationReport], None] | None = None
                   ) -> RotationReport:
-        """Rotate every task record, then every attempt history; ``progress`` after each step."""
-        for kind in ("t", "a"):
+        """Rotate every task record, every attempt history, then every schedule's spec;
+        ``progress`` after each step."""
+        for kind in ("t", "a", "s"):
             batch: list[tuple[str, str, str]] = []
             pattern = f"{{{self._prefix}:*}}:{kind}:*"
             async with redis_errors("rotate"):
@@ -95,7 +100,7 @@ class Rotation:
 
     async def _step(self, kind: str, batch: Sequence[tuple[str, str, str]],
                     progress: Callable[[RotationReport], None] | None) -> None:
-        one = self._task if kind == "t" else self._history
+        one = {"t": self._task, "a": self._history, "s": self._schedule}[kind]
 
         async def bounded(name: str, prefix: str, key: str) -> None:
             async with self._in_flight:
@@ -156,6 +161,27 @@ class Rotation:
                 self.report.attempts_rekeyed += 1
             else:
                 self.report.attempts_changed += 1
+
+    async def _schedule(self, name: str, prefix: str, schedule_id: str) -> None:
+        raw: Any = await self.redis.hget(name, "spec")
+        if raw is None:
+            return  # a deleted schedule's tombstone, or gone
+        if is_sealed(raw):
+            if sealed_key_id(raw) == self.cipher.key_id:
+                return
+            try:
+                text = self.cipher.open_schedule(schedule_id, raw)
+            except (UnknownKey, BadCiphertext):
+                self.report.schedules_unreadable += 1
+                return
+        else:
+            text = raw.decode()
+        reply = RekeyScheduleReply(int(await self._rekey_schedule(
+            keys=[prefix], args=[schedule_id, raw, self.cipher.seal_schedule(schedule_id, text)])))
+        if reply is RekeyScheduleReply.REKEYED:
+            self.report.schedules_rekeyed += 1
+        else:
+            self.report.schedules_changed += 1
 
     def _body_to_seal(self, key: str, entry: dict[str, Any]) -> str | None:
         """The entry's response body when it is not sealed under the first key; else None."""
