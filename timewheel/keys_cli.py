@@ -32,9 +32,9 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     generate.add_argument("--id", default="k1", help="the key's id (default k1)")
     rotate = verbs.add_parser(
         "rotate", help="seal every task under the first key of TIMEWHEEL_ENCRYPTION_KEYS",
-        description="Seals every task record and attempt history entry that is not under the "
-        "first key of TIMEWHEEL_ENCRYPTION_KEYS (or not sealed at all) under it, in bounded "
-        "steps beside the running service. A record changed meanwhile is left as it is "
+        description="Seals every task record, attempt history entry and schedule spec that is "
+        "not under the first key of TIMEWHEEL_ENCRYPTION_KEYS (or not sealed at all) under it, "
+        "in bounded steps beside the running service. A record changed meanwhile is left as it is "
         "(tasks_changed): run it again until tasks_rekeyed=0 before unlisting an old key.")
     rotate.add_argument("--step", type=int, default=DEFAULT_STEP,
                         help=f"keys read per step (default {DEFAULT_STEP})")

@@ -1,12 +1,14 @@
-"""``timewheel keys rotate``: every task record and attempt history entry not sealed under the
-first key of TIMEWHEEL_ENCRYPTION_KEYS sealed anew under it (docs/security.md, "Rotating").
+"""``timewheel keys rotate``: every task record, attempt history entry and schedule spec not
+sealed under the first key of TIMEWHEEL_ENCRYPTION_KEYS sealed anew under it (docs/security.md,
+"Rotating").
 
 It runs beside the serving processes, in bounded steps: SCAN a few hundred keys, read them,
 seal their requests anew in Python (the scripts never see a plaintext they do not store), and
-write each back with its own compare-and-set script (lua/rekey.lua, lua/rekey_attempt.lua),
-which writes only when the record or entry still holds what was read. A cancel, replace or
-claim in between is kept: the record is left as it now is (a replace is sealed under the first
-key anyway) and counted as ``changed``; run the command again to pick up what a step skipped.
+write each back with its own compare-and-set script (lua/rekey.lua, lua/rekey_attempt.lua,
+lua/rekey_schedule.lua), which writes only when the record or entry still holds what was read.
+A cancel, replace or claim in between is kept: the record is left as it now is (a replace is
+sealed under the first key anyway) and counted as ``changed``; run the command again to pick up
+what a step skipped.
 
 Records written before encryption was turned on are sealed too, so turning it on for a wheel
 with tasks is: set the keys, restart, rotate. Finished records (kept for the retention period,
