@@ -73,7 +73,8 @@ class Wheel:
         store = Store(redis, settings.key_prefix,
                       retention_ms=int(settings.retention_seconds * 1000),
                       lease_margin_ms=int(settings.lease_margin_seconds * 1000),
-                      buckets=settings.buckets, attempts_kept=settings.attempts_kept)
+                      buckets=settings.buckets, attempts_kept=settings.attempts_kept,
+                      cipher=settings.cipher())
         durability = Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
         if durability.enabled:  # before the flow and schedule stores take scripts from it
             store.scripts.require_replicas(durability)

@@ -72,7 +72,7 @@ class Dispatcher:
         self._recorder = Recorder(store, clock, metrics)
         self._executor = Executor(clock, sender, metrics, signer=signer,
                                   tracing=tracing or Tracing(None),
-                                  log_deliveries=log_deliveries)
+                                  log_deliveries=log_deliveries, cipher=store.cipher)
         self._ready: asyncio.Queue[Attempt] = asyncio.Queue()
         self._gate = FlowGate(
             flows, store, self._recorder, self._lifecycle, self._ready, clock, metrics,

@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from timewheel.store.encryption import Cipher
 
 VERSION = 2
 HEAD = struct.Struct(">BcHBcB6s6s6sII6sH6s6s6sB12sBHIIH")
@@ -122,15 +125,23 @@ def unpack_head(raw: bytes) -> dict[str, Any]:
 
 def template(*, url: str, method: str, headers: list[tuple[str, str]], body: bytes | None,
              due_ms: int, timeout_ms: int, max_attempts: int, backoff_ms: int,
-             fingerprint: str, flow: str) -> bytes:
+             fingerprint: str, flow: str, key: str = "", cipher: Cipher | None = None) -> bytes:
     """A new task's record as lua/schedule.lua takes it: status scheduled, no attempt yet; the
-    script fills in the minute, created time and request id."""
-    parts = (flow.encode(), url.encode(), encode_headers(headers), body or b"")
+    script fills in the minute, created time and request id. With a ``cipher``, headers and body
+    are one sealed blob in the headers part (timewheel/store/encryption.py), bound to ``key``,
+    and the fingerprint is keyed."""
+    fp = fp_bytes(fingerprint)
+    if cipher is None:
+        parts = (flow.encode(), url.encode(), encode_headers(headers), body or b"")
+    else:
+        parts = (flow.encode(), url.encode(),
+                 cipher.seal_task(key, fp, encode_headers(headers), body or b""), b"")
+        fp = cipher.fingerprint(fp)
     # HEAD.pack directly (FIELDS order): this runs once per created task, batches included.
     due = due_ms.to_bytes(6, "big")
     head = HEAD.pack(VERSION, b"s", 0, max_attempts, METHOD_CODES[method].encode(), 0, due, due,
                      _ZERO6, backoff_ms, timeout_ms, _ZERO6, 0, _ZERO6, NONE, NONE, 0,
-                     fp_bytes(fingerprint), len(parts[0]), len(parts[1]), len(parts[2]),
+                     fp, len(parts[0]), len(parts[1]), len(parts[2]),
                      len(parts[3]), 0)
     return b"".join((head, *parts))
 

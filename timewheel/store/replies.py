@@ -157,6 +157,31 @@ class SchedTombstoneReply(IntEnum):
 
 
 # The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
+@unique
+class RekeyReply(IntEnum):
+    """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the record changed since it was read: nothing written
+    GONE = -1
+
+
+@unique
+class RekeyAttemptReply(IntEnum):
+    """lua/rekey_attempt.lua: an attempt's response body sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    GONE = 0  # the entry is not in the history any more
+
+
+@unique
+class RekeyScheduleReply(IntEnum):
+    """lua/rekey_schedule.lua: a schedule's spec sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the spec is not the one read any more
+
+
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -165,4 +190,6 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
+    "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
+    "rekey_schedule": RekeyScheduleReply,
 }
