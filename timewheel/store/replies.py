@@ -149,6 +149,22 @@ class SchedTombstoneReply(IntEnum):
 
 
 # The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
+@unique
+class JobStepReply(IntEnum):
+    """lua/job_step.lua (the first element of its reply; the bucket's counts follow)."""
+
+    STEPPED = 1
+    STALE = -1  # the job's position in the bucket is not the one given: nothing written
+
+
+@unique
+class JobFinishReply(IntEnum):
+    """lua/job_finish.lua."""
+
+    FINISHED = 1
+    LOST = -1  # not running, or another runner holds the lease: nothing written
+
+
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -156,4 +172,5 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
+    "job_step": JobStepReply, "job_finish": JobFinishReply,
 }
