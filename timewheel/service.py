@@ -110,7 +110,10 @@ class Wheel:
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
         job_store = JobStore(store)
         wheel.jobs = JobOperations(job_store, clock)
-        wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds)
+        wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds,
+                                     lease_ms=int(settings.job_lease_seconds * 1000),
+                                     step_tasks=settings.job_step_tasks,
+                                     pause_s=settings.job_step_pause_seconds)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:
