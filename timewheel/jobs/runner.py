@@ -114,15 +114,30 @@ class JobRunner:
         positions = {b: await self.jobs.position(b, job.id) for b in range(buckets)}
         pending = [b for b, p in positions.items() if not p.ended]
         while pending and not self._stopping.is_set():
+            failed = 0
             for bucket in list(pending):
                 if self._stopping.is_set():
                     return
-                await self._renew(job.id)
-                position = await self._step(job, bucket, positions[bucket], srcs, filt)
+                try:
+                    await self._renew(job.id)
+                    position = await self._step(job, bucket, positions[bucket], srcs, filt)
+                except StoreUnavailable as exc:
+                    if type(exc.__cause__) is ResponseError:
+                        raise
+                    # One bucket's master failing over or its slot moving: the other buckets
+                    # go on, this one is tried again next round (from its stored position).
+                    log.warning("bulk job %s: a step in bucket %d failed, tried again: %s",
+                                job.id, bucket, exc)
+                    failed += 1
+                    positions[bucket] = await self._position_or(bucket, job.id,
+                                                                positions[bucket])
+                    continue
                 positions[bucket] = position
                 if position.ended:
                     pending.remove(bucket)
                 await asyncio.sleep(self.pause_s)
+            if failed and failed == len(pending):  # Redis away altogether: wait a little
+                await asyncio.sleep(self.poll_s)
         if not pending:
             await self.jobs.finish(job.id, holder=self.holder, state="done",
                                    now_ms=self.clock.now_ms())
@@ -130,6 +145,14 @@ class JobRunner:
             if done is not None:
                 log.info("bulk job %s done: matched=%d done=%d skipped=%d", job.id,
                          done.counts.matched, done.counts.done, done.counts.skipped)
+
+    async def _position_or(self, bucket: int, job_id: str, known: Position) -> Position:
+        """The stored position (a step whose reply was lost may have been taken), or ``known``
+        while Redis does not answer."""
+        try:
+            return await self.jobs.position(bucket, job_id)
+        except StoreUnavailable:
+            return known
 
     async def _renew(self, job_id: str) -> None:
         held = await self.jobs.lease(now_ms=self.clock.now_ms(), lease_ms=self.lease_ms,
