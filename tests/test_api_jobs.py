@@ -257,3 +257,23 @@ async def test_a_second_runner_carries_on_after_the_first_dies(
     assert (view["state"], view["matched"], view["done"], view["skipped"]) == (
         "done", 300, 300, 0)
     assert set((await statuses(client, keys)).values()) == {"cancelled"}
+
+
+async def test_a_runner_that_stops_hands_the_job_back_at_once(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock) -> None:
+    """SIGTERM's path: the runner stops between two steps and ends its lease, so another one
+    takes the job without waiting for the lease (the clock does not move here)."""
+    r = await client.post("/tasks/batch", json={"tasks": [
+        {"key": f"s.{i}", "callback_url": URL, "delay": 3600} for i in range(200)]})
+    assert r.status_code == 200
+    job_id = await start(client, "cancel", {"key_prefix": "s."})
+    a = runner(store, fake_clock, step_tasks=3, poll_s=0.01)
+    a.start()
+    while a.steps < 10:
+        await asyncio.sleep(0)
+    await a.stop()
+    assert (await job(client, job_id))["state"] == "running"
+    b = runner(store, fake_clock, step_tasks=50)
+    assert await b.work_one()
+    view = await job(client, job_id)
+    assert (view["state"], view["matched"], view["done"]) == ("done", 200, 200)

@@ -120,7 +120,7 @@ class JobRunner:
             failed = 0
             for bucket in list(pending):
                 if self._stopping.is_set():
-                    return
+                    break
                 began = time.perf_counter()
                 try:
                     await self._renew(job.id)
@@ -144,13 +144,23 @@ class JobRunner:
                 await asyncio.sleep(max(self.pause_s, time.perf_counter() - began))
             if failed and failed == len(pending):  # Redis away altogether: wait a little
                 await asyncio.sleep(self.poll_s)
-        if not pending:
-            await self.jobs.finish(job.id, holder=self.holder, state="done",
-                                   now_ms=self.clock.now_ms())
-            done = await self.jobs.get(job.id)
-            if done is not None:
-                log.info("bulk job %s done: matched=%d done=%d skipped=%d", job.id,
-                         done.counts.matched, done.counts.done, done.counts.skipped)
+        if pending:  # stopping
+            await self._hand_back(job.id)
+            return
+        await self.jobs.finish(job.id, holder=self.holder, state="done",
+                               now_ms=self.clock.now_ms())
+        done = await self.jobs.get(job.id)
+        if done is not None:
+            log.info("bulk job %s done: matched=%d done=%d skipped=%d", job.id,
+                     done.counts.matched, done.counts.done, done.counts.skipped)
+
+    async def _hand_back(self, job_id: str) -> None:
+        """On shutdown: a lease that ends now, so another process carries the job on at once
+        instead of after the lease (best effort: otherwise it waits for the lease)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.jobs.lease(now_ms=self.clock.now_ms(), lease_ms=0, holder=self.holder,
+                                  job_id=job_id)
+        log.info("bulk job %s handed back at shutdown", job_id)
 
     async def _position_or(self, bucket: int, job_id: str, known: Position) -> Position:
         """The stored position (a step whose reply was lost may have been taken), or ``known``
