@@ -47,6 +47,7 @@ async def statuses(client: httpx.AsyncClient, keys: list[str]) -> dict[str, str]
 
 def runner(store: Store, clock: FakeClock, **kwargs: Any) -> JobRunner:
     kwargs.setdefault("pause_s", 0)
+    kwargs.setdefault("busy_share", 1.0)
     return JobRunner(JobStore(store), clock, **kwargs)
 
 
@@ -277,3 +278,27 @@ async def test_a_runner_that_stops_hands_the_job_back_at_once(
     assert await b.work_one()
     view = await job(client, job_id)
     assert (view["state"], view["matched"], view["done"]) == ("done", 200, 200)
+
+
+async def test_a_task_changed_between_the_listing_and_the_step_is_skipped(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock) -> None:
+    """The step checks each key against the filter again: a task moved past ``due_before``
+    after the listing found it is left alone and counted as skipped."""
+    await add(client, "d.0", delay=60)
+    await add(client, "d.1", delay=60)
+    job_id = await start(client, "cancel", {"due_before": (START_MS + 120_000) / 1000})
+    jobs = JobStore(store)
+    from timewheel.jobs.sources import sources, task_filter
+    from timewheel.store.job_store import Position
+    src = sources("cancel", None)[0]
+    filt = task_filter({"due_before": (START_MS + 120_000) / 1000}, START_MS)
+    bucket = store.keys.bucket_of("d.0")
+    found = await jobs.find(bucket, src, ("", ""), filt, limit=100)
+    assert "d.0" in found.keys
+    assert (await client.patch("/tasks/d.0", json={"delay": 600})).status_code == 200
+    code, counts = await jobs.step(bucket, job_id, "cancel", now_ms=START_MS,
+                                   start=await jobs.position(bucket, job_id),
+                                   reached=Position(1), keys=found.keys, src=src,
+                                   task_filter=filt)
+    assert code.name == "STEPPED" and counts.skipped == 1
+    assert (await client.get("/tasks/d.0")).json()["status"] == "scheduled"

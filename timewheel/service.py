@@ -113,7 +113,8 @@ class Wheel:
         wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds,
                                      lease_ms=int(settings.job_lease_seconds * 1000),
                                      step_tasks=settings.job_step_tasks,
-                                     pause_s=settings.job_step_pause_seconds)
+                                     pause_s=settings.job_step_pause_seconds,
+                                     busy_share=settings.job_busy_share)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:

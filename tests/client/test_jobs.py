@@ -39,7 +39,7 @@ async def test_cancel_tasks_then_get_job(real: Both, store: Store, fake_clock: F
         await real.call("create_task", TaskCreate(key=key, callback_url=URL, delay=60))
     created = await real.call("cancel_tasks", JobFilter(key_prefix="a."))
     assert isinstance(created, JobCreated)
-    assert await JobRunner(JobStore(store), fake_clock, pause_s=0).work_one()
+    assert await JobRunner(JobStore(store), fake_clock, pause_s=0, busy_share=1.0).work_one()
     view = await real.call("get_job", created.job)
     assert isinstance(view, JobView)
     assert (view.kind, view.state, view.matched, view.done, view.filter) == (
@@ -47,7 +47,7 @@ async def test_cancel_tasks_then_get_job(real: Both, store: Store, fake_clock: F
     assert (await real.call("get_task", "b.1")).status == "scheduled"
     replayed = await real.call("replay_tasks", {"status": "cancelled", "key_prefix": "a."})
     fake_clock.advance(1)
-    assert await JobRunner(JobStore(store), fake_clock, pause_s=0).work_one()
+    assert await JobRunner(JobStore(store), fake_clock, pause_s=0, busy_share=1.0).work_one()
     assert (await real.call("get_job", replayed.job)).done == 2
     assert (await real.call("get_task", "a.1")).status == "scheduled"
     assert view.started_at == format_ms(START_MS)

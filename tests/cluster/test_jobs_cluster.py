@@ -39,7 +39,7 @@ def statuses(service: Service, keys: list[str]) -> set[str]:
 def test_a_job_across_slots_survives_a_sigkill(start_cluster_service: Any,
                                                cluster: RedisCluster) -> None:
     settings = {"job_step_tasks": "40", "job_step_pause_seconds": "0.02",
-                "job_lease_seconds": "2"}
+                "job_lease_seconds": "2", "job_busy_share": "0.5"}
     first = start_cluster_service(**settings)
     url = "http://127.0.0.1:9/never"  # due in an hour: never called
     matching = [f"c.{i}" for i in range(MATCHING)]

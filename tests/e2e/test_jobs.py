@@ -50,7 +50,7 @@ def test_bulk_cancel_of_50k_survives_a_sigkill_and_touches_nothing_else(
         start_service, receiver: ThreadedReceiver, redis_server_e2e: RedisServer) -> None:
     # Small, paced steps: the job lasts long enough to be killed halfway.
     settings = {"job_step_tasks": "200", "job_step_pause_seconds": "0.005",
-                "job_lease_seconds": "3"}
+                "job_lease_seconds": "3", "job_busy_share": "0.5"}
     first = start_service(**settings)
     now = time.time()
     hook = receiver.url("/other")

@@ -4,13 +4,14 @@
 It takes one running job whose lease has expired (a new job's never was held), and works it
 bucket by bucket, round robin, one bounded step at a time: renew the lease, find the next
 ``step_tasks`` matching tasks after the job's position in the bucket (lua/list.lua), act on
-them and move the position (lua/job_step.lua), then pause at least as long as the step took
-(and ``pause_s``): a job holds Redis and the event loop for half the time at most, in slices of
-a millisecond or two, so the ticker and the API never wait long behind it (bench/README.md,
-"Bulk jobs"). When every bucket has been read to its end the job
-is done. A runner that loses its lease (its process stalled past it) drops the job: the
-runner that took it over goes on from the positions stored in the buckets, and a step brought
-twice finds its position moved and writes nothing, so no task is acted on or counted twice.
+them and move the position (lua/job_step.lua), then pause so that steps take at most
+``busy_share`` of the time (and at least ``pause_s``): a job holds Redis and the event loop
+for a quarter of the time at most by default, in slices of a millisecond or two, so the
+ticker and the API never wait long behind it (bench/README.md, "Bulk jobs"). When every
+bucket has been read to its end the job is done. A runner that loses its lease (its process
+stalled past it) drops the job: the runner that took it over goes on from the positions stored
+in the buckets, and a step brought twice finds its position moved and writes nothing, so no
+task is acted on or counted twice.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ class LostLease(Exception):
 class JobRunner:
     def __init__(self, jobs: JobStore, clock: Clock, *,
                  poll_s: float = 1.0, lease_ms: int = 10_000, step_tasks: int = 50,
-                 pause_s: float = 0.002) -> None:
+                 pause_s: float = 0.002, busy_share: float = 0.25) -> None:
         self.jobs = jobs
         self.clock = clock
         self.poll_s = poll_s  # how often an idle runner looks for a job
         self.lease_ms = lease_ms  # how long a dead runner's job waits before another takes it
         self.step_tasks = step_tasks  # index entries one step looks at (~1 ms of Redis)
         self.pause_s = pause_s  # the least pause between two steps
+        self.busy_share = busy_share  # the most of the time that steps take
         self.holder = secrets.token_hex(8)
         self.steps = 0  # steps this runner took (tests read it)
         self._stopping = asyncio.Event()
@@ -139,9 +141,10 @@ class JobRunner:
                 positions[bucket] = position
                 if position.ended:
                     pending.remove(bucket)
-                # As long as the step took, at least: what the job takes of Redis and of this
-                # process stays at half, however loaded the machine is.
-                await asyncio.sleep(max(self.pause_s, time.perf_counter() - began))
+                # In proportion to the step's time: what the job takes of Redis and of this
+                # process stays at busy_share, however loaded the machine is.
+                took = time.perf_counter() - began
+                await asyncio.sleep(max(self.pause_s, took * (1 / self.busy_share - 1)))
             if failed and failed == len(pending):  # Redis away altogether: wait a little
                 await asyncio.sleep(self.poll_s)
         if pending:  # stopping
