@@ -110,6 +110,9 @@ def _summary(due: dict[str, float], seen: dict[str, list[float]],
     if job is not None:
         began, ended = epoch(job.get("started_at")), epoch(job.get("finished_at"))
         out["job"] = job
+        if began is not None and ended is None:  # still running when the round ended
+            out["job_unfinished_after_s"] = round(time.time() - began, 1)
+            out["job_tasks_per_s"] = round(job["done"] / max(time.time() - began, 1e-9))
         if began is not None and ended is not None:
             during = sorted(seen[k][0] - d for k, d in due.items()
                             if k in seen and began <= d <= ended)
@@ -174,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== while the job ran ({job['job_seconds']} s, {job['job_tasks_per_s']} "
               f"tasks/s, n={lat.get('count')}): p50 {lat['p50_ms']} p99 {lat['p99_ms']} "
               f"max {lat['max_ms']}")
+    if "job_unfinished_after_s" in job:
+        print(f"== the job was still running after {job['job_unfinished_after_s']} s "
+              f"({job['job_tasks_per_s']} tasks/s): every probe was due while it ran")
     print(f"== job: {json.dumps(job.get('job'))}")
     print(f"load after: {os.getloadavg()}", flush=True)
     out = {"benchmark": "bulk_job", "command": "python -m bench.bulk_job " + " ".join(argv or []),
