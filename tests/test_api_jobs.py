@@ -170,7 +170,8 @@ async def test_replay_without_status_takes_failed_and_cancelled(
 
 @pytest.mark.parametrize(("kind", "body", "loc"), [
     ("cancel", {}, ["body"]),
-    ("cancel", {"status": None}, ["body"]),
+    ("cancel", {"status": None}, ["body", "status"]),
+    ("cancel", {"key_prefix": "a.", "flow_key": None}, ["body", "flow_key"]),
     ("cancel", {"bogus": 1}, ["body", "bogus"]),
     ("cancel", {"status": "failed"}, ["body", "status"]),
     ("cancel", {"status": "waiting"}, ["body", "status"]),

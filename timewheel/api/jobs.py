@@ -10,7 +10,15 @@ from fastapi import APIRouter, Path
 
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
-from timewheel.models import JOB_ID_PATTERN, JobCreated, JobFilter, JobKind, JobView, format_ms
+from timewheel.models import (
+    JOB_ID_PATTERN,
+    CancelFilter,
+    JobCreated,
+    JobKind,
+    JobView,
+    ReplayFilter,
+    format_ms,
+)
 from timewheel.store.job_store import JobRecord
 
 router = APIRouter(tags=["jobs"], route_class=TaskRoute)
@@ -28,7 +36,7 @@ def job_view(job: JobRecord) -> JobView:
 
 @router.post("/tasks/cancel", dependencies=[Needs.ADMIN], status_code=202,
              response_model=JobCreated, responses=_RESPONSES)
-async def cancel_tasks(body: JobFilter, wheel: WheelDep) -> JobCreated:
+async def cancel_tasks(body: CancelFilter, wheel: WheelDep) -> JobCreated:
     """Cancel every task that matches the filter and has not finished, in the background
     (a purge of a flow is ``{"flow_key": ...}``). Only tasks created before the job started
     are cancelled. Follow it with ``GET /jobs/{id}``."""
@@ -37,7 +45,7 @@ async def cancel_tasks(body: JobFilter, wheel: WheelDep) -> JobCreated:
 
 @router.post("/tasks/replay", dependencies=[Needs.ADMIN], status_code=202,
              response_model=JobCreated, responses=_RESPONSES)
-async def replay_tasks(body: JobFilter, wheel: WheelDep) -> JobCreated:
+async def replay_tasks(body: ReplayFilter, wheel: WheelDep) -> JobCreated:
     """Replay (schedule again, now, attempts reset) every failed or cancelled task that
     matches the filter and finished before the job started, in the background. Follow it
     with ``GET /jobs/{id}``."""
