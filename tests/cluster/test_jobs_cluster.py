@@ -38,7 +38,7 @@ def statuses(service: Service, keys: list[str]) -> set[str]:
 
 def test_a_job_across_slots_survives_a_sigkill(start_cluster_service: Any,
                                                cluster: RedisCluster) -> None:
-    settings = {"job_step_tasks": "40", "job_step_pause_seconds": "0.02",
+    settings = {"job_step_tasks": "20", "job_step_pause_seconds": "0.02",
                 "job_lease_seconds": "2", "job_busy_share": "0.5"}
     first = start_cluster_service(**settings)
     url = "http://127.0.0.1:9/never"  # due in an hour: never called
@@ -52,11 +52,11 @@ def test_a_job_across_slots_survives_a_sigkill(start_cluster_service: Any,
         results = post_batch(first, [{"key": k, "callback_url": url, "delay": 3600,
                                       "retry_backoff": 3600} for k in chunk])
         assert {r["status"] for r in results} == {201}
+    second = start_cluster_service(**settings)  # both up before the job starts
     with first.client() as http:
         reply = http.post("/tasks/cancel", json={"key_prefix": "c."})
     assert reply.status_code == 202, reply.text
     job_id = reply.json()["job"]
-    second = start_cluster_service(**settings)
     poll(lambda: "taken by" in first.log() or "taken by" in second.log(), "a runner", 20)
     running, survivor = (first, second) if "taken by" in first.log() else (second, first)
     poll(lambda: job(survivor, job_id)["done"] >= MATCHING // 4, "a quarter done", 60)
