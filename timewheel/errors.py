@@ -4,6 +4,7 @@ each).
     TimeWheelError
      +-- TaskNotFound          no such task (404)
      +-- ScheduleNotFound      no such schedule (404)
+ +-- JobNotFound           no such bulk job, or it expired (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
      +-- InvalidInput          a request its model accepted, refused by a limit of the
      |                         settings or the task's state (422)
@@ -35,6 +36,12 @@ class ScheduleNotFound(TimeWheelError):
     def __init__(self, schedule_id: str) -> None:
         super().__init__(f"no schedule with id {schedule_id!r}")
         self.schedule_id = schedule_id
+
+
+class JobNotFound(TimeWheelError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
 
 
 class TaskConflict(TimeWheelError):

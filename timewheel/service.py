@@ -22,7 +22,9 @@ from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
+from timewheel.jobs.runner import JobRunner
 from timewheel.metrics import Metrics
+from timewheel.operations.jobs import JobOperations
 from timewheel.operations.schedules import ScheduleOperations, schedule_store
 from timewheel.operations.tasks import TaskLimits, TaskOperations
 from timewheel.settings import Settings
@@ -31,6 +33,7 @@ from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.job_store import JobStore
 from timewheel.store.schedule_store import ScheduleStore
 from timewheel.tracing import Tracing
 
@@ -54,6 +57,8 @@ class Wheel:
     tasks: TaskOperations = field(init=False, repr=False)
     schedules: ScheduleOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
+    jobs: JobOperations = field(init=False, repr=False)
+    job_runner: JobRunner = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -105,6 +110,13 @@ class Wheel:
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
+        job_store = JobStore(store)
+        wheel.jobs = JobOperations(job_store, clock)
+        wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds,
+                                     lease_ms=int(settings.job_lease_seconds * 1000),
+                                     step_tasks=settings.job_step_tasks,
+                                     pause_s=settings.job_step_pause_seconds,
+                                     busy_share=settings.job_busy_share)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:
@@ -125,9 +137,11 @@ class Wheel:
     def start_ticker(self) -> None:
         self._ticker_task = asyncio.create_task(self.ticker.run(), name="timewheel-ticker")
         self.materializer.start()
+        self.job_runner.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
+        await self.job_runner.stop()
         await self.materializer.stop()
         self.ticker.stop()
         if self._ticker_task is not None:

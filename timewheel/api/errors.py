@@ -13,6 +13,7 @@ from timewheel.api.views import task_view
 from timewheel.errors import (
     BodyTooLarge,
     InvalidInput,
+    JobNotFound,
     NotReplicated,
     ScheduleNotFound,
     StoreUnavailable,
@@ -33,6 +34,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ScheduleNotFound)
     async def schedule_not_found(request: Request, exc: ScheduleNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(JobNotFound)
+    async def job_not_found(request: Request, exc: JobNotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(TaskConflict)

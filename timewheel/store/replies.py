@@ -156,7 +156,6 @@ class SchedTombstoneReply(IntEnum):
     TASK_EXISTS = 0  # the caller cancels the task instead
 
 
-# The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
 @unique
 class RekeyReply(IntEnum):
     """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
@@ -182,6 +181,23 @@ class RekeyScheduleReply(IntEnum):
     CHANGED = 0  # the spec is not the one read any more
 
 
+@unique
+class JobStepReply(IntEnum):
+    """lua/job_step.lua (the first element of its reply; the bucket's counts follow)."""
+
+    STEPPED = 1
+    STALE = -1  # the job's position in the bucket is not the one given: nothing written
+
+
+@unique
+class JobFinishReply(IntEnum):
+    """lua/job_finish.lua."""
+
+    FINISHED = 1
+    LOST = -1  # not running, or another runner holds the lease: nothing written
+
+
+# The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -192,4 +208,5 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
     "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
     "rekey_schedule": RekeyScheduleReply,
+    "job_step": JobStepReply, "job_finish": JobFinishReply,
 }
