@@ -168,7 +168,9 @@ async def _cluster_round(redis: RedisCluster, durability: Durability, calls: Seq
         # The marker goes without ASKING: only a node that serves the slot may create it.
         # An importing node refuses the scripts (TRYAGAIN) but would take the marker, beside
         # the one the source still holds, and the reshard's MIGRATE of it fails (BUSYKEY).
-        _mark_and_wait(pipe, marker(group[-1].keys[0]), durability, node)
+        # So it is of a slot the node was not ASKed into, when the group has one.
+        mark = next((call for call in reversed(group) if not call.ask), group[-1])
+        _mark_and_wait(pipe, marker(mark.keys[0]), durability, node)
     replies = iter(await pipe.execute(raise_on_error=False, allow_redirections=False))
     short: list[int] = []
     retry_later = False
