@@ -140,11 +140,16 @@ export function render(root) {
       "Retry defaults", ""], flows.map(row), { empty: "No flow has anything set." }));
   }
 
-  async function load() {
+  // A refresh in the background does not redraw under the user's hands either: one already
+  // on its way when the user opened an edit or a "Reset?" question only keeps its data.
+  const busy = () => editing !== null || results.querySelector(".confirm .question") !== null;
+
+  async function load({ background = false } = {}) {
     try {
       const list = await api.get("flows");
       if (!alive) return;
       flows = list.flows;
+      if (background && busy()) return;
       draw();
     } catch (err) {
       if (alive) fill(results, h("p", { class: "error" }, `Could not list flows: ${err.message}`));
@@ -155,7 +160,7 @@ export function render(root) {
   // No refresh under the user's hands: not while a row is edited, nor while a "Reset?" question
   // waits for its answer (a redraw would take the question away before the click).
   const timer = window.setInterval(() => {
-    if (editing === null && !results.querySelector(".confirm .question")) load();
+    if (!busy()) load({ background: true });
   }, REFRESH_MS);
   return () => {
     alive = false;
