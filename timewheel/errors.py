@@ -4,6 +4,7 @@ each).
     TimeWheelError
      +-- TaskNotFound          no such task (404)
      +-- ScheduleNotFound      no such schedule (404)
+     +-- TopicNotFound         no such topic (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
      +-- InvalidInput          a request its model accepted, refused by a limit of the
      |                         settings or the task's state (422)
@@ -35,6 +36,12 @@ class ScheduleNotFound(TimeWheelError):
     def __init__(self, schedule_id: str) -> None:
         super().__init__(f"no schedule with id {schedule_id!r}")
         self.schedule_id = schedule_id
+
+
+class TopicNotFound(TimeWheelError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no topic named {name!r}")
+        self.name = name
 
 
 class TaskConflict(TimeWheelError):

@@ -25,13 +25,16 @@ from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
 from timewheel.operations.schedules import ScheduleOperations, schedule_store
 from timewheel.operations.tasks import TaskLimits, TaskOperations
+from timewheel.operations.topics import TopicOperations
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.publish import Publisher
 from timewheel.store.schedule_store import ScheduleStore
+from timewheel.store.topic_store import TopicStore
 from timewheel.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class Wheel:
     schedule_store: ScheduleStore = field(init=False, repr=False)
     tasks: TaskOperations = field(init=False, repr=False)
     schedules: ScheduleOperations = field(init=False, repr=False)
+    topics: TopicOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -103,6 +107,8 @@ class Wheel:
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
+        wheel.topics = TopicOperations(TopicStore(store), Publisher(store), wheel.tasks, clock,
+                                       policy, metrics)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:

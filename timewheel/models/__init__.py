@@ -37,3 +37,18 @@ __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", 
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
             "ScheduleTask", "ScheduleView"]
 __all__ += ["AttemptList", "AttemptOutcome", "AttemptView"]
+from timewheel.models.topics import (  # noqa: E402
+    MAX_ENDPOINTS,
+    TOPIC_NAME_PATTERN,
+    Endpoint,
+    PublishNote,
+    PublishResult,
+    TopicDetail,
+    TopicList,
+    TopicPublish,
+    TopicPut,
+    TopicView,
+)
+
+__all__ += ["MAX_ENDPOINTS", "TOPIC_NAME_PATTERN", "Endpoint", "PublishNote", "PublishResult",
+            "TopicDetail", "TopicList", "TopicPublish", "TopicPut", "TopicView"]

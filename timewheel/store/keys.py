@@ -29,6 +29,9 @@ A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F b
 
 and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics).
 
+Topics share one hash tag, "{<key_prefix>:topics}:" (lua/topic_put.lua lists its keys); a
+publish's record is in the bucket of its key, P pb:<publish key> (lua/publish.lua).
+
 On a Redis Cluster each bucket is one hash slot, so a minute's load spreads over the cluster
 while every script still touches a single slot.
 """
@@ -101,6 +104,11 @@ class Keyspace:
     def flow(self, flow: str) -> str:
         """The prefix of a flow's own keys: one hash slot per flow."""
         return f"{{{self.key_prefix}:f:{flow}}}:"
+
+    @property
+    def topics(self) -> str:
+        """The prefix of every topic's keys: one hash slot (lua/topic_put.lua)."""
+        return f"{{{self.key_prefix}:topics}}:"
 
     @property
     def configured_flows(self) -> str:
