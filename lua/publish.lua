@@ -2,8 +2,9 @@
 -- publish: the tasks of one topic publish (POST /topics/{name}/publish): all created, or none.
 --
 -- KEYS[1]  the home bucket prefix "{<prefix>:<bucket>}:", the publish key's bucket, which holds
---          the publish's record P pb:<publish key> (hash: fp, op, st open|done, rec) and, while
---          it is open, its entry in P po (publish key -> opened ms).
+--          the publish's record P pb:<publish key> (hash: fp, op, st open|done|partial, rec,
+--          and while it is open t:<task key> -> the task's record, for whoever completes it)
+--          and, while it is open, its entry in P po (publish key -> opened ms).
 -- KEYS[2..] the prefixes of the buckets its tasks are in (mode "all" only).
 --          On one Redis, mode "all" is the whole publish in one call, whatever buckets its
 --          tasks are in. On a Redis Cluster a call may touch one slot, so store/publish.py runs
@@ -12,9 +13,11 @@
 -- ARGV[1]  mode:
 --            all    check the publish record and every task, then write them all (one Redis)
 --            check  check the tasks of KEYS[1]'s bucket, write nothing (cluster, step 0)
---            open   check the publish record, write it open (cluster, step 1)
+--            open   check the publish record, write it open with its tasks' records
+--                   (cluster, step 1; the tasks are not checked here)
 --            tasks  check, then write, the tasks of KEYS[1]'s bucket (cluster, step 2)
---            close  mark the record done (cluster, step 3)
+--            close  mark the record ARGV[6] ("done", or "partial": a task key was taken
+--                   meanwhile) and drop the tasks' records (cluster, step 3)
 -- ARGV[2]  publish key
 -- ARGV[3]  now_ms
 -- ARGV[4]  request id, unique per API call: a call re-sent by redis-py answers as before
@@ -42,15 +45,27 @@ local function record_check()
 end
 
 if mode == 'close' then
-  redis.call('HSET', rkey, 'st', 'done')
+  local fields = redis.call('HKEYS', rkey)
+  if #fields == 0 then return {0, {}} end  -- expired meanwhile
+  for _, f in ipairs(fields) do
+    if string.sub(f, 1, 2) == 't:' then redis.call('HDEL', rkey, f) end
+  end
+  redis.call('HSET', rkey, 'st', ARGV[6])
   redis.call('ZREM', home .. 'po', pkey)
   return {0, {}}
 end
 
-local found = nil
 if mode == 'all' or mode == 'open' then
-  found = record_check()
+  local found = record_check()
   if found then return found end
+end
+if mode == 'open' then
+  -- No check can fail now; writes follow.
+  redis.call('HSET', rkey, 'fp', fp, 'op', op, 'st', 'open', 'rec', ARGV[6])
+  for i = 8, #ARGV, 3 do redis.call('HSET', rkey, 't:' .. ARGV[i + 1], ARGV[i + 2]) end
+  redis.call('PEXPIRE', rkey, ARGV[7])
+  redis.call('ZADD', home .. 'po', now, pkey)
+  return {0, {}}
 end
 
 -- The tasks: each new, or identical to one that exists (a publish completed by a repeat, or
@@ -74,10 +89,8 @@ if mode == 'check' then return {0, existing} end
 
 -- All checks are done; writes follow.
 for _, t in ipairs(tasks) do write_task(t[1], t[2], t[3], t[4], now, op, 0) end
-if mode == 'all' or mode == 'open' then
-  redis.call('HSET', rkey, 'fp', fp, 'op', op, 'st', mode == 'all' and 'done' or 'open',
-    'rec', ARGV[6])
+if mode == 'all' then
+  redis.call('HSET', rkey, 'fp', fp, 'op', op, 'st', 'done', 'rec', ARGV[6])
   redis.call('PEXPIRE', rkey, ARGV[7])
-  if mode == 'open' then redis.call('ZADD', home .. 'po', now, pkey) end
 end
 return {0, existing}

@@ -20,6 +20,7 @@ from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.materializer import Materializer
+from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.metrics import Metrics
@@ -58,6 +59,7 @@ class Wheel:
     schedules: ScheduleOperations = field(init=False, repr=False)
     topics: TopicOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
+    sweeper: PublishSweeper | None = field(default=None, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -107,8 +109,11 @@ class Wheel:
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
-        wheel.topics = TopicOperations(TopicStore(store), Publisher(store), wheel.tasks, clock,
+        publisher = Publisher(store)
+        wheel.topics = TopicOperations(TopicStore(store), publisher, wheel.tasks, clock,
                                        policy, metrics)
+        if isinstance(redis, RedisCluster):  # only a cluster's publishes are made in steps
+            wheel.sweeper = PublishSweeper(publisher, clock)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:
@@ -129,10 +134,14 @@ class Wheel:
     def start_ticker(self) -> None:
         self._ticker_task = asyncio.create_task(self.ticker.run(), name="timewheel-ticker")
         self.materializer.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
         await self.materializer.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         self.ticker.stop()
         if self._ticker_task is not None:
             await self._ticker_task

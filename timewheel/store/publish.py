@@ -7,16 +7,18 @@
   publish key (docs/design.md, "Topics"): (0) every bucket's tasks are checked, nothing
   written; (1) the record is written *open* (or found: the same publish answers as before,
   another conflicts); (2) each bucket's tasks are created, each bucket in one call; (3) the
-  record is marked *done*. A repeat of the publish finds the record open and runs (2) and (3)
-  again: each task is created once (an identical one is left as it is), so a publish cut off
-  between (1) and (3) is completed by its client's retry, and by the sweep of open records
-  (``complete_open``) otherwise.
+  record is marked *done*. The open record holds every task's record, and a repeat of the
+  publish finds it open and runs (2) and (3) again: each task is created once (an identical
+  one is left as it is), so a publish cut off between (1) and (3) is completed by its client's
+  retry, or else by any process's sweep of records left open (``complete_open``, run by
+  timewheel/engine/publish_sweeper.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import PublishReply
 from timewheel.store.task_store import Store
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PublishRequest:
@@ -94,30 +97,62 @@ class Publisher:
             groups.setdefault(self.keys.prefix(self.keys.bucket_of(task.key)), []).extend(
                 [1, task.key, task.record()])
 
-        async def each_bucket(mode: str) -> list[Published]:
-            head = self._head(mode, request, now_ms, request_id)
-            return [_published(reply) for reply in await asyncio.gather(*(
-                self.script(keys=[prefix], args=head + triples)
-                for prefix, triples in groups.items()))]
-
-        for checked in await each_bucket("check"):  # (0) nothing written before all pass
+        head = self._head("check", request, now_ms, request_id)
+        for reply in await asyncio.gather(*(self.script(keys=[prefix], args=head + triples)
+                                            for prefix, triples in groups.items())):
+            checked = _published(reply)  # (0) nothing is written before every bucket passes
             if checked.reply is PublishReply.TASK_CONFLICT:
                 return checked
+        triples = [v for t in request.tasks for v in (1, t.key, t.record())]
         opened = _published(await self.script(keys=[self.home(request.key)], args=self._head(
-            "open", request, now_ms, request_id)))  # (1)
+            "open", request, now_ms, request_id) + triples))  # (1)
         done_before = opened.rec is not None and opened.rec.get("state") == "done"
         if opened.reply is PublishReply.CONFLICT or done_before:
             return opened
-        existing: list[str] = []
-        for made in await each_bucket("tasks"):  # (2)
-            if made.reply is PublishReply.TASK_CONFLICT:  # taken since (0): the record stays open
-                return made
-            existing += made.existing
-        await self.script(keys=[self.home(request.key)],
-                          args=self._head("close", request, now_ms, request_id))  # (3)
-        if opened.reply is PublishReply.EXISTS:  # completed what an earlier call began
-            return opened
-        return Published(PublishReply.CREATED, existing=existing)
+        made = await self._create(request.key, groups, now_ms, request_id)  # (2) and (3)
+        if made.reply is PublishReply.CREATED and opened.reply is PublishReply.EXISTS:
+            return opened  # completed what an earlier call began
+        return made
+
+    async def _create(self, publish_key: str, groups: dict[str, list[Any]], now_ms: int,
+                      request_id: str) -> Published:
+        """Steps (2) and (3): each bucket's tasks, then the record closed: ``done``, or
+        ``partial`` when a task key was taken by another task between (0) and (2)."""
+        head: list[Any] = ["tasks", publish_key, now_ms, request_id, "", "", 0]
+        replies = [_published(reply) for reply in await asyncio.gather(*(
+            self.script(keys=[prefix], args=head + triples)
+            for prefix, triples in groups.items()))]
+        taken = next((r for r in replies if r.reply is PublishReply.TASK_CONFLICT), None)
+        await self.script(keys=[self.home(publish_key)], args=[
+            "close", publish_key, now_ms, request_id, "", "partial" if taken else "done", 0])
+        if taken is not None:
+            return taken
+        return Published(PublishReply.CREATED, existing=[k for r in replies for k in r.existing])
+
+    async def complete_open(self, bucket: int, *, now_ms: int, older_than_ms: int,
+                            limit: int = 100) -> int:
+        """Complete the publishes of ``bucket`` left open for longer than ``older_than_ms``
+        (their process died between steps (1) and (3)): steps (2) and (3) from the task
+        records the open record holds. Returns how many were completed."""
+        prefix = self.keys.prefix(bucket)
+        async with redis_errors("publish sweep"):
+            stale: list[Any] = await self.store.redis.zrangebyscore(
+                f"{prefix}po", "-inf", now_ms - older_than_ms, start=0, num=limit)
+            for raw in stale:
+                publish_key = raw.decode()
+                fields: Any = await self.store.redis.hgetall(
+                    f"{prefix}pb:{publish_key}")
+                groups: dict[str, list[Any]] = {}
+                for name, value in fields.items():
+                    if name.startswith(b"t:"):
+                        key = name[2:].decode()
+                        groups.setdefault(self.keys.prefix(self.keys.bucket_of(key)), []).extend(
+                            [1, key, value])
+                done = await self._create(publish_key, groups, now_ms, secrets.token_hex(8))
+                if done.reply is PublishReply.TASK_CONFLICT:
+                    log.error("publish %s completed in part: task %s holds another task",
+                              publish_key, done.conflict_key)
+        return len(stale)
 
 
 def _published(reply: Any) -> Published:
