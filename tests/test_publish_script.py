@@ -132,7 +132,7 @@ async def test_a_malformed_record_is_refused_before_any_write(store: Store,
                                                               redis: Redis) -> None:
     keys, argv = args(store, "all", all_keys=KEYS)
     argv[-1] = argv[-1][:-1]
-    with pytest.raises(ResponseError, match="malformed record for o1.audit"):
+    with pytest.raises(ResponseError, match=r"malformed record for o1\.audit"):
         await Publisher(store).script(keys=keys, args=argv)
     assert await keyspace(redis) == {}
 
