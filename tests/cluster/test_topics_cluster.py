@@ -15,7 +15,7 @@ from tests.support.redis_server import RedisCluster
 from timewheel.models import TaskFields
 from timewheel.operations.prepare import prepare
 from timewheel.store import Store
-from timewheel.store.publish import PublishRequest, Publisher
+from timewheel.store.publish import Publisher, PublishRequest
 from timewheel.store.replies import PublishReply
 
 from .conftest import node_clients, once_each, slot_owners, wait_finished
