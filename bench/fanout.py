@@ -1,7 +1,7 @@
 """Topics: how fast are publishes made, and how late are a fan-out's healthy endpoints while one
 endpoint hangs?
 
-    python -m bench.fanout [--publishes 2000] [--concurrency 16] [--fanout 500] [--window 10]
+    python -m bench.fanout [--publishes 2000] [--concurrency 16] [--fanout 300] [--window 10]
 
 One `timewheel serve` (embedded Redis), a topic of 10 endpoints, in two parts:
 
@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--publishes", type=int, default=2000, help="publishes timed for the rate")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
-    p.add_argument("--fanout", type=int, default=500, help="publishes of the lateness rounds")
+    p.add_argument("--fanout", type=int, default=300, help="publishes of the lateness rounds")
     p.add_argument("--window", type=float, default=10.0, help="seconds their due times span")
-    p.add_argument("--lead", type=float, default=5.0, help="seconds from now to the first")
+    p.add_argument("--lead", type=float, default=15.0, help="seconds from now to the first")
     p.add_argument("--grace", type=float, default=15.0)
     p.add_argument("--pause", type=float, default=2.0)
     p.add_argument("--service-port", type=int, default=0)
