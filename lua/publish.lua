@@ -45,13 +45,13 @@ local function record_check()
 end
 
 if mode == 'close' then
+  redis.call('ZREM', home .. 'po', pkey)
   local fields = redis.call('HKEYS', rkey)
-  if #fields == 0 then return {0, {}} end  -- expired meanwhile
+  if #fields == 0 then return {0, {}} end  -- expired meanwhile: only its open entry was left
   for _, f in ipairs(fields) do
     if string.sub(f, 1, 2) == 't:' then redis.call('HDEL', rkey, f) end
   end
   redis.call('HSET', rkey, 'st', ARGV[6])
-  redis.call('ZREM', home .. 'po', pkey)
   return {0, {}}
 end
 
