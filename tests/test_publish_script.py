@@ -11,6 +11,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from tests.support.bucket_state import MIN, NOW, RET, template
+from timewheel.clock import FakeClock
+from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.store import Store, layout
 from timewheel.store.publish import Publisher
 
@@ -226,3 +228,17 @@ async def test_topic_put_creates_replaces_and_delete_removes(store: Store, redis
     assert await script_delete(keys=[p], args=["orders"]) == 1
     assert await keyspace(redis) == {}
     assert await script_delete(keys=[p], args=["orders"]) == -1
+
+
+async def test_the_sweeper_completes_open_publishes_of_every_bucket(store: Store,
+                                                                   redis: Redis) -> None:
+    """PublishSweeper.tick: one pass over every bucket, counting what it completed."""
+    publisher = Publisher(store)
+    _, argv = args(store, "open")
+    await publisher.script(keys=[prefix(store, "o1")], args=argv)
+    sweeper = PublishSweeper(publisher, FakeClock(NOW), older_than_ms=10_000)
+    assert await sweeper.tick(NOW + 9_999) == 0  # control: not open long enough yet
+    assert await sweeper.tick(NOW + 10_000) == 1
+    assert sweeper.completed == 1
+    assert sum(":t:" in name for name in await keyspace(redis)) == len(KEYS)
+    assert await sweeper.tick(NOW + 20_000) == 0
