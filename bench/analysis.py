@@ -234,6 +234,12 @@ def print_result(name: str, res: dict[str, Any]) -> None:
     parts = [f"{k.removesuffix('_cpu_s')} {v}" for k, v in cpu.items() if k.endswith("_cpu_s")]
     print(f"  CPU s over {cpu['wall_s']} s: " + ", ".join(parts) +
           f"; service RSS {cpu['service_rss_mib']} MiB")
+    window = res.get("cpu_due_window")
+    if window and window.get("callbacks"):
+        per = [f"{k.removesuffix('_us_per_callback')} {v}" for k, v in window.items()
+               if k.endswith("_us_per_callback")]
+        print(f"  CPU while due ({window['wall_s']} s, {window['callbacks']} callbacks): "
+              + ", ".join(per) + " us per callback")
 
 
 def _print_tail(tail: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
     python -m bench.run --workload all            # post, spread, burst, retry
     python -m bench.run --workload spread --tasks 10000
+    python -m bench.run --workload sustained --rate 4000 # 4,000 a second for --window s
     python -m bench.run --workload all --fake-service --tasks 2000   # harness self-test
 
 Starts bench/receiver.py (subprocess) and one ``timewheel serve`` (subprocess,
@@ -63,7 +64,8 @@ from bench.service import (
     wait_healthy,
 )
 
-WORKLOADS = ("post", "spread", "burst", "retry")
+WORKLOADS = ("post", "spread", "burst", "retry", "sustained")
+DEFAULT_WORKLOADS = ("post", "spread", "burst", "retry")
 # Redis-level benchmarks with their own sizes and a dedicated redis-server (no service).
 STORE_WORKLOADS = {"memory": "bench.memory", "claim-cost": "bench.claim_cost"}
 
@@ -297,6 +299,9 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     probe = RunProbe(ctx.ctl, ctx.base, ctx.gc_log, ctx.pids.get("service"))
     await probe.start()
     poller = asyncio.get_running_loop().create_task(prober.run()) if prober else None
+    # CPU while the callbacks are due, apart from the creates before: what a callback costs.
+    window_meter = asyncio.get_running_loop().create_task(
+        _meter_window(ctx, min(due.values()), max(due.values()) + 0.5)) if due else None
     try:
         sub = await submit(ctx, bodies)
         submit_done = time.time()
@@ -311,6 +316,8 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     tail = await probe.stop()
     records = await recv_records(ctx)
     res = analyse(records, due, sub.done_at)
+    if window_meter is not None:
+        res["cpu_due_window"] = _per_callback(await window_meter, res.get("_first", {}))
     res["tail"] = attribute_tail(res["_first"], due, tail)
     res["submit"] = {
         "ok": len(sub.ok_keys), "errors": sum(v for k, v in sub.status.items()
@@ -322,6 +329,29 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     res["receiver_requests"] = n
     res["cpu"] = cpu
     return sub, res, records, due
+
+
+async def _meter_window(ctx: Ctx, start: float, end: float) -> dict[str, Any]:
+    """CPU seconds of each process from ``start`` to ``end`` (epoch seconds)."""
+    meter = CpuMeter(ctx.pids)
+    await asyncio.sleep(max(0.0, start - time.time()))
+    meter.start()
+    began = time.time()
+    await asyncio.sleep(max(0.0, end - time.time()))
+    out = meter.stop()
+    out["from"], out["to"] = began, time.time()
+    return out
+
+
+def _per_callback(cpu: dict[str, Any], first: dict[str, float]) -> dict[str, Any]:
+    """The due window's CPU per callback that arrived in it, in microseconds."""
+    arrived = sum(1 for t in first.values() if cpu["from"] <= t <= cpu["to"])
+    out = dict(cpu, callbacks=arrived)
+    for key, value in cpu.items():
+        if key.endswith("_cpu_s") and value is not None and arrived:
+            out[key.removesuffix("_cpu_s") + "_us_per_callback"] = round(
+                value * 1e6 / arrived, 1)
+    return out
 
 
 async def wl_spread(ctx: Ctx, *, workload: str = "spread", fail_every: int = 0) -> dict[str, Any]:
@@ -475,7 +505,7 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
               + ", ".join(f"{k}" for k in pids) + f"; log {svc.log_path}")
         ctx = Ctx(args, run_id, svc.base, f"http://127.0.0.1:{rport}", load, ctl, pids, headers,
                   gc_log=svc.gc_log)
-        names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+        names = list(DEFAULT_WORKLOADS) if args.workload == "all" else [args.workload]
         for name in names:
             await asyncio.sleep(args.pause)
             if svc.proc.poll() is not None:
@@ -489,6 +519,8 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
                 res = await wl_spread(ctx)
             elif name == "burst":
                 res = await wl_burst(ctx)
+            elif name == "sustained":
+                res = await wl_spread(ctx, workload="sustained")
             else:
                 res = await wl_spread(ctx, workload="retry", fail_every=args.fail_every)
             print_result(name, res)
@@ -518,7 +550,7 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
     return 1 if failures else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run",
                                 description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -531,7 +563,11 @@ def main(argv: list[str] | None = None) -> int:
                         "POST /tasks/batch")
     p.add_argument("--concurrency", type=int, default=64,
                    help="concurrent keep-alive connections of the load client")
-    p.add_argument("--window", type=float, default=10.0, help="spread/retry: due window (s)")
+    p.add_argument("--window", type=float, default=10.0,
+                   help="spread/retry/sustained: due window (s)")
+    p.add_argument("--rate", type=float, default=4000.0,
+                   help="sustained: callbacks due a second (tasks = rate x window, created "
+                        "by POST /tasks/batch before the window; --tasks is ignored)")
     p.add_argument("--lead", type=float, default=None,
                    help="seconds from submission start to the first due time (default: "
                         "1.5 x tasks / POST rate + 2 s, the rate from the post workload or a "
@@ -563,16 +599,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="harness self-test against bench/fake_service.py (numbers mean nothing)")
     p.add_argument("--results-dir", default=None)
     p.add_argument("--keep-tmp", action="store_true", help="keep the data dir and service log")
+    return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = _parser()
     args = p.parse_args(argv)
+    if args.workload == "sustained":  # --rate a second for --window s, created beforehand
+        args.tasks, args.submit = round(args.rate * args.window), "batch"
+    if args.tasks < 1 or args.concurrency < 1:
+        p.error("--tasks and --concurrency must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     if args.workload in STORE_WORKLOADS:
         import importlib
 
         module = importlib.import_module(STORE_WORKLOADS[args.workload])
         return int(module.main(["--results-dir", args.results_dir] if args.results_dir else []))
     require_loopback("127.0.0.1")
-    if args.tasks < 1 or args.concurrency < 1:
-        p.error("--tasks and --concurrency must be positive")
-
     facts = machine_facts()
     print_machine(facts)
     if not args.fake_service:

@@ -1,4 +1,4 @@
--- lib: record, slices, parking, attempts
+-- lib: record, slices, parking, attempts, results
 -- cancel: stop a task that has not finished. Lazy: the slice entry stays for the claimer to drop.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -41,6 +41,7 @@ h[ST], h[FINISHED], h[OP], h[CLAIM], h[STARTED] = 'c', now, op, claim, started
 put_head(tkey, h)
 redis.call('PEXPIRE', tkey, retention)
 redis.call('PEXPIRE', attempts_key(P, key), retention)  -- its history expires with it
+expire_results(P, key, retention)
 redis.call('ZADD', P .. 'fc', now, key)
 if stopped then
   add_unanswered(P, key, h[ATT] + 1, 'cancelled', 'stopped by a DELETE before it was sent',

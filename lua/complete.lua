@@ -1,15 +1,22 @@
--- lib: record, slices, attempts
+-- lib: record, slices, attempts, results
 -- complete: record the outcomes of attempts, with their history entries, and release their
--- claims, in one atomic step per batch.
+-- claims, in one atomic step per batch; a task that finishes with a result callback gets its
+-- result task in the same step.
 --
--- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
+-- KEYS[1..n]  bucket prefixes "{<prefix>:<bucket>}:". One on a Redis Cluster (each bucket is its
+--             own slot; the client may add a guard key after it, ignored here); any number on a
+--             single Redis, where one call records every bucket's outcomes (lua/start.lua).
 -- ARGV[1]  now_ms
 -- ARGV[2]  retention_ms: how long a finished record stays readable
 -- ARGV[3]  kept: attempts kept per task (TIMEWHEEL_ATTEMPTS_KEPT)
--- ARGV[4..] eight values per outcome:
+-- ARGV[4]  n, the number of prefixes
+-- ARGV[5..n+4] how many outcomes belong to each prefix, in KEYS order
+-- ARGV[n+5..] the outcomes, prefix by prefix, nine values each:
 --          key, token, outcome ("ok" | "retry" | "fail"), status code ("" for none),
 --          error ("" for none), next due_ms (retry only, else ""), started_ms of the attempt,
---          the attempt's history entry (JSON, lua/lib/attempts.lua)
+--          the attempt's history entry (JSON, lua/lib/attempts.lua),
+--          the record of its result task (timewheel/store/results.py: the task
+--          "<key>.on_success" for "ok", "<key>.on_failure" for "fail", due now), "" for none
 --
 -- Reply: one CompleteReply per outcome (timewheel/store/replies.py)
 --    1 RECORDED
@@ -20,13 +27,54 @@
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
-local P = KEYS[1]
+--
+-- The result task is created only with the RECORDED outcome that finishes its parent, so a
+-- call re-sent after a lost reply (STALE then) or an attempt re-sent after its lease ran out
+-- (whose first answer was never recorded) creates it once. It is not created when a task of
+-- its key exists already (a replayed task that finishes the same way again: the first
+-- result's webhook-id is the same key, so receivers would drop a second anyway).
 local now, retention, kept = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local SUFFIX = {ok = '.on_success', fail = '.on_failure'}
+
+-- Each outcome's prefix and the index of its first value, in ARGV order.
+local n = tonumber(ARGV[4])
+local items, at = {}, n + 5
+for k = 1, n do
+  for _ = 1, tonumber(ARGV[4 + k]) do
+    items[#items + 1] = {KEYS[k], at}
+    at = at + 9
+  end
+end
+
+-- Every check before the first write: a result record must be whole.
+for _, item in ipairs(items) do
+  local i = item[2]
+  local rec = ARGV[i + 8] or ''
+  if rec ~= '' then
+    local r = unpack_head(rec)
+    if #rec ~= HEAD + r[FL] + r[UL] + r[HL] + r[BL] + r[EL] or not SUFFIX[ARGV[i + 2]] then
+      return redis.error_reply('ERR complete: malformed result record for ' .. ARGV[i])
+    end
+  end
+end
+
+local function create_result(P, key, outcome, rec)
+  local rkey = key .. SUFFIX[outcome]
+  local rtkey = P .. 't:' .. rkey
+  if redis.call('EXISTS', rtkey) == 1 then return end
+  local r = unpack_head(rec)
+  r[CREATED] = now
+  redis.call('SET', rtkey, rec)
+  put_head(rtkey, r)
+  into_slice(P, rkey, r[DUE], slice_minute(P, r[DUE], now))
+end
+
 local out = {}
-for i = 4, #ARGV, 8 do
+for _, item in ipairs(items) do
+  local P, i = item[1], item[2]
   local key, token, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local code, err, due = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
-  local entry = ARGV[i + 7]
+  local entry, rec = ARGV[i + 7], ARGV[i + 8] or ''
   local tkey = P .. 't:' .. key
   local h = head(tkey)
   local ours = h and h[CLAIM] == digest(token)
@@ -55,6 +103,8 @@ for i = 4, #ARGV, 8 do
     if outcome ~= 'retry' then
       redis.call('PEXPIRE', tkey, retention)
       ttl = retention
+      expire_results(P, key, retention)
+      if rec ~= '' then create_result(P, key, outcome, rec) end
     end
     add_attempt(P, key, entry, kept, ttl)
     out[#out + 1] = 1

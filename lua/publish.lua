@@ -1,9 +1,10 @@
--- lib: record, slices, creating
+-- lib: record, slices, results, creating
 -- publish: the tasks of one topic publish (POST /topics/{name}/publish): all created, or none.
 --
 -- KEYS[1]  the home bucket prefix "{<prefix>:<bucket>}:", the publish key's bucket, which holds
 --          the publish's record P pb:<publish key> (hash: fp, op, st open|done|partial, rec,
---          and while it is open t:<task key> -> the task's record, for whoever completes it)
+--          and while it is open t:<task key> -> the task's record and u:<task key> -> its
+--          result callbacks, for whoever completes it)
 --          and, while it is open, its entry in P po (publish key -> opened ms).
 -- KEYS[2..] the prefixes of the buckets its tasks are in (mode "all" only).
 --          On one Redis, mode "all" is the whole publish in one call, whatever buckets its
@@ -24,8 +25,9 @@
 -- ARGV[5]  the publish's fingerprint (topic and request): a repeat with another one conflicts
 -- ARGV[6]  the record kept for a repeat (JSON: topic, endpoints, task keys, created)
 -- ARGV[7]  ms the publish record is kept from now (its latest due time + the retention)
--- ARGV[8..] per task, three values: its bucket prefix's position in KEYS, its key, its record
---          (timewheel/store/layout.py `template`)
+-- ARGV[8..] per task, four values: its bucket prefix's position in KEYS, its key, its record
+--          (timewheel/store/layout.py `template`), its result callbacks as lua/lib/results.lua
+--          stores them ("" for none)
 --
 -- Reply: PublishReply (timewheel/store/replies.py), as {code, detail}
 --    0 CREATED        written (detail: the keys of tasks that existed already, identical)
@@ -49,7 +51,8 @@ if mode == 'close' then
   local fields = redis.call('HKEYS', rkey)
   if #fields == 0 then return {0, {}} end  -- expired meanwhile: only its open entry was left
   for _, f in ipairs(fields) do
-    if string.sub(f, 1, 2) == 't:' then redis.call('HDEL', rkey, f) end
+    local kind = string.sub(f, 1, 2)
+    if kind == 't:' or kind == 'u:' then redis.call('HDEL', rkey, f) end
   end
   redis.call('HSET', rkey, 'st', ARGV[6])
   return {0, {}}
@@ -62,7 +65,10 @@ end
 if mode == 'open' then
   -- No check can fail now; writes follow.
   redis.call('HSET', rkey, 'fp', fp, 'op', op, 'st', 'open', 'rec', ARGV[6])
-  for i = 8, #ARGV, 3 do redis.call('HSET', rkey, 't:' .. ARGV[i + 1], ARGV[i + 2]) end
+  for i = 8, #ARGV, 4 do
+    redis.call('HSET', rkey, 't:' .. ARGV[i + 1], ARGV[i + 2])
+    if ARGV[i + 3] ~= '' then redis.call('HSET', rkey, 'u:' .. ARGV[i + 1], ARGV[i + 3]) end
+  end
   redis.call('PEXPIRE', rkey, ARGV[7])
   redis.call('ZADD', home .. 'po', now, pkey)
   return {0, {}}
@@ -71,9 +77,9 @@ end
 -- The tasks: each new, or identical to one that exists (a publish completed by a repeat, or
 -- its task made before by hand with the same content); another task under a key refuses all.
 local tasks, existing = {}, {}
-for i = 8, #ARGV, 3 do
+for i = 8, #ARGV, 4 do
   local P = KEYS[tonumber(ARGV[i])]
-  local key, new = ARGV[i + 1], ARGV[i + 2]
+  local key, new, results = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local h = new_head(new)
   if not h then return redis.error_reply('ERR publish: malformed record for ' .. key) end
   local old, other = head(P .. 't:' .. key)
@@ -82,13 +88,13 @@ for i = 8, #ARGV, 3 do
     if old[FP] ~= h[FP] then return {-2, key} end
     existing[#existing + 1] = key
   else
-    tasks[#tasks + 1] = {P, key, new, h}
+    tasks[#tasks + 1] = {P, key, new, h, results}
   end
 end
 if mode == 'check' then return {0, existing} end
 
 -- All checks are done; writes follow.
-for _, t in ipairs(tasks) do write_task(t[1], t[2], t[3], t[4], now, op, 0) end
+for _, t in ipairs(tasks) do write_task(t[1], t[2], t[3], t[4], now, op, 0, t[5], false) end
 if mode == 'all' then
   redis.call('HSET', rkey, 'fp', fp, 'op', op, 'st', 'done', 'rec', ARGV[6])
   redis.call('PEXPIRE', rkey, ARGV[7])

@@ -1,4 +1,4 @@
--- lib: record, slices, attempts
+-- lib: record, slices, attempts, results
 -- replay: schedule a failed or cancelled task again, now, with its attempts reset.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -26,6 +26,7 @@ if h[ST] ~= 'f' and h[ST] ~= 'c' then return -2 end
 local minute = slice_minute(P, now, now)
 redis.call('PERSIST', tkey)
 keep_attempts(P, key)
+keep_results(P, key)
 redis.call('ZREM', P .. FINISHED_INDEX[h[ST]], key)
 h[ST], h[ATT], h[DUE], h[FINISHED], h[OP] = 's', 0, now, 0, op
 -- A claim kept for an attempt cancelled in flight (lua/cancel.lua) is dropped with it.

@@ -1,4 +1,4 @@
--- lib: record, slices, parking, attempts, creating
+-- lib: record, slices, parking, attempts, results, creating
 -- schedule: create a task, or replace one that has not finished.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:". Every key below is derived from it, so all of
@@ -12,6 +12,8 @@
 --          between)
 -- ARGV[5]  the record as timewheel/store/layout.py `template` builds it (status scheduled, due,
 --          fingerprint, request); this script sets its created time and request id
+-- ARGV[6]  optional: the task's result callbacks' URLs as lua/lib/results.lua stores them,
+--          "" or absent for none (a replace or re-create without any drops the old ones)
 --
 -- Reply: ScheduleReply (timewheel/store/replies.py)
 --    0 CREATED
@@ -20,6 +22,7 @@
 --   -1 CONFLICT  the key exists with other content (create only)
 local P = KEYS[1]
 local key, mode, now, req, new = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local results = ARGV[6] or ''
 local tkey = P .. 't:' .. key
 local op = digest(req)
 
@@ -52,5 +55,5 @@ elseif finished then
   keep_attempts(P, key)  -- created again: its history goes on, no longer expiring
 end
 
-write_task(P, key, new, h, now, op, reply)
+write_task(P, key, new, h, now, op, reply, results, old ~= nil)
 return reply

@@ -1,4 +1,4 @@
--- lib: record
+-- lib: record, results
 -- view: what GET /tasks/{key} and the listings show of tasks: the records, with their headers
 -- and body while a byte budget lasts (a listing of tasks with 1 MiB bodies must not copy
 -- hundreds of MiB in one call).
@@ -9,10 +9,11 @@
 --          no more are read.
 -- ARGV[2..] task keys of this bucket
 --
--- Reply: three values per key: the record's head, flow and url; its last_err; its headers
+-- Reply: four values per key: the record's head, flow and url; its last_err; its headers
 --        and body, one string (the head has their lengths), or false when left unread
---        (the budget). "", "", "" when there is no such task, "v1", "", "" when its record
---        has the v1 layout.
+--        (the budget); its result callbacks' URLs (lua/lib/results.lua, "" for none).
+--        "", "", "", "" when there is no such task, "v1", "", "", "" when its record has the
+--        v1 layout.
 local P = KEYS[1]
 local budget = tonumber(ARGV[1])
 local spent, stopped = 0, false
@@ -31,8 +32,10 @@ for i = 2, #ARGV do
       spent = spent + math.max(size, 1)  -- an empty request still counts: the first is read
       out[#out + 1] = part(tkey, headers_at(h), size)
     end
+    out[#out + 1] = results_of(P, ARGV[i])
   else
     out[#out + 1] = other and 'v1' or ''
+    out[#out + 1] = ''
     out[#out + 1] = ''
     out[#out + 1] = ''
   end

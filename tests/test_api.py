@@ -35,7 +35,7 @@ def expected_view(key: str, **changes: Any) -> dict[str, Any]:
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
             "created_at": NOW, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
             "retry_backoff": 1.0, "flow_key": "127.0.0.1:9",
-            "attempts_url": f"/tasks/{key}/attempts"}
+            "attempts_url": f"/tasks/{key}/attempts", "on_success": None, "on_failure": None}
     view.update(changes)
     if "execute_at" in changes and "next_attempt_at" not in changes:
         view["next_attempt_at"] = changes["execute_at"]

@@ -68,7 +68,8 @@ async def test_put_creates_then_replaces(client: httpx.AsyncClient) -> None:
     assert view == {
         "id": "nightly", "cron": "30 2 * * *", "every": None, "timezone": "Europe/Berlin",
         "task": {**TASK, "method": "POST", "headers": {}, "body": None, "timeout": None,
-                 "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None},
+                 "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None,
+                 "on_success": None, "on_failure": None},
         "paused": False, "next_run_at": "2027-01-16T01:30:00.000Z", "last_run_at": None,
         "created_at": "2027-01-15T08:00:00.000Z"}
     assert (await client.get("/schedules/nightly")).json() == view

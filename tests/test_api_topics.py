@@ -223,3 +223,20 @@ async def test_publish_tasks_are_spread_over_buckets(client: httpx.AsyncClient,
     task_keys = [k.decode() async for k in redis.scan_iter(match="*}:t:o1.*")]
     assert len(task_keys) == 3
     assert len({k.split("}")[0] for k in task_keys}) > 1
+
+
+async def test_a_publish_passes_result_callbacks_to_each_task(client: httpx.AsyncClient,
+                                                              redis: Redis) -> None:
+    """on_success / on_failure of a publish, as POST /tasks takes them, go to every task."""
+    await put_topic(client)
+    answer = await client.post("/topics/orders/publish", json={
+        "key": "o1", "on_success": f"{URL}/ok", "on_failure": f"{URL}/failed"})
+    assert answer.status_code == 201, answer.text
+    for task in answer.json()["tasks"]:
+        assert (task["on_success"], task["on_failure"]) == (f"{URL}/ok", f"{URL}/failed")
+        stored = (await client.get(f"/tasks/{task['key']}")).json()
+        assert (stored["on_success"], stored["on_failure"]) == (f"{URL}/ok", f"{URL}/failed")
+    before = await snapshot(redis)
+    bad = await client.post("/topics/orders/publish", json={"key": "o2", "on_success": "ftp://x"})
+    assert bad.status_code == 422
+    assert await snapshot(redis) == before

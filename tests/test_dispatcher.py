@@ -43,7 +43,8 @@ DUE_MS = START_MS + 1000  # tasks are added with delay=1.0
 WAIT_SECONDS = 10.0
 
 # The view's fields that show the task's request (tested in tests/test_api*.py).
-REQUEST_FIELDS = {"headers", "body", "timeout", "retry_backoff", "flow_key", "attempts_url"}
+REQUEST_FIELDS = {"headers", "body", "timeout", "retry_backoff", "flow_key", "attempts_url",
+                  "on_success", "on_failure"}
 
 
 

@@ -112,11 +112,11 @@ async def test_a_start_unanswered_in_a_redis_outage_is_handed_back_when_redis_an
     the due time here)."""
     route = router.post(URL).respond(200)
     store = wheel.store
-    real_start, real_release = store.start, store.release
+    real_start, real_release = store.start_many, store.release
     releases_refused = []
 
-    async def start_then_lose_reply(bucket: int, **kwargs: Any) -> Any:
-        await real_start(bucket, **kwargs)
+    async def start_then_lose_reply(claims: Any, **kwargs: Any) -> Any:
+        await real_start(claims, **kwargs)
         raise StoreUnavailable("start: ConnectionError: reply lost")
 
     async def release_once_refused(bucket: int, claims: Any) -> list[int]:
@@ -125,7 +125,7 @@ async def test_a_start_unanswered_in_a_redis_outage_is_handed_back_when_redis_an
             raise StoreUnavailable("release: ConnectionError: still away")
         return await real_release(bucket, claims)
 
-    monkeypatch.setattr(store, "start", start_then_lose_reply)
+    monkeypatch.setattr(store, "start_many", start_then_lose_reply)
     monkeypatch.setattr(store, "release", release_once_refused)
     await wheel.add()
     [task] = await wheel.claim()
@@ -148,12 +148,12 @@ async def test_a_start_failing_with_a_library_error_is_handed_back(
     answering is sent."""
     route = router.post(URL).respond(200)
     store = wheel.store
-    real_start = store.start
+    real_start = store.start_many
 
-    async def broken_start(bucket: int, **kwargs: Any) -> Any:
+    async def broken_start(claims: Any, **kwargs: Any) -> Any:
         raise AttributeError("'NoneType' object has no attribute 'writelines'")
 
-    monkeypatch.setattr(store, "start", broken_start)
+    monkeypatch.setattr(store, "start_many", broken_start)
     await wheel.add()
     [task] = await wheel.claim()
     wheel.dispatcher.submit([task], wheel.clock.now_ms())
@@ -161,6 +161,6 @@ async def test_a_start_failing_with_a_library_error_is_handed_back(
     await wheel.settle()
     assert not route.called
     assert (await wheel.raw())["status"] == "scheduled"
-    monkeypatch.setattr(store, "start", real_start)
+    monkeypatch.setattr(store, "start_many", real_start)
     await wheel.fire()
     assert route.call_count == 1

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from timewheel.domain import callback_url
 from timewheel.errors import BodyTooLarge
@@ -91,8 +91,35 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
         return "raised", (type(exc), str(exc))
 
 
+class _V2Fields(TaskFields):
+    """v3's result callbacks taken out of the dump: the models as the frozen code knew them."""
+
+    on_success: None = Field(default=None, exclude=True)
+    on_failure: None = Field(default=None, exclude=True)
+
+
+class _V2Create(TaskCreate):
+    on_success: None = Field(default=None, exclude=True)
+    on_failure: None = Field(default=None, exclude=True)
+
+
+class _V2Schedule(ScheduleTask):
+    on_success: None = Field(default=None, exclude=True)
+    on_failure: None = Field(default=None, exclude=True)
+
+
+_V2 = {TaskFields: _V2Fields, TaskCreate: _V2Create, ScheduleTask: _V2Schedule}
+
+
+def _as_v2(fields: TaskFields) -> TaskFields:
+    """The request as a v2 model held it (no on_success / on_failure), values untouched: a
+    task without result callbacks must keep its v2 fingerprint."""
+    assert fields.on_success is None and fields.on_failure is None
+    return _V2[type(fields)].model_construct(_fields_set=fields.model_fields_set, **dict(fields))
+
+
 def _same(fields: TaskFields) -> None:
-    assert _outcome(prepare.fingerprint, fields) == _outcome(_old_fingerprint, fields)
+    assert _outcome(prepare.fingerprint, fields) == _outcome(_old_fingerprint, _as_v2(fields))
     assert _outcome(prepare.encode_body, fields) == _outcome(_old_encode_body, fields)
 
 
@@ -172,7 +199,7 @@ def test_known_fingerprints_stay() -> None:
     plain = TaskCreate.model_validate({"key": "k", "callback_url": "http://127.0.0.1:9/hook",
                                        "delay": 3600, "body": {"order": 1, "note": "n"},
                                        "headers": {"X-Bench": "r"}})
-    assert prepare.fingerprint(plain) == _old_fingerprint(plain)
+    assert prepare.fingerprint(plain) == _old_fingerprint(_as_v2(plain))
     assert prepare.fingerprint(plain) == (
         "5d4267feaad49843323befb5873bab55548677edbea887a2ae22abc162ce0b61")
 
@@ -284,7 +311,7 @@ def test_prepare_uses_the_same_fingerprint_and_body() -> None:
             assert _outcome(prepare.prepare, fields, "k", 0, default_timeout=10.0) == old_body
             continue
         task = prepare.prepare(fields, "k", 1_800_000_000_000, default_timeout=10.0)
-        assert task.fingerprint == _old_fingerprint(fields)
+        assert task.fingerprint == _old_fingerprint(_as_v2(fields))
         body, content_type = _old_encode_body(fields)
         assert task.body == body
         assert ("Content-Type", content_type) in task.headers if content_type else True
@@ -364,3 +391,16 @@ def test_generated_urls_match_the_frozen_code(scheme: str, host: str, port: str,
     url = scheme + host + port + "/" + rest
     assert _verdict(url) == _old_verdict(url)
     assert _outcome(record.default_flow, url) == _outcome(_old_default_flow, url)
+
+
+def test_result_callbacks_change_the_fingerprint() -> None:
+    """on_success / on_failure are part of the content (a repeat with others is a conflict),
+    folded in only when set, so a task without them keeps its v2 fingerprint."""
+    base = {"key": "k", "callback_url": URLS[0], "body": {"a": 1}}
+    plain = prepare.fingerprint(TaskCreate.model_validate(base))
+    variants = [prepare.fingerprint(TaskCreate.model_validate({**base, **extra})) for extra in (
+        {"on_success": "http://127.0.0.1:9/ok"}, {"on_failure": "http://127.0.0.1:9/ok"},
+        {"on_success": "http://127.0.0.1:9/ok", "on_failure": "http://127.0.0.1:9/no"})]
+    assert len({plain, *variants}) == 4
+    again = TaskCreate.model_validate({**base, "on_success": "http://127.0.0.1:9/ok"})
+    assert prepare.fingerprint(again) == variants[0]

@@ -6,6 +6,7 @@ why it stays: bench/README.md, "What each mechanism pays for"; the pins: pyproje
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import json.encoder
@@ -21,6 +22,7 @@ import pytest
 import redis.exceptions
 from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.http_writer import StreamWriter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -253,3 +255,54 @@ async def test_httpcore_pool_dials_through_the_swapped_backend() -> None:
         with pytest.raises(httpx.ConnectError):
             await client.get(f"http://127.0.0.1:{free_port()}/")
     assert inner.dialled == ["127.0.0.1"]  # resolved and checked by the guard, then dialled
+
+
+# ------------------------------------------------------------------ aiohttp's body writer hook
+# netguard.LastCheckRequest overrides ClientRequest.write_bytes and sets the StreamWriter's
+# private ``_on_chunk_sent``, which aiohttp awaits before each body write (and sets itself
+# only for trace signals). tests/test_sender_last_check.py checks the behaviour end to end;
+# this names the exact piece an upgrade could move.
+
+
+def test_client_request_write_bytes_has_the_signature_the_override_expects() -> None:
+    base = inspect.signature(aiohttp.ClientRequest.write_bytes)
+    assert list(base.parameters) == ["self", "writer", "conn", "content_length"]
+    assert base.parameters["content_length"].default is None
+    assert inspect.signature(netguard.LastCheckRequest.write_bytes).parameters.keys() == (
+        base.parameters.keys())
+
+
+async def test_stream_writer_awaits_on_chunk_sent_before_it_writes() -> None:
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            self.written.append(bytes(data))
+
+        def writelines(self, data: list[bytes]) -> None:
+            self.written.append(b"".join(data))
+
+    class Protocol:
+        def __init__(self) -> None:
+            self.transport = Transport()
+            self._paused = False
+
+        async def _drain_helper(self) -> None:
+            return None
+
+    protocol = Protocol()
+    writer = StreamWriter(protocol, asyncio.get_running_loop())  # type: ignore[arg-type]
+    assert writer._on_chunk_sent is None  # none unless aiohttp has traces
+    seen: list[list[bytes]] = []
+
+    async def hook(chunk: bytes) -> None:
+        seen.append(list(protocol.transport.written))  # what was written before the hook
+
+    writer._on_chunk_sent = hook
+    await writer.write(b"body")
+    assert seen == [[]]  # asked before anything went out
+    assert b"".join(protocol.transport.written).endswith(b"body")  # control: then written

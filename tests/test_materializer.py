@@ -295,3 +295,16 @@ async def test_replace_never_reuses_an_occurrence_time(store: Store, redis: Redi
     assert keys == [f"a.{NOW + s * 1000}" for s in (1, 2, 3)]
     view = await store.get(f"a.{NOW + 3000}")
     assert view is not None and view.callback_url == URL + "?v=2"
+
+
+async def test_occurrences_carry_the_templates_result_callbacks(store: Store,
+                                                                redis: Redis) -> None:
+    """A template's on_success / on_failure go to each occurrence's task (stored beside it)."""
+    schedules = schedules_of(store)
+    body = ScheduleCreate.model_validate({"every": 1, "task": {
+        "callback_url": URL, "on_failure": "http://127.0.0.1:9/failed"}})
+    await schedules.put("rs", spec_of(body), paused=False, now_ms=NOW, next_after=next_after)
+    await materializer(store, schedules).tick(NOW)
+    view = await store.get(f"rs.{NOW + 1000}")
+    assert view is not None
+    assert (view.on_success, view.on_failure) == (None, "http://127.0.0.1:9/failed")

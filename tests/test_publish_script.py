@@ -48,7 +48,8 @@ def prefix(store: Store, key: str) -> str:
 
 
 def args(store: Store, mode: str, *, fp: str = "pfp", req: str = "r1", task_fp: str = "fp",
-         keys: list[str] = KEYS, all_keys: list[str] | None = None) -> tuple[list[str], list[Any]]:
+         keys: list[str] = KEYS, all_keys: list[str] | None = None,
+         results: str = "") -> tuple[list[str], list[Any]]:
     """KEYS and ARGV as store/publish.py passes them; ``all_keys`` lists every bucket (mode
     all), else each task's prefix position is 1."""
     prefixes = [prefix(store, "o1")]
@@ -59,7 +60,7 @@ def args(store: Store, mode: str, *, fp: str = "pfp", req: str = "r1", task_fp: 
             if prefix(store, key) not in prefixes:
                 prefixes.append(prefix(store, key))
             position = prefixes.index(prefix(store, key)) + 1
-        argv += [position, key, template(NOW + 60_000, fp=task_fp)]
+        argv += [position, key, template(NOW + 60_000, fp=task_fp), results]
     return prefixes, argv
 
 
@@ -133,7 +134,7 @@ async def test_all_an_identical_task_is_kept_and_named(store: Store, redis: Redi
 async def test_a_malformed_record_is_refused_before_any_write(store: Store,
                                                               redis: Redis) -> None:
     keys, argv = args(store, "all", all_keys=KEYS)
-    argv[-1] = argv[-1][:-1]
+    argv[-2] = argv[-2][:-1]
     with pytest.raises(ResponseError, match=r"malformed record for o1\.audit"):
         await Publisher(store).script(keys=keys, args=argv)
     assert await keyspace(redis) == {}
@@ -242,3 +243,25 @@ async def test_the_sweeper_completes_open_publishes_of_every_bucket(store: Store
     assert sweeper.completed == 1
     assert sum(":t:" in name for name in await keyspace(redis)) == len(KEYS)
     assert await sweeper.tick(NOW + 20_000) == 0
+
+
+async def test_result_callbacks_are_stored_with_each_task(store: Store, redis: Redis) -> None:
+    """A publish with on_success / on_failure: each task's r:<key> (lua/lib/results.lua), in
+    one call (mode all) and through the cluster's open record and its sweep alike."""
+    results = "http://127.0.0.1:9/ok\nhttp://127.0.0.1:9/failed"
+    assert await publish(store, results=results) == [0, []]
+    for key in KEYS:
+        assert await redis.get(f"{prefix(store, key)}r:{key}") == results.encode()
+        assert await redis.pttl(f"{prefix(store, key)}r:{key}") == -1  # pending: no TTL
+    await redis.flushall()
+    await store.init()
+    publisher = Publisher(store)
+    _, argv = args(store, "open", results=results)
+    await publisher.script(keys=[prefix(store, "o1")], args=argv)
+    home = f"{prefix(store, 'o1')}pb:o1"
+    assert await redis.hget(home, f"u:{KEYS[0]}") == results.encode()
+    bucket = store.keys.bucket_of("o1")
+    assert await publisher.complete_open(bucket, now_ms=NOW + 10_000, older_than_ms=10_000) == 1
+    for key in KEYS:
+        assert await redis.get(f"{prefix(store, key)}r:{key}") == results.encode()
+    assert [f for f in await redis.hkeys(home) if f.startswith((b"t:", b"u:"))] == []

@@ -113,7 +113,7 @@ async def test_a_claimed_task_loses_its_claim_as_with_put(store: Store, redis: R
         "t:a": rec(status, due=NOW + 2 * MIN, attempts=attempts, op="r1", **REQUEST),
         "ls": {"b": NOW + 9}, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN}, **minutes(M0 + 2),
         "cl:tok": ["a"], "cur": str(M0)}
-    assert await run(store, "start", "a", "tok") == [0, b"", b""]
+    assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
     assert await run(store, "complete", NOW + 5, RET, "a", "tok", "ok", 200, "", "", NOW) == [0]
 
 

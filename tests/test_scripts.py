@@ -158,7 +158,7 @@ async def test_cancel_delivering_not_started(store: Store, redis: Redis) -> None
         "a:a": [json.dumps({"e": "stopped by a DELETE before it was sent", "o": "cancelled",
                             "n": 2}, separators=(",", ":"))]}
     await assert_ttls(redis, {"t:a": RET, "a:a": RET})
-    assert await run(store, "start", "a", "tok") == [0, b"", b""]
+    assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
 
 
 async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
@@ -173,7 +173,7 @@ async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
     assert await dump(redis) == {"t:a": {**cancelled, "claim": layout.digest("tok"),
                                          "started": 1},
                                  "fc": {"a": NOW + 3}, "cur": str(M0)}
-    assert await run(store, "start", "a", "tok") == [0, b"", b""]
+    assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
     assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
     assert await dump(redis) == {"t:a": cancelled, "fc": {"a": NOW + 3}, "cur": str(M0),
                                  "a:a": [entry("a", "ok")]}
@@ -185,7 +185,7 @@ async def test_history_keeps_the_newest_entries(store: Store, redis: Redis) -> N
     """At most `kept` entries stay, the newest; 0 keeps none."""
     for n in range(4):
         await seed(redis, {"t:a": delivering(attempts=n, started=True)})
-        args = [*outcome("a", "retry", 503, due=NOW + 5)[:-1], json.dumps({"n": n})]
+        args = [*outcome("a", "retry", 503, due=NOW + 5)[:-2], json.dumps({"n": n}), ""]
         assert await run(store, "complete", NOW, RET, 3, *args) == [1]
     assert (await dump(redis))["a:a"] == [json.dumps({"n": n}) for n in (1, 2, 3)]
     await redis.delete(f"{P}a:a")
@@ -385,8 +385,8 @@ async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Red
                        "t:b": delivering(attempts=2), "t:c": delivering("other"),
                        "t:d": rec(claim="tok")})
     args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok"]
-    expected = [1, b"X-A:1\nX-B:", body.encode(), 3, b"", b"", 0, b"", b"", 0, b"", b"",
-                0, b"", b""]
+    expected = [1, b"X-A:1\nX-B:", body.encode(), b"", 3, b"", b"", b"", 0, b"", b"", b"",
+                0, b"", b"", b"", 0, b"", b"", b""]
     assert await run(store, "start", *args) == expected
     after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body),
              "t:b": delivering(attempts=3, started=True), "t:c": delivering("other"),
@@ -400,7 +400,7 @@ async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Red
 
 def outcome(key: str, kind: str, code: Any = "", err: str = "", due: Any = "",
             token: str = "tok") -> list[Any]:
-    return [key, token, kind, code, err, due, NOW + 100, entry(key, kind)]
+    return [key, token, kind, code, err, due, NOW + 100, entry(key, kind), ""]
 
 
 def entry(key: str, kind: str) -> str:

@@ -10,11 +10,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
+
+# A result callback (docs/api.md v3, "Result callbacks") is the task ``{key}.on_success`` or
+# ``{key}.on_failure``; it lives in its parent's bucket (store/keys.py ``bucket_of``).
+RESULT_SUFFIXES = (".on_success", ".on_failure")
+
+
+def result_parent(key: str) -> str | None:
+    """The key of the task whose result callback ``key`` names, or None."""
+    for suffix in RESULT_SUFFIXES:
+        if key.endswith(suffix) and len(key) > len(suffix):
+            return key[:-len(suffix)]
+    return None
 
 
 class Method(StrEnum):
@@ -73,3 +86,11 @@ def callback_url(url: str) -> CallbackURL:
         return CallbackURL("must not carry user:password (put credentials in headers)", None)
     host = hostname.lower().replace(":", "-")
     return CallbackURL(None, f"{host}:{port or (443 if scheme == 'https' else 80)}")
+
+
+def format_ms(ms: int | None) -> str | None:
+    """Epoch milliseconds as RFC 3339 UTC with milliseconds (``2026-11-22T10:00:00.123Z``)."""
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"

@@ -86,7 +86,8 @@ class Wheel:
         clock = clock or RedisClock(redis)
         sender = sender or make_sender(settings.http_client, policy,
                                        max_connections=settings.max_concurrency,
-                                       keep_body=settings.attempt_body_bytes)
+                                       keep_body=settings.attempt_body_bytes,
+                                       result_body=settings.result_body_bytes)
         signer = (Signer([s.get_secret_value() for s in settings.signing_secret])
                   if settings.signing_secret else None)
         flows = FlowStore(redis, store.keys, store.scripts,

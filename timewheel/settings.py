@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     # The attempt history (docs/api.md v3): entries kept per task, response body bytes each.
     attempts_kept: int = Field(default=20, ge=0, le=1000)
     attempt_body_bytes: int = Field(default=1024, ge=0, le=65_536)
+    # Result callbacks (docs/api.md v3): the answer's body bytes a result reports.
+    result_body_bytes: int = Field(default=65_536, ge=0, le=1_048_576)
 
     # Beyond docs/api.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)

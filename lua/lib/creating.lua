@@ -1,4 +1,5 @@
--- Writing a new task's record, as lua/schedule.lua and lua/publish.lua do (needs record, slices).
+-- Writing a new task's record, as lua/schedule.lua and lua/publish.lua do (needs record, slices,
+-- results).
 
 -- The head of a record built by timewheel/store/layout.py `template`, or nil when its lengths
 -- do not add up (a malformed argument: the caller refuses it before any write).
@@ -10,7 +11,9 @@ end
 
 -- Store the record `new` (head `h`) under `key` and put it into its minute's slice. `op` is
 -- the request's digest and `reply` what a re-sent call answers (record fields op, opr).
-local function write_task(P, key, new, h, now, op, reply)
+-- `results`: the task's result callbacks as lua/lib/results.lua stores them ("" for none);
+-- `replaced`: a record was there before, whose result callbacks a task without any drops.
+local function write_task(P, key, new, h, now, op, reply, results, replaced)
   local tkey = P .. 't:' .. key
   local due = h[DUE]
   local minute = slice_minute(P, due, now)
@@ -18,4 +21,9 @@ local function write_task(P, key, new, h, now, op, reply)
   redis.call('SET', tkey, new)  -- also drops a finished record's retention TTL
   put_head(tkey, h)
   into_slice(P, key, due, minute)
+  if results ~= '' then
+    redis.call('SET', results_key(P, key), results)  -- no TTL: the task is pending
+  elseif replaced then
+    redis.call('DEL', results_key(P, key))
+  end
 end

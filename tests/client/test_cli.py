@@ -49,12 +49,15 @@ def test_tasks_add_sends_every_option_and_prints_the_view(
     assert run("tasks", "add", URL, "--key", "inv-1", "--delay", "90", "--method", "put",
                "--body", '{"invoice": 42, "lines": [1, 2]}', "--header", "X-Tenant: acme",
                "--header", "X-Trace:  a: b ", "--flow-key", "billing", "--timeout", "2.5",
-               "--max-attempts", "3", "--retry-backoff", "0.5") == 0
+               "--max-attempts", "3", "--retry-backoff", "0.5",
+               "--on-success", "https://example.com/ok",
+               "--on-failure", "https://example.com/no") == 0
     assert sent(route) == ("POST", "/tasks", {}, {
         "callback_url": URL, "key": "inv-1", "delay": 90, "method": "PUT",
         "body": {"invoice": 42, "lines": [1, 2]},
         "headers": {"X-Tenant": "acme", "X-Trace": "a: b"}, "flow_key": "billing",
-        "timeout": 2.5, "max_attempts": 3, "retry_backoff": 0.5})
+        "timeout": 2.5, "max_attempts": 3, "retry_backoff": 0.5,
+        "on_success": "https://example.com/ok", "on_failure": "https://example.com/no"})
     out, err = capsys.readouterr()
     assert json.loads(out) == view("inv-1")
     assert err == ""

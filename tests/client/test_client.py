@@ -55,14 +55,15 @@ def view(key: str = "k1", **changes: Any) -> dict[str, Any]:
             "last_attempt_at": None, "last_status_code": None, "last_error": None,
             "created_at": AT, "finished_at": None, "headers": {}, "body": None, "timeout": 10.0,
             "retry_backoff": 1.0, "flow_key": "example.com:443",
-            "attempts_url": f"/tasks/{key}/attempts"}
+            "attempts_url": f"/tasks/{key}/attempts", "on_success": None, "on_failure": None}
     return body | changes
 
 
 FLOW = {"key": "example.com:443", "parallelism": 3, "rate": None, "in_flight": 1, "waiting": 0}
 SCHEDULE = {"id": "s1", "cron": "*/5 * * * *", "every": None, "timezone": "UTC",
             "task": {"callback_url": URL, "method": "POST", "headers": {}, "body": None,
-                     "timeout": None, "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None},
+                     "timeout": None, "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None,
+                     "on_success": None, "on_failure": None},
             "paused": False, "next_run_at": AT, "last_run_at": None, "created_at": AT}
 BATCH = {"results": [{"key": "b1", "status": 201, "task": view("b1"), "detail": None},
                      {"key": None, "status": 422, "task": None,
@@ -453,3 +454,14 @@ def test_a_malformed_token_is_refused_without_echoing_it(
             make()
         assert token.strip() not in str(raised.value)
         assert "printable ASCII" in str(raised.value)
+
+
+def test_create_task_sends_and_reads_result_callbacks(router: respx.MockRouter) -> None:
+    """on_success / on_failure go out as given and come back in the typed view."""
+    answer = view("r1", on_success="https://example.com/ok", on_failure=None)
+    route = router.post("/tasks").mock(return_value=httpx.Response(201, json=answer))
+    with Client(BASE) as client:
+        task = client.create_task(TaskCreate(key="r1", callback_url=URL,
+                                             on_success="https://example.com/ok"))
+    assert json.loads(route.calls.last.request.content)["on_success"] == "https://example.com/ok"
+    assert (task.on_success, task.on_failure) == ("https://example.com/ok", None)

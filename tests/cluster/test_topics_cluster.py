@@ -91,8 +91,8 @@ async def test_a_taken_key_on_another_master_stores_nothing(
 async def open_only(publisher: Publisher, req: PublishRequest) -> None:
     """Step (1) alone: what a process leaves behind when it dies right after it."""
     head = publisher._head("open", req, START_MS, "dead-process")
-    triples = [v for t in req.tasks for v in (1, t.key, t.record())]
-    reply = await publisher.script(keys=[publisher.home(req.key)], args=head + triples)
+    quads = [v for t in req.tasks for v in (1, t.key, t.record(), t.results())]
+    reply = await publisher.script(keys=[publisher.home(req.key)], args=head + quads)
     assert reply == [0, []]
 
 

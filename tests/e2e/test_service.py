@@ -163,7 +163,8 @@ def test_task_fires_once_on_time_with_method_headers_and_body(start_service, rec
             "last_status_code": 200, "last_error": None, "created_at": None, "finished_at": None,
             "headers": requests[path][0], "body": requests[path][1], "timeout": 10.0,
             "retry_backoff": 1.0, "flow_key": f"127.0.0.1:{receiver.port}",
-            "attempts_url": f"/tasks/{view['key']}/attempts",
+            "attempts_url": f"/tasks/{view['key']}/attempts", "on_success": None,
+            "on_failure": None,
         }
         assert view["last_attempt_at"] >= rfc3339(due)
         assert view["finished_at"] >= view["last_attempt_at"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -59,3 +60,22 @@ def test_a_hanging_endpoint_delays_no_other(
             **dict.fromkeys(HEALTHY, ("succeeded", 1)), "stuck": ("succeeded", 3)}
         assert views["stuck"]["flow_key"] == f"127.0.0.1:{receiver.port}"
         assert views["billing"]["flow_key"] == f"127.0.0.1:{healthy.port}"
+
+
+def test_each_published_task_posts_its_own_result(
+        start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
+    """A publish with on_success: every endpoint's task, once delivered, posts its result to
+    on_success as the task <key>.<endpoint>.on_success (docs/api.md, "Result callbacks")."""
+    service = start_service()
+    with service.client() as client:
+        endpoints = [{"name": name, "url": receiver.url(f"/{name}")} for name in HEALTHY]
+        assert client.put("/topics/results", json={"endpoints": endpoints}).status_code == 201
+        answer = client.post("/topics/results/publish", json={
+            "key": "r-1", "body": {"n": 1}, "on_success": receiver.url("/result")})
+        assert answer.status_code == 201, answer.text
+    receiver.wait_for_sync(len(HEALTHY), timeout=20, path="/result")
+    results = receiver.arrivals_for("/result")
+    assert sorted(a.headers["webhook-id"] for a in results) == sorted(
+        f"r-1.{name}.on_success" for name in HEALTHY)
+    assert sorted(json.loads(a.body)["key"] for a in results) == sorted(
+        f"r-1.{name}" for name in HEALTHY)

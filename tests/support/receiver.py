@@ -55,6 +55,7 @@ class Receiver:
         self._arrivals: list[Arrival] = []
         self._scripts: dict[str, list[Reply]] = {}
         self._served: dict[str, int] = {}
+        self._answered: dict[str, int] = {}  # replies handed to the server to send, per path
         self._open: dict[str, int] = {}  # requests being answered now, per path
         self._peak: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
@@ -83,6 +84,11 @@ class Receiver:
 
     def arrivals_for(self, path: str) -> list[Arrival]:
         return [a for a in self.arrivals if a.path == path]
+
+    def answered(self, path: str) -> int:
+        """How many requests to `path` have had their (scripted, maybe delayed) reply."""
+        with self._lock:
+            return self._answered.get(path, 0)
 
     def peak_in_flight(self, path: str) -> int:
         """The most requests to `path` this receiver was answering at the same time."""
@@ -139,6 +145,7 @@ class Receiver:
         finally:
             with self._lock:
                 self._open[request.path] -= 1
+                self._answered[request.path] = self._answered.get(request.path, 0) + 1
 
     async def start(self) -> Self:
         app = web.Application()

@@ -137,4 +137,5 @@ def created_view(task: NewTask, created_at: str, times: Times) -> dict[str, Any]
             "finished_at": None, "headers": dict(task.headers),
             "body": body_value(task.headers, task.body or b""),
             "timeout": task.timeout_ms / 1000, "retry_backoff": task.backoff_ms / 1000,
-            "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts"}
+            "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts",
+            "on_success": task.on_success, "on_failure": task.on_failure}

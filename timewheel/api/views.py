@@ -25,7 +25,8 @@ def task_view(record: TaskRecord) -> TaskView:
         created_at=_when(record.created_ms), finished_at=format_ms(record.finished_ms),
         headers=dict(headers), body=body_value(headers, record.body or b""),
         timeout=record.timeout_ms / 1000, retry_backoff=record.backoff_ms / 1000,
-        flow_key=record.flow, attempts_url=f"/tasks/{record.key}/attempts")
+        flow_key=record.flow, attempts_url=f"/tasks/{record.key}/attempts",
+        on_success=record.on_success, on_failure=record.on_failure)
 
 
 def body_value(headers: list[tuple[str, str]], body: bytes) -> Any:

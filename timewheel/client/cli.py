@@ -150,13 +150,17 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts (default 5)")
     parser.add_argument("--retry-backoff", type=_number, metavar="S",
                         help="seconds before the first retry (default 1), doubling")
+    parser.add_argument("--on-success", metavar="URL", help="where the outcome is POSTed "
+                        "when the callback is delivered (the task KEY.on_success)")
+    parser.add_argument("--on-failure", metavar="URL", help="where the outcome is POSTed "
+                        "when the task fails for good (the task KEY.on_failure)")
 
 
 def _task_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The task options the user gave; the service applies its defaults to the rest."""
     fields: dict[str, Any] = {"callback_url": args.url_arg}
     for option in ("method", "body", "headers", "flow_key", "timeout", "max_attempts",
-                   "retry_backoff"):
+                   "retry_backoff", "on_success", "on_failure"):
         value = getattr(args, option)
         if value is not None:
             fields[option] = value

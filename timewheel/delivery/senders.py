@@ -21,17 +21,18 @@ import httpx
 
 from timewheel.delivery.netguard import (
     BlockedAddress,
+    LastCheckRequest,
     NetworkPolicy,
     NotWritten,
     blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
-    last_check_trace,
     may_write,
     not_written_cause,
 )
 
 MAX_RESPONSE_BYTES = 64 * 1024  # read (the first ``keep_body`` bytes kept), then dropped
+RESULT_BODY_BYTES = 64 * 1024  # TIMEWHEEL_RESULT_BODY_BYTES's default
 # The response headers an attempt's history keeps (docs/api.md v3): these, and id headers.
 KEPT_HEADERS = frozenset({"content-type", "content-length", "retry-after", "location"})
 _ID_HEADER = re.compile(r"(^|-)(request|correlation|trace|message|event)?-?id$")
@@ -73,43 +74,66 @@ class SendError(Exception):
 
 class Sender(Protocol):
     keep_body: int  # response body bytes an Answer carries
+    # ... and for a task with a result callback (TIMEWHEEL_RESULT_BODY_BYTES)
+    result_body: int
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
-                   ready: Callable[[], bool] | None = None) -> Answer:
+                   ready: Callable[[], bool] | None = None,
+                   keep_body: int | None = None) -> Answer:
         """Send one request. ``ready`` is asked once more when its connection is ready, just
-        before the request is written; False raises NotWritten (nothing was sent)."""
+        before the request is written; False raises NotWritten (nothing was sent).
+        ``keep_body``: the body bytes this Answer carries instead of the sender's own."""
         ...
 
     async def aclose(self) -> None: ...
 
 
+async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a response body, fewer only at its end (one ``read`` may
+    answer a single chunk)."""
+    chunks, got = [], 0
+    while got < limit:
+        chunk = await content.read(limit - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 class AiohttpSender:
     def __init__(self, policy: NetworkPolicy, *, max_connections: int,
-                 keep_body: int = 1024) -> None:
+                 keep_body: int = 1024, result_body: int = RESULT_BODY_BYTES) -> None:
         self.keep_body = keep_body
+        self.result_body = result_body
         self._session = aiohttp.ClientSession(
             connector=guarded_connector(policy, limit=max_connections, limit_per_host=0),
             trust_env=False, auto_decompress=False, skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar(), trace_configs=[last_check_trace()],
+            cookie_jar=aiohttp.DummyCookieJar(), request_class=LastCheckRequest,
         )
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
-                   ready: Callable[[], bool] | None = None) -> Answer:
+                   ready: Callable[[], bool] | None = None,
+                   keep_body: int | None = None) -> Answer:
+        keep = self.keep_body if keep_body is None else keep_body
         token = may_write.set(ready)  # GuardedConnector.connect asks it (netguard.py)
         try:
             async with self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                body = await response.content.read(MAX_RESPONSE_BYTES)
+                if keep_body is None:
+                    body = await response.content.read(MAX_RESPONSE_BYTES)
+                else:  # a result callback reports the body: read it up to the bound
+                    body = await _read_at_most(response.content, keep + 1)
                 whole = response.content.at_eof()
                 if not whole:
                     response.close()  # a large answer is not worth draining
                 return Answer(response.status, response.headers.get("Retry-After"),
-                              kept_headers(response.headers.items()), body[:self.keep_body],
-                              len(body) > self.keep_body or not whole)
+                              kept_headers(response.headers.items()), body[:keep],
+                              len(body) > keep or not whole)
         except TimeoutError as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
@@ -133,8 +157,9 @@ class AiohttpSender:
 
 class HttpxSender:
     def __init__(self, policy: NetworkPolicy, *, max_connections: int,
-                 keep_body: int = 1024) -> None:
+                 keep_body: int = 1024, result_body: int = RESULT_BODY_BYTES) -> None:
         self.keep_body = keep_body
+        self.result_body = result_body
         limits = httpx.Limits(max_connections=max_connections,
                               max_keepalive_connections=max_connections)
         self._client = httpx.AsyncClient(
@@ -144,7 +169,10 @@ class HttpxSender:
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
-                   ready: Callable[[], bool] | None = None) -> Answer:
+                   ready: Callable[[], bool] | None = None,
+                   keep_body: int | None = None) -> Answer:
+        keep = self.keep_body if keep_body is None else keep_body
+        limit = max(MAX_RESPONSE_BYTES, keep + 1)
         # httpx has no public hook between getting a connection and writing: asked here.
         if ready is not None and not ready():
             raise NotWritten("the attempt's lease ran short before its request was written")
@@ -153,16 +181,16 @@ class HttpxSender:
                                            timeout=timeout) as response:
                 chunks, read, cut = [], 0, False
                 async for chunk in response.aiter_raw():
-                    if read < self.keep_body:
+                    if read < keep:
                         chunks.append(chunk)
                     read += len(chunk)
-                    if read >= MAX_RESPONSE_BYTES:
+                    if read >= limit:
                         cut = True
                         break
                 body = b"".join(chunks)
                 return Answer(response.status_code, response.headers.get("Retry-After"),
                               kept_headers(response.headers.multi_items()),
-                              body[:self.keep_body], cut or len(body) > self.keep_body)
+                              body[:keep], cut or len(body) > keep)
         except httpx.TimeoutException as exc:
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except (httpx.HTTPError, BlockedAddress) as exc:
@@ -178,7 +206,9 @@ class HttpxSender:
 
 
 def make_sender(kind: str, policy: NetworkPolicy, *, max_connections: int,
-                keep_body: int = 1024) -> Sender:
+                keep_body: int = 1024, result_body: int = RESULT_BODY_BYTES) -> Sender:
     if kind == "httpx":
-        return HttpxSender(policy, max_connections=max_connections, keep_body=keep_body)
-    return AiohttpSender(policy, max_connections=max_connections, keep_body=keep_body)
+        return HttpxSender(policy, max_connections=max_connections, keep_body=keep_body,
+                           result_body=result_body)
+    return AiohttpSender(policy, max_connections=max_connections, keep_body=keep_body,
+                         result_body=result_body)

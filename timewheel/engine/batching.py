@@ -1,8 +1,9 @@
-"""Coalesces per-task Redis calls into one script call per bucket.
+"""Coalesces per-task Redis calls into one script call per bucket (or per group of buckets).
 
 A burst of 10,000 due tasks would otherwise cost 20,000 round trips (start and complete each);
 batched, it costs a few dozen. Everything submitted during one event-loop iteration is flushed
-together, one call per bucket, the calls running concurrently.
+together, one call per bucket, the calls running concurrently. A script that can take several
+buckets' work at once (``group``: bucket -> the call it goes in) makes one call per group.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ MAX_BATCH = 1000  # keeps each script call short: Redis runs nothing else meanwh
 
 
 class BucketBatcher(Generic[Item, Result]):
-    def __init__(self, flush: Callable[[int, Sequence[Item]], Awaitable[list[Result]]]) -> None:
-        self._flush = flush
+    def __init__(self, flush: Callable[[int, Sequence[Item]], Awaitable[list[Result]]], *,
+                 group: Callable[[int], int] | None = None, linger_s: float = 0.0) -> None:
+        self._flush = flush  # called with the group (the bucket, by default) and its items
+        self._group = group
+        # Wait this long for more before a flush (0: the end of this loop iteration), for
+        # writes nobody waits on: callbacks answered a millisecond apart share a call.
+        self._linger_s = linger_s
         self._pending: defaultdict[int, list[tuple[Item, asyncio.Future[Result]]]] = (
             defaultdict(list))
         self._scheduled = False
@@ -29,10 +35,14 @@ class BucketBatcher(Generic[Item, Result]):
     async def submit(self, bucket: int, item: Item) -> Result:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
-        self._pending[bucket].append((item, future))
+        self._pending[bucket if self._group is None else self._group(bucket)].append(
+            (item, future))
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._kick)
+            if self._linger_s:
+                loop.call_later(self._linger_s, self._kick)
+            else:
+                loop.call_soon(self._kick)
         return await future
 
     def _kick(self) -> None:

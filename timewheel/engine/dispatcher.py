@@ -46,8 +46,10 @@ log = logging.getLogger(__name__)
 START_LEAD_MS = 20.0
 # The claim check (lua/start.lua) waits until this long before the due time: from the check on
 # the attempt counts as started, and a DELETE after it no longer stops it (docs/api.md: "in
-# flight").
+# flight"). On a grid: attempts due within the same CHECK_GRID_MS wake together, so one start
+# call carries them all (every bucket's, on a single Redis) instead of one ~65 us call each.
 CHECK_LEAD_MS = 5.0
+CHECK_GRID_MS = 5.0
 PARK_LEAD_MS = 100  # an attempt waiting for a permit is parked this long before its send-by
 RATE_SLACK_MS = 20  # a rated flow's attempt starts at most this long after its logged start
 
@@ -127,7 +129,7 @@ class Dispatcher:
             self._hand_back(attempt, "it could not start in time (saturated: add processes "
                                      "or concurrency)")
             return
-        await self._clock.sleep_until(task.due_ms - CHECK_LEAD_MS)
+        await self._clock.sleep_until(check_at(task.due_ms))
         try:
             started = await self._recorder.start(attempt)
         except Exception as exc:  # StoreUnavailable, or a client library's own error
@@ -269,6 +271,12 @@ class Dispatcher:
             self._gate.give_back(attempt)
         if unsent:
             self._recorder.hand_back(unsent, "shutting down")
+
+
+def check_at(due_ms: int) -> float:
+    """When an attempt due at ``due_ms`` is started: CHECK_LEAD_MS to CHECK_LEAD_MS +
+    CHECK_GRID_MS before it, on the grid."""
+    return (due_ms - CHECK_LEAD_MS) // CHECK_GRID_MS * CHECK_GRID_MS
 
 
 async def _wait(tasks: set[asyncio.Task[None]], timeout: float) -> int:

@@ -3,8 +3,9 @@
 ``Executor.send`` builds the callback's headers (Standard Webhooks id, timestamp and
 signature; attempt number; scheduled time), sends it under the attempt's timeout and returns
 the attempt's ``Outcome``, decided as a plain value: delivered, retry (with the next attempt's
-time) or failed, with the history entry that lua/complete.lua appends. It never writes to
-Redis: timewheel/engine/recorder.py does that, in batches.
+time) or failed, with the history entry that lua/complete.lua appends, and, when the outcome
+finishes a task that has a result callback for it, what that callback reports. It never
+writes to Redis: timewheel/engine/recorder.py does that, in batches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from timewheel.metrics import Metrics
 from timewheel.models import format_ms
 from timewheel.store import Outcome, attempts
 from timewheel.store.record import Started
+from timewheel.store.results import ResultCallback
 from timewheel.tracing import Tracing, record_callback
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,9 @@ class Executor:
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
         self._scheduled_at = functools.lru_cache(maxsize=1024)(format_ms)
+        self._outcome_counters = {"ok": metrics.outcomes["succeeded"],
+                                  "retry": metrics.outcomes["retried"],
+                                  "fail": metrics.outcomes["failed"]}
 
     async def send(self, attempt: Attempt, timeout_ms: int) -> Outcome:
         """Send the started attempt with the headers and body that lua/start.lua read (a claim
@@ -63,10 +68,19 @@ class Executor:
         with self._tracing.callback_span(task.key, started.attempt, task.method,
                                          task.url) as span:
             self._metrics.inflight.inc()
+            ready = lambda: attempt.may_send(self._clock.now_ms())  # noqa: E731
             try:
-                answer = await self._sender.send(
-                    task.method, task.url, headers, started.body or None, timeout_ms / 1000.0,
-                    ready=lambda: attempt.may_send(self._clock.now_ms()))
+                if started.on_success or started.on_failure:
+                    # Only a task with a result callback keeps its answer's body whole (up to
+                    # TIMEWHEEL_RESULT_BODY_BYTES): the others pay nothing for the feature.
+                    answer = await self._sender.send(
+                        task.method, task.url, headers, started.body or None,
+                        timeout_ms / 1000.0, ready=ready,
+                        keep_body=max(self._sender.keep_body, self._sender.result_body))
+                else:
+                    answer = await self._sender.send(
+                        task.method, task.url, headers, started.body or None,
+                        timeout_ms / 1000.0, ready=ready)
             except SendError as exc:
                 error = exc
             finally:
@@ -110,21 +124,44 @@ class Executor:
             verdict = "fail"
         next_ms = (next_due_ms(now, task.backoff_ms, number, retry_after)
                    if verdict == "retry" else None)
-        log.log(self._ok_level if verdict == "ok" else logging.INFO,
-                "callback %s attempt=%d %s %.3fs -> %s", task.key, number,
-                code if code is not None else message, took_ms / 1000.0, verdict,
-                extra={"task_key": task.key, "flow_key": task.flow, "attempt": number,
-                       "status_code": code, "duration_ms": round(took_ms, 1),
-                       "outcome": verdict, "error": message})
-        self._metrics.outcomes[{"ok": "succeeded", "retry": "retried", "fail": "failed"}[
-            verdict]].inc()
-        body = answer.body.decode(errors="replace") if answer is not None else None
+        level = self._ok_level if verdict == "ok" else logging.INFO
+        if log.isEnabledFor(level):  # not even the extra dict for a line nobody reads
+            log.log(level, "callback %s attempt=%d %s %.3fs -> %s", task.key, number,
+                    code if code is not None else message, took_ms / 1000.0, verdict,
+                    extra={"task_key": task.key, "flow_key": task.flow, "attempt": number,
+                           "status_code": code, "duration_ms": round(took_ms, 1),
+                           "outcome": verdict, "error": message})
+        self._outcome_counters[verdict].inc()
+        keep = self._sender.keep_body  # the answer may carry more, for a result callback
+        body = answer.body[:keep].decode(errors="replace") if answer is not None else None
         history = attempts.entry(
             attempt=number, started_ms=started_ms, duration_ms=round(took_ms),
             # An answer is data (its status code), not an error: error names no answer.
             verdict=verdict, status_code=code, error=message if answer is None else None,
             headers=answer.headers if answer is not None else None,
-            body=body or None, body_truncated=answer is not None and answer.body_truncated,
+            body=body or None,
+            body_truncated=answer is not None and (answer.body_truncated
+                                                   or len(answer.body) > keep),
             next_attempt_ms=next_ms, process=PROCESS)
         return Outcome(task.key, task.token, verdict, code, message, next_ms, started_ms,
-                       history)
+                       history, self.result(attempt, verdict, answer))
+
+    def result(self, attempt: Attempt, verdict: str, answer: Answer | None
+               ) -> ResultCallback | None:
+        """What the task's result callback reports, if this outcome finishes the task and the
+        task has one for it (on_success for delivered, on_failure for failed)."""
+        started = attempt.started
+        if started is None or verdict == "retry":
+            return None
+        url = started.on_success if verdict == "ok" else started.on_failure
+        if not url:
+            return None
+        limit = self._sender.result_body
+        return ResultCallback(
+            url=url, verdict="ok" if verdict == "ok" else "fail", attempt=started.attempt,
+            status_code=answer.status if answer is not None else None,
+            scheduled_at_ms=attempt.task.execute_at_ms, timeout_ms=attempt.task.timeout_ms,
+            response_headers=answer.headers if answer is not None else {},
+            response_body=answer.body[:limit] if answer is not None else b"",
+            response_body_truncated=answer is not None and (answer.body_truncated
+                                                            or len(answer.body) > limit))

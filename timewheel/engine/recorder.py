@@ -30,6 +30,7 @@ from timewheel.store.record import Started
 log = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.05
+COMPLETE_LINGER_S = 0.005
 RETRY_MAX_S = 1.0
 
 
@@ -38,9 +39,14 @@ class Recorder:
         self._store = store
         self._clock = clock
         self._metrics = metrics
-        self._starts: BucketBatcher[tuple[str, str], Started] = BucketBatcher(self._flush_starts)
-        self._completes: BucketBatcher[Outcome, CompleteReply] = BucketBatcher(
-            self._flush_completes)
+        # On a single Redis one start call carries every bucket's claims (group 0).
+        self._starts: BucketBatcher[tuple[int, str, str], Started] = BucketBatcher(
+            self._flush_starts, group=_one_call if store.starts_span_buckets else None)
+        # Outcomes are written in the background, so they wait up to COMPLETE_LINGER_S for
+        # others: at 1,000 callbacks a second one call records ~5 instead of one each.
+        self._completes: BucketBatcher[tuple[int, Outcome], CompleteReply] = BucketBatcher(
+            self._flush_completes, group=_one_call if store.starts_span_buckets else None,
+            linger_s=COMPLETE_LINGER_S)
         self._releases: BucketBatcher[tuple[str, str], ReleaseReply] = BucketBatcher(
             lambda bucket, claims: self._store.release(bucket, claims))
         self._parks: BucketBatcher[tuple[str, str], ParkReply] = BucketBatcher(
@@ -56,7 +62,8 @@ class Recorder:
     async def start(self, attempt: Attempt) -> Started:
         """Count the attempt in Redis and get its headers and body; NOT_STARTED (attempt 0)
         when the claim is not ours any more. Raises StoreUnavailable."""
-        return await self._starts.submit(attempt.task.bucket, attempt.claim)
+        task = attempt.task
+        return await self._starts.submit(task.bucket, (task.bucket, task.key, task.token))
 
     async def park(self, attempt: Attempt) -> bool:
         """Whether the claim was parked (False: not ours any more). Raises StoreUnavailable."""
@@ -67,7 +74,8 @@ class Recorder:
         the attempt's lease ran out (Redis away: another process re-sends the task)."""
         lease_end = attempt.send_by_ms + attempt.task.timeout_ms
         result = await self._keep_trying(
-            lambda: self._completes.submit(attempt.task.bucket, outcome), lease_end,
+            lambda: self._completes.submit(attempt.task.bucket,
+                                           (attempt.task.bucket, outcome)), lease_end,
             f"outcome of {attempt.task.key}")
         if result == CompleteReply.STALE:
             log.info("outcome of %s dropped: replaced or re-claimed meanwhile",
@@ -121,11 +129,14 @@ class Recorder:
         await asyncio.gather(*late, return_exceptions=True)
         return len(late)
 
-    async def _flush_starts(self, bucket: int,
-                            claims: Sequence[tuple[str, str]]) -> list[Started]:
-        return await self._store.start(bucket, now_ms=self._clock.now_ms(), claims=claims)
+    async def _flush_starts(self, group: int,
+                            claims: Sequence[tuple[int, str, str]]) -> list[Started]:
+        return await self._store.start_many(claims, now_ms=self._clock.now_ms())
 
-    async def _flush_completes(self, bucket: int, outcomes: Sequence[Outcome]
+    async def _flush_completes(self, group: int, outcomes: Sequence[tuple[int, Outcome]]
                                ) -> list[CompleteReply]:
-        return await self._store.complete(bucket, now_ms=self._clock.now_ms(),
-                                          outcomes=outcomes)
+        return await self._store.complete_many(outcomes, now_ms=self._clock.now_ms())
+
+
+def _one_call(bucket: int) -> int:
+    return 0

@@ -2,7 +2,7 @@
 One module per resource; everything is re-exported here, with the plain values of
 timewheel/domain.py that the models use (TaskStatus, Method, ...)."""
 
-from timewheel.domain import FINISHED, KEY_PATTERN, Method, TaskStatus
+from timewheel.domain import FINISHED, KEY_PATTERN, Method, TaskStatus, format_ms
 from timewheel.models.attempts import AttemptList, AttemptOutcome, AttemptView
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
@@ -25,7 +25,6 @@ from timewheel.models.tasks import (
     TaskReschedule,
     TaskView,
     epoch_ms_ceil,
-    format_ms,
     parse_execute_at,
 )
 

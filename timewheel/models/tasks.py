@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Annotated, Any
 
@@ -85,14 +85,6 @@ def _parses_as_execute_at(value: str | float) -> str | float:
 ExecuteAt = Annotated[StrictStr | Number, AfterValidator(_parses_as_execute_at)]
 
 
-def format_ms(ms: int | None) -> str | None:
-    """Epoch milliseconds as RFC 3339 UTC with milliseconds (``2026-11-22T10:00:00.123Z``)."""
-    if ms is None:
-        return None
-    moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
-
-
 class TaskFields(BaseModel):
     """Body of ``PUT /tasks/{key}``; ``POST /tasks`` adds ``key``."""
 
@@ -108,11 +100,14 @@ class TaskFields(BaseModel):
     max_attempts: Annotated[StrictInt, Field(ge=1, le=100)] = 5
     retry_backoff: Backoff = 1.0
     flow_key: Annotated[StrictStr, Field(pattern=KEY_PATTERN)] | None = None
+    # Result callbacks (docs/api.md v3): where the outcome is POSTed once the task finishes.
+    on_success: Annotated[StrictStr, Field(max_length=MAX_URL_LENGTH)] | None = None
+    on_failure: Annotated[StrictStr, Field(max_length=MAX_URL_LENGTH)] | None = None
 
-    @field_validator("callback_url")
+    @field_validator("callback_url", "on_success", "on_failure")
     @classmethod
-    def _absolute_http_url(cls, value: str) -> str:
-        problem = callback_url(value).problem
+    def _absolute_http_url(cls, value: str | None) -> str | None:
+        problem = None if value is None else callback_url(value).problem
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -204,6 +199,10 @@ class TaskView(BaseModel):
     retry_backoff: float = Field(description="seconds before the first retry, doubling")
     flow_key: str = Field(description="the flow whose limits the task's attempts obey")
     attempts_url: str = Field(description="where the task's attempts are listed")
+    on_success: str | None = Field(default=None, description="where the outcome is POSTed "
+                                   "when the task is delivered (its task: {key}.on_success)")
+    on_failure: str | None = Field(default=None, description="where the outcome is POSTed "
+                                   "when the task fails for good (its task: {key}.on_failure)")
 
 
 class TaskList(BaseModel):

@@ -24,7 +24,7 @@ from timewheel.models import (
     TaskFields,
     parse_execute_at,
 )
-from timewheel.store.record import NewTask, default_flow
+from timewheel.store.record import NewTask, default_flow, encode_results
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 
@@ -71,6 +71,7 @@ def prepare(fields: TaskFields, key: str, now_ms: int, *, default_timeout: float
         backoff_ms=max(1, round(fields.retry_backoff * 1000)),
         fingerprint=_fingerprint(fields, plain),
         flow=fields.flow_key or default_flow(fields.callback_url),
+        on_success=fields.on_success, on_failure=fields.on_failure,
     )
 
 
@@ -97,12 +98,15 @@ def fingerprint(fields: TaskFields) -> str:
 # The fields the fingerprint covers (all but ``key``), in the order of its sorted JSON.
 _FINGERPRINTED = ("body", "callback_url", "delay", "execute_at", "flow_key", "headers",
                   "max_attempts", "method", "retry_backoff", "timeout")
+# v3's result callbacks are folded in after that hash, and only when set (``_fingerprint``):
+# a task without them keeps the fingerprint earlier builds stored.
+_RESULT_FIELDS = frozenset({"on_success", "on_failure"})
 # The models whose fingerprint _canonical_text writes from the attributes: exactly these
 # fields, none excluded from the dump and no serializer of their own (ScheduleTask excludes
 # two, so it is dumped). A field added to TaskFields takes both out until it is written there.
 _BY_ATTRIBUTES = tuple(
     cls for cls in (TaskFields, TaskCreate)
-    if sorted(set(cls.model_fields) - {"key"}) == list(_FINGERPRINTED)
+    if sorted(set(cls.model_fields) - {"key"} - _RESULT_FIELDS) == list(_FINGERPRINTED)
     and not any(info.exclude for info in cls.model_fields.values())
     and not cls.__pydantic_decorators__.field_serializers
     and not cls.__pydantic_decorators__.model_serializers)
@@ -163,6 +167,15 @@ def _plain_scalar(value: Any) -> bool:
 
 def _fingerprint(fields: TaskFields, plain: bool) -> str:
     """``fingerprint``; ``plain``: ``_plain_json(fields.body)``."""
+    content = _content_fingerprint(fields, plain)
+    results = encode_results(fields.on_success, fields.on_failure)
+    if not results:
+        return content
+    return hashlib.sha256(f"{content}:results:{results}".encode()).hexdigest()
+
+
+def _content_fingerprint(fields: TaskFields, plain: bool) -> str:
+    """The fingerprint of everything but the result callbacks."""
     canonical = _canonical_text(fields) if plain and type(fields) in _BY_ATTRIBUTES else None
     if canonical is not None:
         try:
@@ -170,7 +183,8 @@ def _fingerprint(fields: TaskFields, plain: bool) -> str:
         except UnicodeEncodeError:  # a lone surrogate: fail as the original code fails
             pass
     # The original code, for anything the fast path does not take.
-    content: dict[str, Any] = fields.model_dump(mode="json", exclude={"key"})
+    content: dict[str, Any] = fields.model_dump(mode="json",
+                                                exclude={"key", *_RESULT_FIELDS})
     if fields.execute_at is not None:
         content["execute_at"] = parse_execute_at(fields.execute_at)
     content["body_set"] = "body" in fields.model_fields_set

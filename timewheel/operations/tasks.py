@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy
-from timewheel.domain import TaskStatus
+from timewheel.domain import TaskStatus, result_parent
 from timewheel.errors import InvalidInput, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
 from timewheel.models import TaskCreate, TaskFields, TaskReschedule
@@ -84,12 +84,28 @@ class TaskOperations:
                                f"must be at most the batch deadline ({deadline:g}s)",
                                fields.timeout)
         self.within_horizon(fields.delay, fields.execute_at, lambda: due_ms(fields, now), now)
-        try:
-            self.policy.check_url_host(fields.callback_url)
-        except BlockedAddress as exc:
-            raise InvalidInput(("body", "callback_url"), f"{exc}; {ALLOW_PRIVATE_HINT}",
-                               fields.callback_url) from exc
+        self._check_url(fields, "callback_url")
+        if fields.on_success is not None or fields.on_failure is not None:
+            self._check_results(fields, key)
         return prepare(fields, key, now, default_timeout=self.limits.default_timeout)
+
+    def _check_url(self, fields: TaskFields, name: str) -> None:
+        url = getattr(fields, name)
+        try:
+            self.policy.check_url_host(url)
+        except BlockedAddress as exc:
+            raise InvalidInput(("body", name), f"{exc}; {ALLOW_PRIVATE_HINT}", url) from exc
+
+    def _check_results(self, fields: TaskFields, key: str) -> None:
+        """Result callbacks: the callback URL's network rules, and none on a result task
+        (its own outcome calls no further result callback, docs/api.md v3)."""
+        names = [name for name in ("on_success", "on_failure") if getattr(fields, name)]
+        for name in names:
+            self._check_url(fields, name)
+        if result_parent(key) is not None:
+            raise InvalidInput(("body", names[0]), "a result callback's task (a key ending in "
+                               ".on_success or .on_failure) takes no result callback of its "
+                               "own", getattr(fields, names[0]))
 
     # -- one task -----------------------------------------------------------------------------
 

@@ -1,12 +1,15 @@
 """Redis key names. All keys of one task live under one ``{hash tag}``: its bucket's.
 
     bucket = crc32(task key) % buckets       (buckets is fixed per wheel and stored in Redis)
+    except for a result callback's key, "<parent>.on_success" / "<parent>.on_failure", whose
+    bucket is its parent's: lua/complete.lua creates it in the step that finishes the parent
     prefix = "{<key_prefix>:<bucket>}:"
 
 Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua), layout 2:
 
     P t:<key>       string the task record (timewheel/store/layout.py)
     P a:<key>       list   the task's attempt history, once tried (lua/lib/attempts.lua)
+    P r:<key>       string its result callbacks' URLs, only when it has any (lua/lib/results.lua)
     P ms:<minute>   zset   the minute slice: task key -> due_ms
     P md:<minute>   set    the minute's delete-set (cancelled or moved away)
     P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
@@ -40,6 +43,8 @@ from __future__ import annotations
 
 import zlib
 
+from timewheel.domain import result_parent
+
 DEFAULT_BUCKETS = 16
 FINISHED_INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
@@ -56,7 +61,10 @@ class Keyspace:
         return f"{self.key_prefix}:buckets"
 
     def bucket_of(self, task_key: str) -> int:
-        return zlib.crc32(task_key.encode()) % self.buckets
+        # A result callback's task shares its parent's slot, so that the script finishing the
+        # parent can create it (docs/design.md, "Result callbacks").
+        parent = result_parent(task_key)
+        return zlib.crc32((parent or task_key).encode()) % self.buckets
 
     def prefix(self, bucket: int) -> str:
         return self._prefixes[bucket]
@@ -67,6 +75,10 @@ class Keyspace:
     def attempts(self, bucket: int, task_key: str) -> str:
         """The task's attempt history (lua/lib/attempts.lua)."""
         return f"{self.prefix(bucket)}a:{task_key}"
+
+    def results(self, bucket: int, task_key: str) -> str:
+        """The URLs of the task's result callbacks (lua/lib/results.lua)."""
+        return f"{self.prefix(bucket)}r:{task_key}"
 
     def slice(self, bucket: int, minute: int) -> str:
         return f"{self.prefix(bucket)}ms:{minute}"

@@ -87,7 +87,7 @@ class Publisher:
             prefix = self.keys.prefix(self.keys.bucket_of(task.key))
             if prefix not in prefixes:
                 prefixes.append(prefix)
-            args += [prefixes.index(prefix) + 1, task.key, task.record()]
+            args += [prefixes.index(prefix) + 1, task.key, task.record(), task.results()]
         return _published(await self.script(keys=prefixes, args=args))
 
     async def _in_steps(self, request: PublishRequest, now_ms: int) -> Published:
@@ -95,17 +95,17 @@ class Publisher:
         groups: dict[str, list[Any]] = {}
         for task in request.tasks:
             groups.setdefault(self.keys.prefix(self.keys.bucket_of(task.key)), []).extend(
-                [1, task.key, task.record()])
+                [1, task.key, task.record(), task.results()])
 
         head = self._head("check", request, now_ms, request_id)
-        for reply in await asyncio.gather(*(self.script(keys=[prefix], args=head + triples)
-                                            for prefix, triples in groups.items())):
+        for reply in await asyncio.gather(*(self.script(keys=[prefix], args=head + quads)
+                                            for prefix, quads in groups.items())):
             checked = _published(reply)  # (0) nothing is written before every bucket passes
             if checked.reply is PublishReply.TASK_CONFLICT:
                 return checked
-        triples = [v for t in request.tasks for v in (1, t.key, t.record())]
+        quads = [v for t in request.tasks for v in (1, t.key, t.record(), t.results())]
         opened = _published(await self.script(keys=[self.home(request.key)], args=self._head(
-            "open", request, now_ms, request_id) + triples))  # (1)
+            "open", request, now_ms, request_id) + quads))  # (1)
         done_before = opened.rec is not None and opened.rec.get("state") == "done"
         if opened.reply is PublishReply.CONFLICT or done_before:
             return opened
@@ -120,8 +120,8 @@ class Publisher:
         ``partial`` when a task key was taken by another task between (0) and (2)."""
         head: list[Any] = ["tasks", publish_key, now_ms, request_id, "", "", 0]
         replies = [_published(reply) for reply in await asyncio.gather(*(
-            self.script(keys=[prefix], args=head + triples)
-            for prefix, triples in groups.items()))]
+            self.script(keys=[prefix], args=head + quads)
+            for prefix, quads in groups.items()))]
         taken = next((r for r in replies if r.reply is PublishReply.TASK_CONFLICT), None)
         await self.script(keys=[self.home(publish_key)], args=[
             "close", publish_key, now_ms, request_id, "", "partial" if taken else "done", 0])
@@ -146,8 +146,9 @@ class Publisher:
                 for name, value in fields.items():
                     if name.startswith(b"t:"):
                         key = name[2:].decode()
+                        results = fields.get(b"u:" + name[2:], b"")
                         groups.setdefault(self.keys.prefix(self.keys.bucket_of(key)), []).extend(
-                            [1, key, value])
+                            [1, key, value, results])
                 done = await self._create(publish_key, groups, now_ms, secrets.token_hex(8))
                 if done.reply is PublishReply.TASK_CONFLICT:
                     log.error("publish %s completed in part: task %s holds another task",

@@ -29,6 +29,8 @@ class NewTask:
     backoff_ms: int
     fingerprint: str
     flow: str
+    on_success: str | None = None  # result callbacks (docs/api.md v3)
+    on_failure: str | None = None
 
     def record(self) -> bytes:
         """The record as ``lua/schedule.lua`` takes it (layout.template)."""
@@ -36,6 +38,10 @@ class NewTask:
             url=self.url, method=self.method, headers=self.headers, body=self.body,
             due_ms=self.due_ms, timeout_ms=self.timeout_ms, max_attempts=self.max_attempts,
             backoff_ms=self.backoff_ms, fingerprint=self.fingerprint, flow=self.flow)
+
+    def results(self) -> str:
+        """The stored value of its result callbacks' URLs (lua/lib/results.lua): "" for none."""
+        return encode_results(self.on_success, self.on_failure)
 
     def fields(self) -> list[bytes]:
         """The record's part of a script's arguments (``lua/sched_tombstone.lua`` ARGV[5])."""
@@ -49,7 +55,7 @@ class NewTask:
             attempts=0, max_attempts=self.max_attempts, timeout_ms=self.timeout_ms,
             backoff_ms=self.backoff_ms, created_ms=now_ms, last_attempt_ms=None,
             last_status_code=None, last_error=None, finished_ms=None, headers=self.headers,
-            body=self.body or b"")
+            body=self.body or b"", on_success=self.on_success, on_failure=self.on_failure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +82,8 @@ class TaskRecord:
     # What each attempt sends; None when a listing left it unread (its page's byte budget).
     headers: list[tuple[str, str]] | None
     body: bytes | None
+    on_success: str | None = None
+    on_failure: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +115,28 @@ class Started:
     attempt: int
     headers: list[tuple[str, str]]
     body: bytes
+    # The task's result callbacks: its answer's body is kept for them (executor.py).
+    on_success: str | None = None
+    on_failure: str | None = None
 
 
 NOT_STARTED = Started(0, [], b"")
+
+
+def encode_results(on_success: str | None, on_failure: str | None) -> str:
+    """The stored value of a task's result callbacks (lua/lib/results.lua); "" for none."""
+    if not on_success and not on_failure:
+        return ""
+    return f"{on_success or ''}\n{on_failure or ''}"
+
+
+def decode_results(value: bytes | str | None) -> tuple[str | None, str | None]:
+    """(on_success, on_failure) of a stored value."""
+    if not value:
+        return None, None
+    text = value.decode() if isinstance(value, bytes) else value
+    success, _, failure = text.partition("\n")
+    return success or None, failure or None
 
 
 def new_key() -> str:
@@ -142,10 +169,10 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
 
-def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes | None
-                      ) -> TaskRecord:
-    """A task from lua/view.lua's reply: its record's head, flow and url, its last_err, and
-    its headers and body (None: not read). Raises layout.BadRecord."""
+def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes | None,
+                      results: bytes | None = None) -> TaskRecord:
+    """A task from lua/view.lua's reply: its record's head, flow and url, its last_err, its
+    headers and body (None: not read), and its result callbacks. Raises layout.BadRecord."""
     head, flow, url = layout.split(prefix)
     try:
         stored = layout.STATUS_NAMES[head["st"]]
@@ -163,6 +190,10 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
     status = TaskStatus(stored)
+    try:
+        on_success, on_failure = decode_results(results)
+    except UnicodeDecodeError as exc:
+        raise layout.BadRecord(f"result callbacks: {exc}") from exc
     waiting = status in (TaskStatus.SCHEDULED, TaskStatus.RETRYING)
     return TaskRecord(
         key=key, status=status, callback_url=text[0], method=method, flow=text[2],
@@ -171,4 +202,5 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
         created_ms=head["created"], last_attempt_ms=head["last_at"] or None,
         last_status_code=head["last_code"] or None, last_error=text[1] or None,
         finished_ms=head["finished"] or None, headers=headers,
-        body=None if request is None else request[head["hl"]:head["hl"] + head["bl"]])
+        body=None if request is None else request[head["hl"]:head["hl"] + head["bl"]],
+        on_success=on_success, on_failure=on_failure)

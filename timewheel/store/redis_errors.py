@@ -3,17 +3,28 @@ Its own module so that every store module can use it without importing the Store
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from types import TracebackType
 
 from redis.exceptions import RedisError
 
 from timewheel.errors import StoreUnavailable
 
 
-@asynccontextmanager
-async def redis_errors(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+class redis_errors:  # lower case: used like the function it replaced
+    """``async with redis_errors("what"):`` turns a RedisError into StoreUnavailable("what: ...").
+
+    A class, not an ``@asynccontextmanager``: it wraps every Redis call of the delivery path
+    (several per callback), and the generator machinery cost ~1 us a use, a class ~0.3 us."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        if isinstance(exc, RedisError):
+            raise StoreUnavailable(f"{self._what}: {type(exc).__name__}: {exc}") from exc

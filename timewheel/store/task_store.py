@@ -28,6 +28,7 @@ from timewheel.store.record import (
     Started,
     TaskRecord,
     claimed_task,
+    decode_results,
     record_from_reply,
 )
 from timewheel.store.redis_errors import redis_errors
@@ -41,6 +42,7 @@ from timewheel.store.replies import (
     RescheduleReply,
     ScheduleReply,
 )
+from timewheel.store.results import ResultCallback
 from timewheel.store.scripts import Scripts, source
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ class Outcome:
     next_due_ms: int | None = None
     started_ms: int = 0
     history: str = ""  # the attempt's history entry (attempts.entry); "" writes a bare one
+    result: ResultCallback | None = None  # what a finished task's result callback reports
 
 
 def _no_history(o: Outcome) -> str:
@@ -130,8 +133,12 @@ class Store:
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
         """ARGV of ``lua/schedule.lua`` for one task (also used by batched creates)."""
-        return [task.key, "replace" if replace else "create", now_ms,
-                request_id or secrets.token_hex(8), task.record()]
+        args: list[str | bytes | int] = [task.key, "replace" if replace else "create", now_ms,
+                                         request_id or secrets.token_hex(8), task.record()]
+        results = task.results()
+        if results:  # lua/schedule.lua ARGV[6]; absent for the many tasks without any
+            args.append(results)
+        return args
 
     async def cancel(self, key: str, *, now_ms: int) -> CancelReply:
         """CANCELLED, NOT_FOUND, or FINISHED (already finished). The request id makes a
@@ -178,7 +185,7 @@ class Store:
                                                       args=[budget, *keys])
         out: list[TaskRecord | None] = []
         for i, key in enumerate(keys):
-            prefix, last_err, request = reply[3 * i], reply[3 * i + 1], reply[3 * i + 2]
+            prefix, last_err, request, results = reply[4 * i:4 * i + 4]
             if not prefix:
                 out.append(None)
                 continue
@@ -186,7 +193,7 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
                                        "restart a timewheel process to migrate it")
             try:
-                out.append(record_from_reply(key, prefix, last_err, request))
+                out.append(record_from_reply(key, prefix, last_err, request, results))
             except layout.BadRecord as exc:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out
@@ -246,42 +253,83 @@ class Store:
         return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
                        started_ms=now_ms)
 
+    @property
+    def starts_span_buckets(self) -> bool:
+        """Whether one start call may carry several buckets' claims: on a single Redis, yes;
+        on a cluster each bucket is its own slot, and a script's keys must share one."""
+        return not isinstance(self.redis, RedisCluster)
+
     async def start(self, bucket: int, *, now_ms: int,
                     claims: Sequence[tuple[str, str]]) -> list[Started]:
-        """Begin attempts for (key, token) pairs: for each, the attempt number with the headers
-        and body to send, or NOT_STARTED (do not send). A record whose headers cannot be
-        decoded is failed at once, like an undecodable one at claim time."""
+        """Begin attempts for (key, token) pairs of one bucket: see ``start_many``."""
+        return await self.start_many([(bucket, key, token) for key, token in claims],
+                                     now_ms=now_ms)
+
+    async def start_many(self, claims: Sequence[tuple[int, str, str]], *,
+                         now_ms: int) -> list[Started]:
+        """Begin attempts for (bucket, key, token) claims, in one call (several buckets only
+        where ``starts_span_buckets``): for each, the attempt number with the headers and body
+        to send, or NOT_STARTED (do not send). A record whose headers cannot be decoded is
+        failed at once, like an undecodable one at claim time."""
+        by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into claims, in order
+        for i, (bucket, _, _) in enumerate(claims):
+            by_bucket.setdefault(bucket, []).append(i)
+        order = [i for indexes in by_bucket.values() for i in indexes]
+        args: list[str | int] = [len(by_bucket), *(len(ix) for ix in by_bucket.values())]
+        for i in order:
+            args += claims[i][1:]
         async with redis_errors("start"):
             reply = await self.scripts.start(
-                keys=[self.keys.prefix(bucket)],
-                args=[part for claim in claims for part in claim])
-        out, bad = [], []
-        for i, (key, token) in enumerate(claims):
-            attempt, headers, body = int(reply[3 * i]), reply[3 * i + 1], reply[3 * i + 2]
-            if not attempt:
-                out.append(NOT_STARTED)
+                keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)
+        out: list[Started] = [NOT_STARTED] * len(claims)
+        bad: dict[int, list[Outcome]] = {}
+        for j, i in enumerate(order):
+            bucket, key, token = claims[i]
+            attempt, headers, body, results = reply[4 * j:4 * j + 4]
+            if not int(attempt):
                 continue
             try:
-                out.append(Started(attempt, layout.decode_headers(headers), body))
+                out[i] = Started(int(attempt), layout.decode_headers(headers), body,
+                                 *decode_results(results))
             except (layout.BadRecord, UnicodeDecodeError) as exc:
-                bad.append(self._set_aside(key, token, exc, now_ms))
-                out.append(NOT_STARTED)
-        if bad:
-            await self.complete(bucket, now_ms=now_ms, outcomes=bad)
+                bad.setdefault(bucket, []).append(self._set_aside(key, token, exc, now_ms))
+        for bucket, outcomes in bad.items():
+            await self.complete(bucket, now_ms=now_ms, outcomes=outcomes)
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,
                        outcomes: Sequence[Outcome]) -> list[CompleteReply]:
-        """Record outcomes with their history entries: RECORDED, STALE (the claim was no
-        longer ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry)."""
-        args: list[str | int] = [now_ms, self.retention_ms, self.attempts_kept]
-        for o in outcomes:
+        """Record outcomes of one bucket: see ``complete_many``."""
+        return await self.complete_many([(bucket, o) for o in outcomes], now_ms=now_ms)
+
+    async def complete_many(self, outcomes: Sequence[tuple[int, Outcome]], *,
+                            now_ms: int) -> list[CompleteReply]:
+        """Record (bucket, outcome) pairs with their history entries, in one call (several
+        buckets only where ``starts_span_buckets``): RECORDED, STALE (the claim was no longer
+        ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry) each. An
+        outcome that finishes its task with a ``result`` creates its result task in the same
+        call (lua/complete.lua)."""
+        by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into outcomes, in order
+        for i, (bucket, _) in enumerate(outcomes):
+            by_bucket.setdefault(bucket, []).append(i)
+        order = [i for indexes in by_bucket.values() for i in indexes]
+        args: list[str | bytes | int] = [now_ms, self.retention_ms, self.attempts_kept,
+                                         len(by_bucket),
+                                         *(len(ix) for ix in by_bucket.values())]
+        for i in order:
+            o = outcomes[i][1]
             args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
-                     o.started_ms, o.history or _no_history(o)]
+                     o.started_ms, o.history or _no_history(o),
+                     # made at the script's now: its finished_at is the parent's
+                     b"" if o.result is None else o.result.task(o.key, now_ms).record()]
         async with redis_errors("complete"):
-            reply = await self.scripts.complete(keys=[self.keys.prefix(bucket)], args=args)
-        return [CompleteReply(int(x)) for x in reply]
+            reply = await self.scripts.complete(
+                keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)
+        out: list[CompleteReply] = [CompleteReply.STALE] * len(outcomes)
+        for j, i in enumerate(order):
+            out[i] = CompleteReply(int(reply[j]))
+        return out
 
     async def release(self, bucket: int, claims: Sequence[tuple[str, str]]
                       ) -> list[ReleaseReply]:

@@ -167,7 +167,30 @@ export function renderTask(root, key) {
         field("Timeout", task.timeout != null ? `${task.timeout} s per attempt` : "—"),
         field("Retry backoff", task.retry_backoff != null ?
           `${task.retry_backoff} s before the first retry, doubling each time` : "—"),
-        field("Flow", task.flow_key ? h("a", { href: "#/flows", id: "task-flow" }, task.flow_key) : "—")));
+        field("Flow", task.flow_key ? h("a", { href: "#/flows", id: "task-flow" }, task.flow_key) : "—"),
+        resultField(task, "on_success", "succeeded", "delivered"),
+        resultField(task, "on_failure", "failed", "fails for good")));
+  }
+
+  // A result callback (API v3): its URL, and once the task has ended that way, a link to the
+  // result task {key}.on_success / {key}.on_failure that posts the outcome there.
+  function resultField(task, kind, status, when) {
+    const url = task[kind];
+    if (!url) return null;
+    const resultKey = `${task.key}.${kind}`;
+    const link = task.status === status
+      ? h("a", { href: `#/task/${seg(resultKey)}`, class: "key", id: `task-${kind.replace("_", "-")}` }, resultKey)
+      : h("span", { class: "muted" }, `posted by the task ${resultKey} once it ${when}`);
+    return field(kind === "on_success" ? "On success" : "On failure",
+      h("span", {}, h("span", { class: "url" }, `POST ${url}`), " — ", link));
+  }
+
+  // The task a result callback reports on, for a result task's page.
+  function parentLink() {
+    const match = /^(.+)\.(on_success|on_failure)$/.exec(key);
+    if (!match) return null;
+    return h("p", { id: "task-parent" }, "Reports the outcome of ",
+      h("a", { href: `#/task/${seg(match[1])}`, class: "key" }, match[1]), ".");
   }
 
   async function load() {
@@ -175,6 +198,7 @@ export function renderTask(root, key) {
       const task = await api.get(`tasks/${seg(key)}`);
       fill(body,
         h("p", {}, badge(task.status), " ", taskActions(task, load)),
+        parentLink(),
         h("section", { class: "panel" }, h("h2", {}, "Last attempt"),
           h("p", { id: "last-outcome" }, outcome(task)),
           h("dl", {},

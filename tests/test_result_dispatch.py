@@ -1,0 +1,150 @@
+"""Result callbacks through the dispatcher (respx answers): the executor keeps the answer's body
+only for a task that has a result callback, bounded by TIMEWHEEL_RESULT_BODY_BYTES, and the
+outcome that finishes the task creates its result task, which is then sent like any task."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from tests.test_dispatcher import URL, Harness
+from timewheel.clock import FakeClock
+from timewheel.store import Store
+
+OK_URL = "http://127.0.0.1:9/results/ok"
+FAIL_URL = "http://127.0.0.1:9/results/failed"
+
+
+@pytest.fixture
+def router() -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False, assert_all_mocked=True) as mock:
+        yield mock
+
+
+@pytest.fixture
+async def wheel(store: Store, fake_clock: FakeClock, router: respx.MockRouter
+                ) -> AsyncIterator[Harness]:
+    harness = Harness(store, fake_clock)
+    yield harness
+    await harness.dispatcher.stop(0.1)
+    await harness.sender.aclose()
+
+
+@pytest.fixture
+def sent_with(wheel: Harness, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The keyword arguments of every request the sender sends."""
+    calls: list[dict[str, Any]] = []
+    send = wheel.sender.send
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return await send(*args, **kwargs)
+    monkeypatch.setattr(wheel.sender, "send", spy)
+    return calls
+
+
+async def test_delivered_task_creates_its_success_task(
+        wheel: Harness, router: respx.MockRouter, sent_with: list[dict[str, Any]]) -> None:
+    """The answer's whole body (3,000 bytes, more than the history's 1,024) goes into the
+    result; the history keeps its own cut; the result task is then sent like any task."""
+    answer = "ü" + "x" * 2998
+    router.post(URL).respond(200, text=answer, headers={"X-Request-Id": "r-1"})
+    results = router.post(OK_URL).respond(204)
+    await wheel.add("job-1", on_success=OK_URL, on_failure=FAIL_URL)
+    await wheel.fire("job-1")
+
+    assert sent_with == [{"ready": sent_with[0]["ready"], "keep_body": 65536}]
+    record = await wheel.store.get("job-1.on_success")
+    assert record is not None and await wheel.store.get("job-1.on_failure") is None
+    assert (record.callback_url, record.method, record.status.value) == (OK_URL, "POST",
+                                                                         "scheduled")
+    payload = json.loads(record.body or b"")
+    parent = await wheel.view("job-1")
+    assert payload == {
+        "key": "job-1", "outcome": "delivered", "attempt": 1, "status_code": 200,
+        "response_headers": {"content-type": "text/plain; charset=utf-8",
+                             "content-length": str(len(answer.encode())),
+                             "x-request-id": "r-1"},
+        "response_body": answer, "response_body_truncated": False,
+        "scheduled_at": parent.execute_at, "finished_at": parent.finished_at}
+    attempts = await wheel.store.attempts("job-1")
+    assert attempts is not None and attempts[0].response_body_truncated
+    assert attempts[0].response_body == ("ü" + "x" * 1022)  # its first 1,024 bytes
+
+    await wheel.fire("job-1.on_success")
+    assert results.call_count == 1
+    request = results.calls.last.request
+    assert json.loads(request.content) == payload
+    assert request.headers["webhook-id"] == "job-1.on_success"
+    assert (await wheel.view("job-1.on_success")).status == "succeeded"
+    assert sent_with[1] == {"ready": sent_with[1]["ready"]}  # a result task keeps no body
+
+
+async def test_a_task_without_result_callback_keeps_no_more_body(
+        wheel: Harness, router: respx.MockRouter, sent_with: list[dict[str, Any]]) -> None:
+    router.post(URL).respond(200, text="y" * 5000)
+    await wheel.add("job-1")
+    await wheel.fire("job-1")
+    assert sent_with == [{"ready": sent_with[0]["ready"]}]
+    assert await wheel.store.get("job-1.on_success") is None
+
+
+async def test_the_body_is_cut_at_the_setting(wheel: Harness, router: respx.MockRouter) -> None:
+    wheel.sender.result_body = 100
+    router.post(URL).respond(200, content=b"\x00\xff" * 200)
+    await wheel.add("job-1", on_success=OK_URL)
+    await wheel.fire("job-1")
+    record = await wheel.store.get("job-1.on_success")
+    assert record is not None
+    payload = json.loads(record.body or b"")
+    assert payload["response_body_base64"] is True and payload["response_body_truncated"]
+    assert base64.b64decode(payload["response_body"]) == b"\x00\xff" * 50
+
+
+async def test_failure_calls_on_failure_after_the_last_attempt_only(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """Attempt 1 of 2 is retried: no result yet (complete is the only place one is made, and
+    it recorded a retry). Attempt 2 fails the task: on_failure, never on_success."""
+    router.post(URL).mock(side_effect=[httpx.Response(503, text="busy"),
+                                       httpx.Response(500, text="broken")])
+    await wheel.add("job-1", on_success=OK_URL, on_failure=FAIL_URL, max_attempts=2)
+    await wheel.fire("job-1")
+    assert (await wheel.view("job-1")).status == "retrying"
+    assert await wheel.store.get("job-1.on_failure") is None
+    wheel.clock.set((await wheel.store.get("job-1")).due_ms or 0)  # type: ignore[union-attr]
+    await wheel.fire("job-1")
+    assert (await wheel.view("job-1")).status == "failed"
+    record = await wheel.store.get("job-1.on_failure")
+    assert record is not None and await wheel.store.get("job-1.on_success") is None
+    payload = json.loads(record.body or b"")
+    assert (payload["outcome"], payload["attempt"], payload["status_code"],
+            payload["response_body"]) == ("failed", 2, 500, "broken")
+
+
+async def test_no_answer_reports_no_status(wheel: Harness, router: respx.MockRouter) -> None:
+    router.post(URL).mock(side_effect=httpx.ConnectError("refused"))
+    await wheel.add("job-1", on_failure=FAIL_URL, max_attempts=1)
+    await wheel.fire("job-1")
+    record = await wheel.store.get("job-1.on_failure")
+    assert record is not None
+    payload = json.loads(record.body or b"")
+    assert (payload["status_code"], payload["response_headers"], payload["response_body"],
+            payload["response_body_truncated"]) == (None, {}, "", False)
+
+
+async def test_a_failing_result_task_calls_nothing_further(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    router.post(URL).respond(404)
+    router.post(FAIL_URL).respond(410)
+    await wheel.add("job-1", on_success=OK_URL, on_failure=FAIL_URL)
+    await wheel.fire("job-1")
+    await wheel.fire("job-1.on_failure")
+    assert (await wheel.view("job-1.on_failure")).status == "failed"
+    for suffix in (".on_success", ".on_failure"):
+        assert await wheel.store.get(f"job-1.on_failure{suffix}") is None
