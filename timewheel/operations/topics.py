@@ -134,8 +134,8 @@ class TopicOperations:
             raise TaskConflict(f"publish {key!r} was made with other content")
         if done.reply is PublishReply.TASK_CONFLICT:
             taken = done.conflict_key or ""
-            raise TaskConflict(f"task {taken!r} exists with other content; nothing was "
-                               "published", await self.tasks.store.get(taken))
+            raise TaskConflict(f"task {taken!r} exists with other content, so the publish "
+                               "was refused", await self.tasks.store.get(taken))
         if done.reply is PublishReply.EXISTS:
             keys = list((done.rec or {}).get("tasks", []))
             return PublishOutcome(False, [r for r in await get_many(self.tasks.store, keys)
