@@ -104,7 +104,7 @@ def start_service(args: argparse.Namespace, tmp: Path, run_id: str) -> Service:
     with log_path.open("ab") as log:
         proc = subprocess.Popen(shlex.split(command), cwd=str(BENCH_DIR.parent), env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
-    shown_env = {k: ("<set>" if "SECRET" in k or "TOKEN" in k else v)
+    shown_env = {k: ("<set>" if "SECRET" in k or "TOKEN" in k or "KEYS" in k else v)
                  for k, v in env.items() if k.startswith("TIMEWHEEL_")}
     return Service(proc, f"http://127.0.0.1:{port}", log_path, data_dir, command, shown_env,
                    gc_log=gc_log)

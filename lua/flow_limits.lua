@@ -1,15 +1,23 @@
--- flow_limits: set (or clear) a flow's limits in one step, so that two PUTs racing each other
--- leave one of them whole, never a mix or nothing.
+-- flow_limits: set (or clear) a flow's configuration in one step, so that two PUTs racing each
+-- other leave one of them whole, never a mix or nothing. PUT replaces it all: a field not
+-- given is cleared (a PUT without "paused": true resumes the flow).
 --
 -- KEYS[1]  flow prefix "{<prefix>:f:<flow key>}:"
 -- ARGV[1]  parallelism, or "" for none (the default applies)
 -- ARGV[2]  rate in attempts per second, or "" for none
+-- ARGV[3]  "1" paused, or "" not paused
+-- ARGV[4]  max_attempts default of the flow's tasks, or "" for none
+-- ARGV[5]  retry_backoff default in ms, or "" for none
+-- ARGV[6]  max_backoff in ms (the cap of every retry delay of the flow), or "" for none
+--          (arguments left out count as "")
 --
 -- Reply: FlowLimitsReply (timewheel/store/replies.py)
---    1 LIMITED   a limit is now set
+--    1 LIMITED   something is set (a limit, a pause or a retry default)
 --    0 DEFAULTS  the flow is back to the defaults
 local cfg = KEYS[1] .. 'cfg'
 redis.call('DEL', cfg)
-if ARGV[1] ~= '' then redis.call('HSET', cfg, 'p', ARGV[1]) end
-if ARGV[2] ~= '' then redis.call('HSET', cfg, 'r', ARGV[2]) end
+local fields = {'p', 'r', 'x', 'ma', 'rb', 'mb'}
+for i, field in ipairs(fields) do
+  if ARGV[i] and ARGV[i] ~= '' then redis.call('HSET', cfg, field, ARGV[i]) end
+end
 return redis.call('EXISTS', cfg)

@@ -14,26 +14,33 @@
 --          through). A permit id that is already held counts as granted, so a call re-sent
 --          after a lost reply answers the same.
 --
--- Reply: {granted, wait_ms, in_flight, room, rated}
+-- Reply: {granted, wait_ms, in_flight, room, rated, paused, max_attempts, backoff_ms,
+--         max_backoff_ms}
 --   granted   how many of the wanted ids (the first ones) now hold a permit
---   wait_ms   0 while the flow has room; when it is full: -1 wait for a permit to be given
---             back (parallelism), else milliseconds until the rate window has room again
+--   wait_ms   0 while the flow has room; when it is full or paused: -1 wait for a permit to
+--             be given back (parallelism) or a resume, else milliseconds until the rate
+--             window has room again
 --   in_flight permits held after this call
---   room      how many more permits a call could take right now: 0 at a limit, below 0
---             when more are held than the parallelism allows (it was lowered)
+--   room      how many more permits a call could take right now: 0 at a limit or paused,
+--             below 0 when more are held than the parallelism allows (it was lowered)
 --   rated     1 when the flow has a rate (its starts are logged)
+--   paused    1 when the flow is paused: no new permit is granted (permits given back still
+--             are; an id already held still counts as granted)
+--   max_attempts, backoff_ms, max_backoff_ms: the flow's retry defaults, 0 where none is set
 --
--- Keys: cfg (hash p, r: the limits set by PUT /flows; absent = defaults), held (zset permit ->
--- lease expiry ms), starts (zset permit -> start ms, only while a rate is set). held and starts
--- expire with the last lease, so an idle flow leaves only its cfg.
+-- Keys: cfg (hash p, r: the limits set by PUT /flows; x: "1" while paused; ma, rb, mb: the
+-- retry defaults, attempts and ms; absent = defaults), held (zset permit -> lease expiry ms),
+-- starts (zset permit -> start ms, only while a rate is set). held and starts expire with the
+-- last lease, so an idle flow leaves only its cfg.
 local P = KEYS[1]
 local now, default_p, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local r = tonumber(ARGV[4])
 local held, starts = P .. 'held', P .. 'starts'
 
-local cfg = redis.call('HMGET', P .. 'cfg', 'p', 'r')
+local cfg = redis.call('HMGET', P .. 'cfg', 'p', 'r', 'x', 'ma', 'rb', 'mb')
 local parallelism = tonumber(cfg[1]) or default_p
 local rate = tonumber(cfg[2])
+local paused = cfg[3] == '1'
 
 for i = 5, 4 + r do redis.call('ZREM', held, ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
@@ -55,7 +62,7 @@ local granted = 0
 for i = 5 + r, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
   if not redis.call('ZSCORE', held, id) then
-    if redis.call('ZCARD', held) >= parallelism then break end
+    if paused or redis.call('ZCARD', held) >= parallelism then break end
     if rate and redis.call('ZCOUNT', starts, '(' .. (start - window), '+inf') >= limit then
       break
     end
@@ -68,9 +75,10 @@ end
 local in_flight = redis.call('ZCARD', held)
 local room = parallelism - in_flight
 if rate then room = math.min(room, limit - redis.call('ZCOUNT', starts, '(' .. (now - window), '+inf')) end
+if paused then room = math.min(room, 0) end
 local wait = 0
 if room <= 0 then
-  if in_flight >= parallelism then
+  if paused or in_flight >= parallelism then
     wait = -1
   else
     -- The window reopens when the start `limit` places before the newest leaves it.
@@ -89,4 +97,5 @@ if rate then
     redis.call('PEXPIRE', starts, math.max(1, tonumber(newest[2]) + window - now))
   end
 end
-return {granted, wait, in_flight, room, rated}
+return {granted, wait, in_flight, room, rated, paused and 1 or 0, tonumber(cfg[4]) or 0,
+        tonumber(cfg[5]) or 0, tonumber(cfg[6]) or 0}

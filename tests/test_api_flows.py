@@ -12,6 +12,8 @@ from redis.asyncio import Redis
 from tests.conftest import START_MS
 
 FLOW = "api.example.com:443"
+# What a view adds to the limits when no pause or retry default is set.
+UNSET = {"paused": False, "max_attempts": None, "retry_backoff": None, "max_backoff": None}
 
 
 async def flow_keys(redis: Redis) -> list[str]:
@@ -22,14 +24,14 @@ async def test_a_flow_never_set_shows_the_defaults(client: httpx.AsyncClient) ->
     response = await client.get(f"/flows/{FLOW}")
     assert response.status_code == 200
     assert response.json() == {"key": FLOW, "parallelism": 100, "rate": None, "in_flight": 0,
-                               "waiting": 0}
+                               "waiting": 0, **UNSET}
 
 
 async def test_put_get_delete(client: httpx.AsyncClient, redis: Redis) -> None:
     response = await client.put(f"/flows/{FLOW}", json={"parallelism": 3, "rate": 10})
     assert response.status_code == 200
     assert response.json() == {"key": FLOW, "parallelism": 3, "rate": 10.0, "in_flight": 0,
-                               "waiting": 0}
+                               "waiting": 0, **UNSET}
     assert (await client.get(f"/flows/{FLOW}")).json()["parallelism"] == 3
     assert (await client.get("/flows")).json() == {"flows": [response.json()]}
 
@@ -44,7 +46,9 @@ async def test_put_get_delete(client: httpx.AsyncClient, redis: Redis) -> None:
 
 
 async def test_in_flight_and_waiting(client: httpx.AsyncClient, redis: Redis) -> None:
-    """in_flight counts live permits over every process; waiting, tasks parked in Redis."""
+    """in_flight counts live permits over every process; waiting, tasks parked in Redis plus
+    those that live processes reported waiting in their memory (an expired report is not
+    counted)."""
     prefix = "{tw:f:" + FLOW + "}:"
     await redis.zadd(prefix + "held", {"p1": START_MS + 60_000, "p2": START_MS + 60_000,
                                        "gone": START_MS - 1})
@@ -53,11 +57,57 @@ async def test_in_flight_and_waiting(client: httpx.AsyncClient, redis: Redis) ->
     body = (await client.get(f"/flows/{FLOW}")).json()
     assert (body["in_flight"], body["waiting"]) == (2, 3)
 
+    await redis.zadd("{tw:wl}:live", {"a": START_MS + 3000, "b": START_MS + 3000,
+                                      "dead": START_MS - 1})
+    await redis.hset("{tw:wl}:p:a", mapping={FLOW: 4, "other:443": 100})
+    await redis.hset("{tw:wl}:p:b", mapping={FLOW: 5})
+    await redis.hset("{tw:wl}:p:dead", mapping={FLOW: 1000})
+    body = (await client.get(f"/flows/{FLOW}")).json()
+    assert body["waiting"] == 3 + 4 + 5
+
+
+async def test_retry_defaults_and_pause(client: httpx.AsyncClient, redis: Redis) -> None:
+    """PUT stores the whole configuration; pause and resume change only the pause."""
+    body = {"parallelism": 2, "max_attempts": 20, "retry_backoff": 30, "max_backoff": 86_400}
+    response = await client.put(f"/flows/{FLOW}", json=body)
+    assert response.status_code == 200, response.text
+    expected = {"key": FLOW, "parallelism": 2, "rate": None, "in_flight": 0, "waiting": 0,
+                "paused": False, "max_attempts": 20, "retry_backoff": 30.0,
+                "max_backoff": 86_400.0}
+    assert response.json() == expected
+    response = await client.post(f"/flows/{FLOW}/pause")
+    assert response.status_code == 200
+    assert response.json() == {**expected, "paused": True}
+    assert (await client.get(f"/flows/{FLOW}")).json()["paused"] is True
+    assert (await client.get("/flows")).json() == {"flows": [{**expected, "paused": True}]}
+    response = await client.post(f"/flows/{FLOW}/resume")
+    assert response.json() == expected
+    # A PUT replaces the whole configuration: paused true, the rest cleared.
+    response = await client.put(f"/flows/{FLOW}", json={"paused": True})
+    assert response.json() == {"key": FLOW, "parallelism": 100, "rate": None, "in_flight": 0,
+                               "waiting": 0, **UNSET, "paused": True}
+    # A flow only paused is listed; resumed, it is back to the defaults and not listed.
+    assert [f["key"] for f in (await client.get("/flows")).json()["flows"]] == [FLOW]
+    await client.post(f"/flows/{FLOW}/resume")
+    assert (await client.get("/flows")).json() == {"flows": []}
+    assert await flow_keys(redis) == []
+
+
+async def test_pause_a_flow_never_set(client: httpx.AsyncClient) -> None:
+    response = await client.post("/flows/tenant-9/pause")
+    assert response.status_code == 200
+    assert response.json()["paused"] is True and response.json()["parallelism"] == 100
+    assert (await client.post("/flows/a b/pause")).status_code == 422
+
 
 @pytest.mark.parametrize("body", [
     {"parallelism": 0}, {"parallelism": 10_001}, {"parallelism": "3"}, {"parallelism": 2.5},
     {"rate": 0}, {"rate": -1}, {"rate": 100_001}, {"rate": "10"}, {"rate": True},
     {"parallelism": 3, "extra": 1}, [], "x",
+    {"paused": "true"}, {"paused": 1}, {"paused": None},
+    {"max_backoff": 86_401}, {"max_backoff": 0}, {"retry_backoff": 86_400.5},
+    {"retry_backoff": -1}, {"max_attempts": 0}, {"max_attempts": 101}, {"max_attempts": "5"},
+    {"max_attempts": 2.5}, {"max_backoff": "60"},
 ])
 async def test_bad_limits_422_and_nothing_stored(client: httpx.AsyncClient, redis: Redis,
                                                  body: Any) -> None:
@@ -121,3 +171,15 @@ async def _flow(redis: Redis, key: str) -> bytes:
     from timewheel.store import layout
     raw = await redis.get("{tw:" + str(_bucket(key)) + "}:t:" + key)
     return bytes(layout.decode(raw)["flow"])
+
+
+async def test_pause_paths_take_only_post(client: httpx.AsyncClient, redis: Redis) -> None:
+    """Another method on a shorthand's path is a 405 naming POST, not a 422 for a flow key
+    "x/pause"; a flow may still be called "pause" itself."""
+    for method in ("GET", "PUT", "DELETE"):
+        response = await client.request(method, "/flows/x/pause", json={"parallelism": 2})
+        assert (response.status_code, response.headers["allow"]) == (405, "POST"), method
+    assert await flow_keys(redis) == []
+    response = await client.put("/flows/pause", json={"parallelism": 2})
+    assert response.status_code == 200 and response.json()["key"] == "pause"
+    assert (await client.get("/flows/resume")).json()["key"] == "resume"

@@ -3,6 +3,7 @@ publishes that make one task per endpoint, all or none."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -240,3 +241,23 @@ async def test_a_publish_passes_result_callbacks_to_each_task(client: httpx.Asyn
     bad = await client.post("/topics/orders/publish", json={"key": "o2", "on_success": "ftp://x"})
     assert bad.status_code == 422
     assert await snapshot(redis) == before
+
+
+async def test_published_tasks_are_sealed_like_any_task(
+        make_client: Callable[..., Any], redis_server: RedisServer, redis: Redis,
+        tmp_path: Path) -> None:
+    """TIMEWHEEL_ENCRYPTION_KEYS: a published task's headers and body are stored sealed (no
+    plaintext in a dump of Redis), shown opened, and a repeat still answers 200."""
+    sealed = Settings(redis_url=redis_server.url, allow_private_networks=True, data_dir=tmp_path,
+                      encryption_keys=f"k0:{base64.b64encode(bytes(range(32))).decode()}")
+    async with make_client(sealed) as client:
+        await put_topic(client, endpoints=ENDPOINTS[1:2])
+        body = {"key": "o1", "body": {"card": "s3cr3t-body"}, "headers": {"X-Api": "s3cr3t-hdr"}}
+        assert (await client.post("/topics/orders/publish", json=body)).status_code == 201
+        dumped = b"".join([value for value in (await snapshot(redis)).values() if value])
+        assert b"s3cr3t" not in dumped
+        # Control: the same dump holds the plaintext of what is not sealed (the endpoint URL).
+        assert b"/email" in dumped
+        task = (await client.get("/tasks/o1.email")).json()
+        assert task["body"] == {"card": "s3cr3t-body"} and task["headers"]["X-Api"] == "s3cr3t-hdr"
+        assert (await client.post("/topics/orders/publish", json=body)).status_code == 200

@@ -163,7 +163,9 @@ async def test_keeps_its_estimate_through_a_short_outage_then_gives_up() -> None
 
 async def test_real_redis_with_a_fast_monotonic_clock(redis: Redis) -> None:
     """The real redis-server's TIME, a local monotonic clock running 10 % fast: right after each
-    refresh the clock is at most one round trip ahead of a TIME read afterwards."""
+    refresh the clock is at most one round trip ahead of a TIME read afterwards, plus the 10 %
+    it gains from the sample's reply to the reading (a preempted test process reads later:
+    under a loaded CI host that alone was 0.1 ms)."""
     import time
 
     base = time.monotonic()
@@ -176,9 +178,11 @@ async def test_real_redis_with_a_fast_monotonic_clock(redis: Redis) -> None:
     for _ in range(300):
         await clock.refresh()
         now = clock.wall_ms()
+        read_at = fast() * 1000
         seconds, micros = await redis.time()
         sample = clock.last_sample
         assert sample is not None
+        gained = 0.10 * (read_at - sample.received_ms) / 1.10  # 10 % of the real time since
         excess.append(now - (seconds * 1000 + micros / 1000)
-                      - (sample.received_ms - sample.sent_ms))
+                      - (sample.received_ms - sample.sent_ms) - gained)
     assert max(excess) <= 0.05, sorted(excess)[-5:]

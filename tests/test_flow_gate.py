@@ -400,3 +400,36 @@ async def test_parking_one_attempt_found_cancelled_parks_the_rest(
     await gate._park(attempts)
     assert [a.stage for a in attempts] == [Stage.SKIPPED, Stage.HANDED_BACK, Stage.PARKED]
     assert handed == ["b"] and len(lifecycle) == 0
+
+
+async def test_a_pause_stops_the_flow_from_the_next_tick(gated: Harness,
+                                                         router: respx.MockRouter) -> None:
+    """Paused while one task is in flight and two wait for its permit in this process: once
+    the tick's permits call has told the gate (at most a tick), the answer hands the permit to
+    no one, and the two stay claimed with no attempt. Resumed (control: the same waiters start
+    after the next tick), they go, once each."""
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=1)
+    keys = ["k0", "k1", "k2"]
+    await due_now(gated, keys)
+    await wait_until(lambda: _true(receiver.now == 1), "one in flight")
+    first = receiver.attempts[0][0]
+    rest = [key for key in keys if key != first]
+    gate = gated.dispatcher._gate
+
+    await flow_store(gated.store).set_paused(FLOW, True)
+    await gated.dispatcher.poll_flows()  # the tick: its permits call learns of the pause
+    await wait_until(lambda: _true(gate._states[FLOW].paused), "the gate to know")
+    receiver.answer()
+    await wait_until(lambda: _true(receiver.now == 0), "the first answered")
+    await asyncio.sleep(0.05)  # room for a hand-on to (wrongly) start another
+    assert receiver.attempts == [(first, "1")]
+    assert await statuses(gated, rest) == [("delivering", 0)] * 2
+    assert gate.waiting == 2
+
+    await flow_store(gated.store).set_paused(FLOW, False)
+    await gated.dispatcher.poll_flows()
+    receiver.open.set()
+    await gated.settle()
+    assert sorted(receiver.attempts) == [(k, "1") for k in keys]
+    assert await statuses(gated, keys) == [("succeeded", 1)] * 3

@@ -248,9 +248,9 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
     await redis.hset(F + "cfg", "r", "2")
     reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0,
                                                         "a", NOW + 500, "b", NOW + 500])
-    assert [int(x) for x in reply] == [2, 500 + 1000, 2, 0, 1]
+    assert [int(x) for x in reply][:5] == [2, 500 + 1000, 2, 0, 1]
     reply = await store.scripts.permits(keys=[F], args=[NOW + 1000, 100, 15_000, 2, "a", "b",
                                                         "c", NOW + 1000])
-    assert [int(x) for x in reply] == [0, 500, 0, 0, 1]
+    assert [int(x) for x in reply][:5] == [0, 500, 0, 0, 1]
     assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}
 

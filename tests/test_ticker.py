@@ -46,7 +46,7 @@ class FakeDispatcher:
     def keys(self) -> list[str]:
         return [task.key for tasks, _ in self.calls for task in tasks]
 
-    async def poll_flows(self) -> None:
+    async def poll_flows(self, tick_ms: int = 1000) -> None:
         self.polls = getattr(self, "polls", 0) + 1
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from timewheel import __version__, listen
+from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
 from timewheel.settings import Settings
 
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
     client_cli.add_commands(commands)
     listen.add_command(commands)
+    keys_cli.add_command(commands)
     return parser
 
 
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "listen":
         sys.exit(listen.run(args))
+    if args.command == "keys":
+        sys.exit(keys_cli.run(args))
     if args.command != "serve":
         sys.exit(client_cli.run(args))
     overrides: dict[str, Any] = {

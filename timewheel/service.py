@@ -79,7 +79,8 @@ class Wheel:
         store = Store(redis, settings.key_prefix,
                       retention_ms=int(settings.retention_seconds * 1000),
                       lease_margin_ms=int(settings.lease_margin_seconds * 1000),
-                      buckets=settings.buckets, attempts_kept=settings.attempts_kept)
+                      buckets=settings.buckets, attempts_kept=settings.attempts_kept,
+                      cipher=settings.cipher())
         durability = Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
         if durability.enabled:  # before the flow and schedule stores take scripts from it
             store.scripts.require_replicas(durability)
@@ -108,7 +109,7 @@ class Wheel:
         limits = TaskLimits(max_horizon_seconds=settings.max_horizon_seconds,
                             batch_deadline_seconds=settings.batch_deadline_seconds)
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
-        wheel.tasks = TaskOperations(store, clock, policy, limits, metrics)
+        wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
         publisher = Publisher(store)
         wheel.topics = TopicOperations(TopicStore(store), publisher, wheel.tasks, clock,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from timewheel.scopes import ApiToken, check_tokens
+
+if TYPE_CHECKING:
+    from timewheel.store.encryption import Cipher
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -63,6 +66,9 @@ class Settings(BaseSettings):
     attempt_body_bytes: int = Field(default=1024, ge=0, le=65_536)
     # Result callbacks (docs/api.md v3): the answer's body bytes a result reports.
     result_body_bytes: int = Field(default=65_536, ge=0, le=1_048_576)
+    # ``<id>:<base64 32-byte key>``, comma-separated; the first seals headers and bodies, every
+    # one opens what it sealed (timewheel/store/encryption.py). Unset: stored as sent.
+    encryption_keys: Annotated[list[SecretStr], NoDecode] = []
 
     # Beyond docs/api.md: operational knobs with safe defaults.
     retention_seconds: float = Field(default=7 * 86400, gt=0)
@@ -107,7 +113,8 @@ class Settings(BaseSettings):
             parts.append(f"{name}={shown}")
         return " ".join(parts)
 
-    @field_validator("api_tokens", "signing_secret", "allowed_networks", mode="before")
+    @field_validator("api_tokens", "signing_secret", "allowed_networks", "encryption_keys",
+                     mode="before")
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
@@ -136,6 +143,23 @@ class Settings(BaseSettings):
         for secret in value:
             decode_secret(secret.get_secret_value())
         return value
+
+    @field_validator("encryption_keys")
+    @classmethod
+    def _aes_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        # Parsed here so a bad key stops the start, not the first create; the message names
+        # the entry's id, never its key.
+        from timewheel.store.encryption import parse_keys
+
+        parse_keys(",".join(s.get_secret_value() for s in value))
+        return value
+
+    def cipher(self) -> Cipher | None:
+        """The payload cipher of TIMEWHEEL_ENCRYPTION_KEYS; None when unset."""
+        from timewheel.store.encryption import Cipher, parse_keys
+
+        keys = parse_keys(",".join(s.get_secret_value() for s in self.encryption_keys))
+        return Cipher(keys) if keys else None
 
     @model_validator(mode="after")
     def _cluster_needs_url(self) -> Settings:

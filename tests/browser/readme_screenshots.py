@@ -51,7 +51,9 @@ def seed(api: httpx.Client, receiver: ThreadedReceiver) -> None:
             "body": {"order": name.split("-")[1], "event": name.split("-")[2]}})
     api.put("/flows/api.example.com:443", json={"parallelism": 10, "rate": 50})
     api.put("/flows/tenant-acme", json={"parallelism": 4})
-    api.put("/flows/payments.internal:8443", json={"parallelism": 2, "rate": 0.5})
+    api.put("/flows/payments.internal:8443", json={
+        "parallelism": 2, "rate": 0.5, "paused": True, "max_attempts": 30, "retry_backoff": 10,
+        "max_backoff": 3600})
     api.put("/schedules/nightly-report", json={
         "cron": "30 2 * * *", "timezone": "Europe/Berlin",
         "task": {"callback_url": receiver.url("/hooks/report")}})

@@ -214,7 +214,8 @@ def test_change_flow_limits(page: Any, service: Service, api: httpx.Client,
     expect(row.locator(".rate")).to_have_text("2.5")
     listed = {f["key"]: f for f in api.get("/flows").json()["flows"]}
     assert listed[edited] == {"key": edited, "parallelism": 7, "rate": 2.5, "in_flight": 0,
-                              "waiting": 0}
+                              "waiting": 0, "paused": False, "max_attempts": None,
+                              "retry_backoff": None, "max_backoff": None}
 
     page.fill("#flow-key", added)
     page.fill("#flow-parallelism", "3")

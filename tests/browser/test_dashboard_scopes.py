@@ -73,6 +73,7 @@ ACTIONS = [
     ("#/flows", "#flow-form", "admin"),
     ("#/flows", f"#flow-results tr[data-key='{FLOW}'] button:text-is('Edit')", "admin"),
     ("#/flows", f"#flow-results tr[data-key='{FLOW}'] button:text-is('Reset')", "admin"),
+    ("#/flows", f"#flow-results tr[data-key='{FLOW}'] button:text-is('Pause')", "admin"),
 ]
 # What every scope sees, the control that the page did load its data before the check above.
 LOADED = {

@@ -132,6 +132,10 @@ def test_service_422_is_an_api_error_with_each_field(router: respx.MockRouter,
      {"key": "f1", "deleted": True}),
     (["flows", "list"], "GET", "/flows", httpx.Response(200, json={"flows": [FLOW]}),
      {"flows": [FLOW]}),
+    (["flows", "pause", "f1"], "POST", "/flows/f1/pause", httpx.Response(200, json=FLOW),
+     FLOW),
+    (["flows", "resume", "f1"], "POST", "/flows/f1/resume", httpx.Response(200, json=FLOW),
+     FLOW),
     (["schedules", "get", "s1"], "GET", "/schedules/s1", httpx.Response(200, json=SCHEDULE),
      SCHEDULE),
     (["schedules", "delete", "s1"], "DELETE", "/schedules/s1", httpx.Response(204),
@@ -237,10 +241,16 @@ def test_schedules_list(router: respx.MockRouter, capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out) == page
 
 
+UNSET = {"paused": False, "max_attempts": None, "retry_backoff": None, "max_backoff": None}
+
+
 @pytest.mark.parametrize(("argv", "body"), [
-    (["--parallelism", "5", "--rate", "0.5"], {"parallelism": 5, "rate": 0.5}),
-    (["--rate", "10"], {"parallelism": None, "rate": 10}),
-    ([], {"parallelism": None, "rate": None}),
+    (["--parallelism", "5", "--rate", "0.5"], {"parallelism": 5, "rate": 0.5, **UNSET}),
+    (["--rate", "10"], {"parallelism": None, "rate": 10, **UNSET}),
+    ([], {"parallelism": None, "rate": None, **UNSET}),
+    (["--paused", "--max-attempts", "20", "--retry-backoff", "30", "--max-backoff", "86400"],
+     {"parallelism": None, "rate": None, "paused": True, "max_attempts": 20,
+      "retry_backoff": 30, "max_backoff": 86400}),
 ])
 def test_flows_set(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
                    argv: list[str], body: dict[str, Any]) -> None:

@@ -59,7 +59,8 @@ def view(key: str = "k1", **changes: Any) -> dict[str, Any]:
     return body | changes
 
 
-FLOW = {"key": "example.com:443", "parallelism": 3, "rate": None, "in_flight": 1, "waiting": 0}
+FLOW = {"key": "example.com:443", "parallelism": 3, "rate": None, "in_flight": 1, "waiting": 0,
+        "paused": False, "max_attempts": None, "retry_backoff": None, "max_backoff": None}
 SCHEDULE = {"id": "s1", "cron": "*/5 * * * *", "every": None, "timezone": "UTC",
             "task": {"callback_url": URL, "method": "POST", "headers": {}, "body": None,
                      "timeout": None, "max_attempts": 5, "retry_backoff": 1.0, "flow_key": None,
@@ -112,9 +113,16 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, dict[str, str]
      "POST", "/tasks/batch", {}, {"tasks": [{"callback_url": URL, "key": "b1"},
                                             {"callback_url": "nope"}]},
      httpx.Response(200, json=BATCH), BatchResult(**BATCH)),
-    # PUT replaces both limits: a model sends the one not given as null.
+    # PUT replaces the whole configuration: a model sends what is not given as null/false.
     ("set_flow", ("example.com:443", FlowLimits(parallelism=3)), {},
-     "PUT", "/flows/example.com:443", {}, {"parallelism": 3, "rate": None},
+     "PUT", "/flows/example.com:443", {}, {"parallelism": 3, "rate": None, "paused": False,
+                                           "max_attempts": None, "retry_backoff": None,
+                                           "max_backoff": None},
+     httpx.Response(200, json=FLOW), FlowView(**FLOW)),
+    ("pause_flow", ("example.com:443",), {}, "POST", "/flows/example.com:443/pause", {},
+     NO_BODY, httpx.Response(200, json={**FLOW, "paused": True}),
+     FlowView(**{**FLOW, "paused": True})),
+    ("resume_flow", ("f",), {}, "POST", "/flows/f/resume", {}, NO_BODY,
      httpx.Response(200, json=FLOW), FlowView(**FLOW)),
     ("set_flow", ("f", {"rate": 0.5}), {}, "PUT", "/flows/f", {}, {"rate": 0.5},
      httpx.Response(200, json=FLOW), FlowView(**FLOW)),

@@ -62,14 +62,15 @@ RUN = {"sh", "python"}
 SHOWN = {"text", "json"}
 BLOCK_SECONDS = 60
 WAIT_SECONDS = 30
-# as the examples write them; 8081 is the README's second service (scoped tokens)
-SERVICE_PORT, SECOND_PORT, LISTEN_PORT = "8080", "8081", "9000"
+# as the examples write them; 8081 is the README's second service (scoped tokens), 8082 its
+# third (encryption at rest)
+SERVICE_PORT, SECOND_PORT, LISTEN_PORT, THIRD_PORT = "8080", "8081", "9000", "8082"
 
 FENCE = re.compile(r"^```(\S*)\s*$")
 MARKER = re.compile(r"^<!--\s*(.*?)\s*-->\s*$")
 BACKGROUND = re.compile(r"^background ([\w-]+): (127\.0\.0\.1:\d+)$")
 WAIT_FOR = re.compile(r'^wait-for: ([\w-]+) prints "(.+)"$')
-ADDRESS = re.compile(r"(127\.0\.0\.1:|--port )(8080|8081|9000)\b")
+ADDRESS = re.compile(r"(127\.0\.0\.1:|--port )(8080|8081|8082|9000)\b")
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ class Session:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.ports = {port: str(free_port()) for port in (SERVICE_PORT, SECOND_PORT, LISTEN_PORT)}
+        self.ports = {port: str(free_port()) for port in (SERVICE_PORT, SECOND_PORT, LISTEN_PORT,
+                                                        THIRD_PORT)}
         curl_home = directory / "curl"
         curl_home.mkdir()
         (curl_home / ".curlrc").write_text("fail-with-body\nshow-error\n")

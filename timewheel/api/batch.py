@@ -31,6 +31,7 @@ from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.errors import validation_error
 from timewheel.api.routing import TaskRoute
 from timewheel.api.views import body_value, task_view
+from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.errors import BodyTooLarge, InvalidInput
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
 from timewheel.store import ScheduleReply
@@ -95,9 +96,13 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
     codes, existing = await wheel.tasks.create_many(tasks, now)
     times = Times()
     created_at = times(now)
+    # The retry fields in force for tasks that set none: their flows' defaults.
+    defaults = await wheel.flows.retry_defaults(
+        {task.flow for task in tasks if not (task.max_attempts and task.backoff_ms)}, now_ms=now)
     for task, code, index in zip(tasks, codes, positions, strict=True):
         if code is ScheduleReply.CREATED:
-            view: dict[str, Any] | None = created_view(task, created_at, times)
+            view: dict[str, Any] | None = created_view(
+                task, created_at, times, defaults.get(task.flow, NO_DEFAULTS))
         else:  # None: expired meanwhile, or its body too large to read with the others
             found = existing[task.key]
             view = task_view(found).model_dump(mode="json") if found is not None else None
@@ -126,16 +131,19 @@ class Times:
         return f"{text}.{millis:03d}Z"
 
 
-def created_view(task: NewTask, created_at: str, times: Times) -> dict[str, Any]:
+def created_view(task: NewTask, created_at: str, times: Times,
+                 retry: RetryDefaults = NO_DEFAULTS) -> dict[str, Any]:
     """``task_view(task.as_record(now)).model_dump(mode="json")`` of a task just created,
-    built directly."""
+    built directly (with the retry fields in force: ``retry``, its flow's defaults)."""
     due = times(task.due_ms)
     return {"key": task.key, "status": "scheduled", "execute_at": due,
             "callback_url": task.url, "method": task.method, "attempts": 0,
-            "max_attempts": task.max_attempts, "next_attempt_at": due, "last_attempt_at": None,
+            "max_attempts": retry.max_attempts_for(task.max_attempts), "next_attempt_at": due,
+            "last_attempt_at": None,
             "last_status_code": None, "last_error": None, "created_at": created_at,
             "finished_at": None, "headers": dict(task.headers),
             "body": body_value(task.headers, task.body or b""),
-            "timeout": task.timeout_ms / 1000, "retry_backoff": task.backoff_ms / 1000,
+            "timeout": task.timeout_ms / 1000,
+            "retry_backoff": retry.backoff_ms_for(task.backoff_ms) / 1000,
             "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts",
             "on_success": task.on_success, "on_failure": task.on_failure}

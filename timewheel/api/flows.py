@@ -1,4 +1,5 @@
-"""``/flows``: a flow's limits, in force over every process at once (docs/api.md, Flow control)."""
+"""``/flows``: a flow's limits, pause and retry defaults, in force over every process at once
+(docs/api.md, "Flow control" and v3 "Flows: pause, retry defaults, and what waiting counts")."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
@@ -15,14 +17,25 @@ from timewheel.models.flows import FlowLimits, FlowList, FlowView
 from timewheel.service import Wheel
 from timewheel.store.flow_store import StoredLimits
 
+
+class FlowKeyConvertor(PathConvertor):
+    """A flow key as a path segment: anything, so that a key with a slash reaches ``_checked``
+    (422, the key is wrong) instead of matching no route (404), except ``<x>/pause`` and
+    ``<x>/resume``: those are the POST shorthands' paths, and another method there is a 405
+    (with ``Allow: POST``), not a 422 for a flow key "<x>/pause"."""
+
+    regex = r"(?!.+/(?:pause|resume)$).*"
+
+
+register_url_convertor("flow_key", FlowKeyConvertor())
+
 router = APIRouter(prefix="/flows", tags=["flows"], route_class=TaskRoute)
 
 _KEY = re.compile(KEY_PATTERN)
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such path (a flow key with a line break)"},
     503: {"description": "Redis unavailable"}}
-# ``:path`` so that a key with a slash reaches the check below (422) instead of matching no
-# route at all (404): the key is wrong, not the address.
+# Matched with the path-like convertor above, then checked by _checked (422 for a bad key).
 FlowKey = Annotated[str, Path(pattern=KEY_PATTERN,
                                 description="the flow key: 1-200 chars of [A-Za-z0-9._:-]")]
 
@@ -35,15 +48,30 @@ def _checked(flow_key: str) -> str:
     return flow_key
 
 
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
 async def _view(wheel: Wheel, flow_key: str) -> FlowView:
     limits = await wheel.flows.limits(flow_key)
+    now = wheel.clock.now_ms()
+    # Parked in Redis, plus waiting in the memory of every live process (reported each tick).
+    in_processes = await wheel.flows.waiting_in_processes([flow_key], now_ms=now)
     return FlowView(
         key=flow_key,
         parallelism=limits.parallelism or wheel.settings.flow_parallelism,
         rate=limits.rate,
-        in_flight=await wheel.flows.in_flight(flow_key, now_ms=wheel.clock.now_ms()),
-        waiting=await wheel.store.parked_count(flow_key),
+        in_flight=await wheel.flows.in_flight(flow_key, now_ms=now),
+        waiting=await wheel.store.parked_count(flow_key) + in_processes[0],
+        paused=limits.paused,
+        max_attempts=limits.max_attempts,
+        retry_backoff=_seconds(limits.backoff_ms),
+        max_backoff=_seconds(limits.max_backoff_ms),
     )
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else max(1, round(seconds * 1000))
 
 
 @router.get("", dependencies=[Needs.READ], response_model=FlowList, responses=_RESPONSES)
@@ -52,23 +80,42 @@ async def list_flows(wheel: WheelDep) -> FlowList:
     return FlowList(flows=[await _view(wheel, key) for key in await wheel.flows.configured()])
 
 
-@router.put("/{flow_key:path}", dependencies=[Needs.ADMIN],
+@router.put("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
             response_model=FlowView, responses=_RESPONSES)
 async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> FlowView:
-    """Set a flow's limits; every process obeys them from its next permit on."""
-    await wheel.flows.set_limits(_checked(flow_key),
-                                 StoredLimits(body.parallelism, body.rate))
+    """Set a flow's limits, pause and retry defaults (the whole configuration: what is absent
+    is cleared); every process obeys them from its next permit on (within one tick)."""
+    await wheel.flows.set_limits(_checked(flow_key), StoredLimits(
+        body.parallelism, body.rate, body.paused, body.max_attempts, _ms(body.retry_backoff),
+        _ms(body.max_backoff)))
     return await _view(wheel, flow_key)
 
 
-@router.get("/{flow_key:path}", dependencies=[Needs.READ],
+@router.post("/{flow_key:path}/pause", dependencies=[Needs.ADMIN],
+             response_model=FlowView, responses=_RESPONSES)
+async def pause_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
+    """Start no attempt of the flow on any process (within one tick; one in flight
+    finishes). Its due tasks wait: not failed, not counted as attempts."""
+    await wheel.flows.set_paused(_checked(flow_key), True)
+    return await _view(wheel, flow_key)
+
+
+@router.post("/{flow_key:path}/resume", dependencies=[Needs.ADMIN],
+             response_model=FlowView, responses=_RESPONSES)
+async def resume_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
+    """Start the flow's waiting tasks again, in due order, within its limits."""
+    await wheel.flows.set_paused(_checked(flow_key), False)
+    return await _view(wheel, flow_key)
+
+
+@router.get("/{flow_key:flow_key}", dependencies=[Needs.READ],
             response_model=FlowView, responses=_RESPONSES)
 async def get_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """A flow's limits in force (the defaults for a flow never set) and its load now."""
     return await _view(wheel, _checked(flow_key))
 
 
-@router.delete("/{flow_key:path}", dependencies=[Needs.ADMIN],
+@router.delete("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
                status_code=204, response_class=Response,
                responses=_RESPONSES)
 async def delete_flow(flow_key: FlowKey, wheel: WheelDep) -> Response:

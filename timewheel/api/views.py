@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from timewheel.delivery.retry_policy import NO_DEFAULTS
 from timewheel.models import TaskView, format_ms
 from timewheel.store.record import TaskRecord
 
@@ -14,17 +15,21 @@ _JSON_TYPES = ("application/json",)
 
 def task_view(record: TaskRecord) -> TaskView:
     """The API's view of a task. A record whose headers and body were left unread (a
-    listing's byte budget) must not get here: the listing ends its page before it."""
+    listing's byte budget) must not get here: the listing ends its page before it. Retry
+    fields the task did not set come resolved to its flow's defaults
+    (``TaskOperations.resolved``); one still unset shows the service's default."""
     headers = record.headers or []
     return TaskView(
         key=record.key, status=record.status, execute_at=_when(record.execute_at_ms),
         callback_url=record.callback_url, method=record.method, attempts=record.attempts,
-        max_attempts=record.max_attempts, next_attempt_at=format_ms(record.due_ms),
+        max_attempts=NO_DEFAULTS.max_attempts_for(record.max_attempts),
+        next_attempt_at=format_ms(record.due_ms),
         last_attempt_at=format_ms(record.last_attempt_ms),
         last_status_code=record.last_status_code, last_error=record.last_error,
         created_at=_when(record.created_ms), finished_at=format_ms(record.finished_ms),
         headers=dict(headers), body=body_value(headers, record.body or b""),
-        timeout=record.timeout_ms / 1000, retry_backoff=record.backoff_ms / 1000,
+        timeout=record.timeout_ms / 1000,
+        retry_backoff=NO_DEFAULTS.backoff_ms_for(record.backoff_ms) / 1000,
         flow_key=record.flow, attempts_url=f"/tasks/{record.key}/attempts",
         on_success=record.on_success, on_failure=record.on_failure)
 

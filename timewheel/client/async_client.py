@@ -144,7 +144,8 @@ class AsyncClient:
     # -- flows ----------------------------------------------------------------------------
 
     async def set_flow(self, key: str, limits: FlowLimits | Mapping[str, Any]) -> FlowView:
-        """Set both limits of a flow (an unset one becomes no limit)."""
+        """Set a flow's whole configuration: limits, ``paused``, retry defaults
+        (``max_attempts``, ``retry_backoff``, ``max_backoff``); what is not given is cleared."""
         return await self._run(calls.set_flow(key, limits))
 
     async def get_flow(self, key: str) -> FlowView:
@@ -157,6 +158,15 @@ class AsyncClient:
     async def delete_flow(self, key: str) -> None:
         """Back to the default limits."""
         await self._run(calls.delete_flow(key))
+
+    async def pause_flow(self, key: str) -> FlowView:
+        """Start no attempt of the flow on any process (within a tick; one in flight
+        finishes); its due tasks wait. The rest of its configuration is kept."""
+        return await self._run(calls.pause_flow(key))
+
+    async def resume_flow(self, key: str) -> FlowView:
+        """Start the flow's waiting tasks again, in due order, within its limits."""
+        return await self._run(calls.resume_flow(key))
 
     # -- schedules ------------------------------------------------------------------------
 

@@ -217,7 +217,9 @@ def task_attempts(key: str) -> Call[list[AttemptView]]:
 # -- /flows -------------------------------------------------------------------------------
 
 def set_flow(key: str, limits: FlowLimits | Mapping[str, Any]) -> Call[FlowView]:
-    """``PUT /flows/{key}``: replaces both limits; one not given is no limit."""
+    """``PUT /flows/{key}``: replaces the whole configuration (limits, ``paused``, retry
+    defaults ``max_attempts``, ``retry_backoff``, ``max_backoff``); what is not given is
+    cleared (no limit, not paused, no default)."""
     payload = limits.model_dump(mode="json") if isinstance(limits, FlowLimits) else dict(limits)
     return Call("PUT", f"/flows/{segment(key)}", _model(FlowView), json=payload)
 
@@ -233,6 +235,17 @@ def list_flows() -> Call[FlowList]:
 
 def delete_flow(key: str) -> Call[None]:
     return Call("DELETE", f"/flows/{segment(key)}", _nothing)
+
+
+def pause_flow(key: str) -> Call[FlowView]:
+    """``POST /flows/{key}/pause``: no attempt of the flow starts on any process (within a
+    tick); the rest of its configuration is kept."""
+    return Call("POST", f"/flows/{segment(key)}/pause", _model(FlowView))
+
+
+def resume_flow(key: str) -> Call[FlowView]:
+    """``POST /flows/{key}/resume``: its waiting tasks start in due order, within its limits."""
+    return Call("POST", f"/flows/{segment(key)}/resume", _model(FlowView))
 
 
 # -- /schedules ---------------------------------------------------------------------------

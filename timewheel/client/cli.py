@@ -323,13 +323,24 @@ def _list_schedules(client: Client, args: argparse.Namespace) -> Any:
 
 def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
            common: argparse.ArgumentParser) -> None:
-    flows = commands.add_parser("flows", help="limits shared by the tasks of a flow")
+    flows = commands.add_parser("flows", help="limits, pause and retry defaults of a flow")
     group = flows.add_subparsers(dest="action", required=True, metavar="ACTION")
     set_ = _command(group, "set", common, _set_flow,
-                    "set a flow's limits; a limit not given becomes no limit")
+                    "set a flow's whole configuration; what is not given is cleared")
     set_.add_argument("key", metavar="KEY")
     set_.add_argument("--parallelism", type=int, metavar="N", help="attempts in flight at most")
     set_.add_argument("--rate", type=_number, metavar="R", help="attempts started per second")
+    set_.add_argument("--paused", action="store_true", help="start no attempt of the flow")
+    set_.add_argument("--max-attempts", type=int, metavar="N",
+                      help="attempts of the flow's tasks that set none")
+    set_.add_argument("--retry-backoff", type=_number, metavar="S",
+                      help="seconds before the first retry (doubling), for tasks that set none")
+    set_.add_argument("--max-backoff", type=_number, metavar="S",
+                      help="no retry of the flow waits longer (at most 86400)")
+    _command(group, "pause", common, _pause_flow,
+             "start no attempt of the flow on any process").add_argument("key", metavar="KEY")
+    _command(group, "resume", common, _resume_flow,
+             "start its waiting tasks again, in due order").add_argument("key", metavar="KEY")
     _command(group, "get", common, _get_flow,
              "show a flow's limits and load").add_argument("key", metavar="KEY")
     _command(group, "delete", common, _delete_flow,
@@ -338,7 +349,18 @@ def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _set_flow(client: Client, args: argparse.Namespace) -> Any:
-    return client.set_flow(args.key, {"parallelism": args.parallelism, "rate": args.rate})
+    return client.set_flow(args.key, {
+        "parallelism": args.parallelism, "rate": args.rate, "paused": args.paused,
+        "max_attempts": args.max_attempts, "retry_backoff": args.retry_backoff,
+        "max_backoff": args.max_backoff})
+
+
+def _pause_flow(client: Client, args: argparse.Namespace) -> Any:
+    return client.pause_flow(args.key)
+
+
+def _resume_flow(client: Client, args: argparse.Namespace) -> Any:
+    return client.resume_flow(args.key)
 
 
 def _get_flow(client: Client, args: argparse.Namespace) -> Any:

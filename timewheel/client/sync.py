@@ -141,7 +141,8 @@ class Client:
     # -- flows ----------------------------------------------------------------------------
 
     def set_flow(self, key: str, limits: FlowLimits | Mapping[str, Any]) -> FlowView:
-        """Set both limits of a flow (an unset one becomes no limit)."""
+        """Set a flow's whole configuration: limits, ``paused``, retry defaults
+        (``max_attempts``, ``retry_backoff``, ``max_backoff``); what is not given is cleared."""
         return self._run(calls.set_flow(key, limits))
 
     def get_flow(self, key: str) -> FlowView:
@@ -154,6 +155,15 @@ class Client:
     def delete_flow(self, key: str) -> None:
         """Back to the default limits."""
         self._run(calls.delete_flow(key))
+
+    def pause_flow(self, key: str) -> FlowView:
+        """Start no attempt of the flow on any process (within a tick; one in flight
+        finishes); its due tasks wait. The rest of its configuration is kept."""
+        return self._run(calls.pause_flow(key))
+
+    def resume_flow(self, key: str) -> FlowView:
+        """Start the flow's waiting tasks again, in due order, within its limits."""
+        return self._run(calls.resume_flow(key))
 
     # -- schedules ------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
+from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.errors import TimeWheelError
 from timewheel.store.record import ClaimedTask, Started
 
@@ -99,6 +100,7 @@ class Attempt:
     start_ms: int = 0  # the flow logged its start for this moment: not sent before it
     started: Started | None = None  # what lua/start.lua handed over (STARTED on)
     park_by_ms: float = 0.0  # waiting for its flow this long at most, then parked
+    retry: RetryDefaults = NO_DEFAULTS  # its flow's retry defaults, as of its permit
 
     @classmethod
     def claimed(cls, task: ClaimedTask, claimed_at_ms: int, *, batch_deadline_ms: int,

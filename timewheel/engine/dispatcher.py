@@ -40,16 +40,20 @@ from timewheel.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
-# An attempt leaves the timeline this long before it is due, to ask its flow for a permit (a
-# Redis round trip, batched per flow) off the critical path: with 5 ms the permit was often
-# still out at the due time (bench/README.md, spread p99 15-19 ms; 3.7-5.3 ms with 20).
+# An attempt leaves the timeline this long before it is due (to WAKE_GRID_MS more), to ask its
+# flow for a permit (a Redis round trip, batched per flow) off the critical path: with 5 ms the
+# permit was often still out at the due time (bench/README.md, spread p99 15-19 ms; 3.7-5.3 ms
+# with 20).
 START_LEAD_MS = 20.0
 # The claim check (lua/start.lua) waits until this long before the due time: from the check on
 # the attempt counts as started, and a DELETE after it no longer stops it (docs/api.md: "in
-# flight"). On a grid: attempts due within the same CHECK_GRID_MS wake together, so one start
-# call carries them all (every bucket's, on a single Redis) instead of one ~65 us call each.
+# flight").
 CHECK_LEAD_MS = 5.0
-CHECK_GRID_MS = 5.0
+# Both wake-ups are on a grid: attempts due within the same WAKE_GRID_MS leave the timeline in
+# one pass (one permits call per flow) and start in one call (every bucket's, on a single
+# Redis), instead of a wake-up and a ~65 us Redis call each. They are still sent at their due
+# millisecond.
+WAKE_GRID_MS = 5.0
 PARK_LEAD_MS = 100  # an attempt waiting for a permit is parked this long before its send-by
 RATE_SLACK_MS = 20  # a rated flow's attempt starts at most this long after its logged start
 
@@ -68,7 +72,7 @@ class Dispatcher:
         self._recorder = Recorder(store, clock, metrics)
         self._executor = Executor(clock, sender, metrics, signer=signer,
                                   tracing=tracing or Tracing(None),
-                                  log_deliveries=log_deliveries)
+                                  log_deliveries=log_deliveries, cipher=store.cipher)
         self._ready: asyncio.Queue[Attempt] = asyncio.Queue()
         self._gate = FlowGate(
             flows, store, self._recorder, self._lifecycle, self._ready, clock, metrics,
@@ -95,10 +99,11 @@ class Dispatcher:
         its own waiting room never stops this process from claiming other flows' tasks."""
         return self.in_flight - self._gate.waiting
 
-    async def poll_flows(self) -> None:
-        """Once a tick: take back parked tasks whose flow has room (any process parked them)."""
+    async def poll_flows(self, tick_ms: int = 1000) -> None:
+        """Once a tick: take back parked tasks whose flow has room (any process parked them),
+        and report the attempts waiting here for their flow."""
         self._start_workers()
-        await self._gate.poll()
+        await self._gate.poll(tick_ms)
 
     def submit(self, tasks: Sequence[ClaimedTask], claimed_at_ms: int) -> None:
         """Take over freshly claimed tasks; each fires at its own time."""
@@ -107,7 +112,7 @@ class Dispatcher:
             attempt = self._lifecycle.add(Attempt.claimed(
                 task, claimed_at_ms, batch_deadline_ms=self._batch_deadline_ms,
                 lease_margin_ms=self._lease_margin_ms))
-            self._timeline.add(task.due_ms - START_LEAD_MS, attempt)
+            self._timeline.add(on_grid(task.due_ms - START_LEAD_MS), attempt)
 
     def _due(self, attempt: Attempt) -> None:
         """Nearly due: ask its flow for a permit. It may wait for one until just before it
@@ -129,7 +134,7 @@ class Dispatcher:
             self._hand_back(attempt, "it could not start in time (saturated: add processes "
                                      "or concurrency)")
             return
-        await self._clock.sleep_until(check_at(task.due_ms))
+        await self._clock.sleep_until(on_grid(task.due_ms - CHECK_LEAD_MS))
         try:
             started = await self._recorder.start(attempt)
         except Exception as exc:  # StoreUnavailable, or a client library's own error
@@ -273,10 +278,9 @@ class Dispatcher:
             self._recorder.hand_back(unsent, "shutting down")
 
 
-def check_at(due_ms: int) -> float:
-    """When an attempt due at ``due_ms`` is started: CHECK_LEAD_MS to CHECK_LEAD_MS +
-    CHECK_GRID_MS before it, on the grid."""
-    return (due_ms - CHECK_LEAD_MS) // CHECK_GRID_MS * CHECK_GRID_MS
+def on_grid(ms: float) -> float:
+    """``ms`` rounded down to the wake-up grid (WAKE_GRID_MS)."""
+    return ms // WAKE_GRID_MS * WAKE_GRID_MS
 
 
 async def _wait(tasks: set[asyncio.Task[None]], timeout: float) -> int:

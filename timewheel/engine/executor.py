@@ -24,6 +24,7 @@ from timewheel.engine.attempt import Attempt
 from timewheel.metrics import Metrics
 from timewheel.models import format_ms
 from timewheel.store import Outcome, attempts
+from timewheel.store.encryption import Cipher
 from timewheel.store.record import Started
 from timewheel.store.results import ResultCallback
 from timewheel.tracing import Tracing, record_callback
@@ -37,12 +38,14 @@ PROCESS = f"{socket.gethostname()}:{os.getpid()}"  # an attempt's "process" in i
 
 class Executor:
     def __init__(self, clock: Clock, sender: Sender, metrics: Metrics, *,
-                 signer: Signer | None, tracing: Tracing, log_deliveries: bool = False) -> None:
+                 signer: Signer | None, tracing: Tracing, log_deliveries: bool = False,
+                 cipher: Cipher | None = None) -> None:
         self._clock = clock
         self._sender = sender
         self._metrics = metrics
         self._signer = signer
         self._tracing = tracing
+        self._cipher = cipher  # seals the response body kept in the history (encryption.py)
         # Successes at DEBUG unless asked for: at thousands a second, a line each costs CPU.
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
@@ -120,9 +123,12 @@ class Executor:
             assert error is not None
             verdict = "fail" if error.kind == "blocked" else "retry"
             code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
-        if verdict == "retry" and number >= task.max_attempts:
+        # The task's own retry fields win; else its flow's defaults as of its permit.
+        retry = attempt.retry
+        if verdict == "retry" and number >= retry.max_attempts_for(task.max_attempts):
             verdict = "fail"
-        next_ms = (next_due_ms(now, task.backoff_ms, number, retry_after)
+        next_ms = (next_due_ms(now, retry.backoff_ms_for(task.backoff_ms), number, retry_after,
+                               cap_ms=retry.cap_ms)
                    if verdict == "retry" else None)
         level = self._ok_level if verdict == "ok" else logging.INFO
         if log.isEnabledFor(level):  # not even the extra dict for a line nobody reads
@@ -142,7 +148,7 @@ class Executor:
             body=body or None,
             body_truncated=answer is not None and (answer.body_truncated
                                                    or len(answer.body) > keep),
-            next_attempt_ms=next_ms, process=PROCESS)
+            next_attempt_ms=next_ms, process=PROCESS, key=task.key, cipher=self._cipher)
         return Outcome(task.key, task.token, verdict, code, message, next_ms, started_ms,
                        history, self.result(attempt, verdict, answer))
 

@@ -9,6 +9,13 @@ in Redis (lua/park.lua), where waiting holds no lease, no worker, no connection 
 budget. Parked tasks are taken back (lua/unpark.lua) by whichever process finds room in
 their flow: after giving back a permit, when a rate window reopens, or at each tick.
 
+A paused flow (POST /flows/{key}/pause) is a flow whose permits call grants nothing: its due
+attempts wait here and are parked like those of a full flow, nothing is handed on, and on
+resume the parked ones come back earliest first, as when a full flow gets room again.
+
+Each tick (``poll``) the process reports how many attempts wait here per flow
+(timewheel/engine/waiting_report.py), so GET /flows counts them with the parked ones.
+
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
 to Redis as one permits call. A permit of a flow without a rate is handed straight to the
 next waiter of its flow here while its lease leaves room for that attempt, so a saturated
@@ -32,6 +39,7 @@ from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
+from timewheel.engine.waiting_report import WaitingReport
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
@@ -70,6 +78,7 @@ class FlowGate:
         self._local_cap = local_cap
         self._max_waiting = max_waiting
         self._states: dict[str, FlowState] = {}
+        self._report = WaitingReport(flows, clock)
         self._leases: dict[str, Lease] = {}  # the permits this process holds
         self._to_park: list[Attempt] = []
         self._parking: set[asyncio.Task[None]] = set()
@@ -121,10 +130,12 @@ class FlowGate:
         self._release(state, [permit])
 
     def _may_hand_on(self, state: FlowState, lease: Lease) -> bool:
-        """Not for a rated flow (every start must be logged in Redis), not above a lowered
+        """Not for a rated or paused flow (every start of a rated flow must be logged in Redis;
+        a pause is known from the flow's last permits call), not above a lowered
         parallelism, not past older parked tasks of the flow, and only if the lease outlasts
         the next attempt with its margin, as a fresh one would."""
-        if not state.queue or state.rated or state.room < 0 or self._stopping:
+        if (not state.queue or state.rated or state.paused or state.room < 0
+                or self._stopping):
             return False
         head = state.queue[0]
         if state.parked_buckets and state.parked_due < head.task.due_ms:
@@ -138,6 +149,7 @@ class FlowGate:
         it asked for, if a call under way grants it, is given back then (_granted)."""
         self._leases[permit] = lease
         attempt.permit, attempt.start_ms = permit, max(start_ms, attempt.task.due_ms)
+        attempt.retry = state.retry
         self._lifecycle.move(attempt, Stage.ADMITTED)
         self._ready.put_nowait(attempt)
 
@@ -154,8 +166,9 @@ class FlowGate:
             state.parked_buckets.add(bucket)
             self._kick(state)  # there may be room already (a permit came back meanwhile)
 
-    async def poll(self) -> None:
-        """Once a tick: permits given back by other processes, and parked tasks anywhere."""
+    async def poll(self, tick_ms: int = 1000) -> None:
+        """Once a tick: permits given back by other processes, parked tasks anywhere; then
+        report the attempts waiting here, per flow."""
         found = await asyncio.gather(*(self._store.parked_flows(bucket, SCAN_FLOWS)
                                        for bucket in range(self._store.keys.buckets)))
         for bucket, rows in enumerate(found):
@@ -166,6 +179,8 @@ class FlowGate:
                 del self._states[key]
             elif state.queue or state.parked_buckets:
                 self._kick(state)
+        await self._report.write({key: len(state.queue) for key, state in self._states.items()
+                                  if state.queue}, tick_ms=tick_ms)
 
     def drain(self) -> list[Attempt]:
         """Shutdown: take every waiting attempt out (the caller hands their claims back); a
@@ -189,6 +204,7 @@ class FlowGate:
             await asyncio.gather(*late, return_exceptions=True)
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
+        await self._report.clear()  # drained: nothing waits here any more
         running = [s.exchange for s in self._states.values() if s.exchange is not None]
         for task in running:
             task.cancel()
@@ -243,6 +259,7 @@ class FlowGate:
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
         state.rated, state.room = reply.rated, reply.room
+        state.paused, state.retry = reply.paused, reply.retry
         if waiters:
             self._granted(state, waiters, want[:reply.granted], Lease(now + lease_ms))
         elif unparking and reply.granted:

@@ -6,6 +6,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
+from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.engine.attempt import Attempt
 
 MAX_WANT = 256  # permit ids asked for in one call
@@ -32,6 +33,8 @@ class FlowState:
     # permit is handed on without Redis only for a flow known to have no rate.
     rated: bool = True
     room: int = MAX_WANT  # permits free after the last call (what to ask for next time)
+    paused: bool = False  # paused at the last call: nothing is handed on
+    retry: RetryDefaults = NO_DEFAULTS  # the flow's retry defaults at the last call
 
     @property
     def idle(self) -> bool:

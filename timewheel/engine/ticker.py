@@ -101,7 +101,7 @@ class Ticker:
                     await self._store.init()
                 await self._clock.refresh()
                 await self.tick()
-                await self._dispatcher.poll_flows()
+                await self._dispatcher.poll_flows(self._tick_ms)
             except StoreUnavailable as exc:
                 self._metrics.tick_errors.inc()
                 if failures == 0:

@@ -67,8 +67,13 @@ def prepare(fields: TaskFields, key: str, now_ms: int, *, default_timeout: float
     timeout = fields.timeout if fields.timeout is not None else default_timeout
     return NewTask(
         key=key, url=fields.callback_url, method=fields.method.value, headers=headers, body=body,
-        due_ms=due, timeout_ms=max(1, round(timeout * 1000)), max_attempts=fields.max_attempts,
-        backoff_ms=max(1, round(fields.retry_backoff * 1000)),
+        due_ms=due, timeout_ms=max(1, round(timeout * 1000)),
+        # 0: not set by the request, so the flow's retry default applies when the attempt is
+        # decided (timewheel/delivery/retry_policy.py RetryDefaults). The fingerprint still
+        # covers the model's defaults, as it did for tasks stored before flows had defaults.
+        max_attempts=fields.max_attempts if "max_attempts" in fields.model_fields_set else 0,
+        backoff_ms=(max(1, round(fields.retry_backoff * 1000))
+                    if "retry_backoff" in fields.model_fields_set else 0),
         fingerprint=_fingerprint(fields, plain),
         flow=fields.flow_key or default_flow(fields.callback_url),
         on_success=fields.on_success, on_failure=fields.on_failure,

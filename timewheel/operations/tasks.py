@@ -8,11 +8,13 @@ which api/errors.py maps to status codes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy
+from timewheel.delivery.retry_policy import NO_DEFAULTS
 from timewheel.domain import TaskStatus, result_parent
 from timewheel.errors import InvalidInput, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
@@ -20,6 +22,7 @@ from timewheel.models import TaskCreate, TaskFields, TaskReschedule
 from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS, due_ms, prepare
 from timewheel.store import CancelReply, ReplayReply, RescheduleReply, ScheduleReply, Store
 from timewheel.store.batch import get_many, schedule_many
+from timewheel.store.flow_store import FlowStore
 from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor, list_tasks
 from timewheel.store.record import NewTask, TaskRecord, new_key
 
@@ -53,12 +56,40 @@ class Created:
 
 class TaskOperations:
     def __init__(self, store: Store, clock: Clock, policy: NetworkPolicy, limits: TaskLimits,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, flows: FlowStore | None = None) -> None:
         self.store = store
+        self.flows = flows
         self.clock = clock
         self.policy = policy
         self.limits = limits
         self.metrics = metrics
+
+    # -- what a task's view shows -------------------------------------------------------------
+
+    async def resolved(self, records: Sequence[TaskRecord]) -> list[TaskRecord]:
+        """The records with the retry fields in force: a task that set no ``max_attempts`` or
+        ``retry_backoff`` (stored as 0) shows its flow's default, else the service's."""
+        unset = {r.flow for r in records if not (r.max_attempts and r.backoff_ms)}
+        if not unset:
+            return list(records)
+        defaults = ({} if self.flows is None else
+                    await self.flows.retry_defaults(unset, now_ms=self.clock.now_ms()))
+        out = []
+        for record in records:
+            if record.flow in unset:
+                retry = defaults.get(record.flow, NO_DEFAULTS)
+                record = dataclasses.replace(
+                    record, max_attempts=retry.max_attempts_for(record.max_attempts),
+                    backoff_ms=retry.backoff_ms_for(record.backoff_ms))
+            out.append(record)
+        return out
+
+    async def _one(self, record: TaskRecord) -> TaskRecord:
+        return (await self.resolved([record]))[0]
+
+    async def _found(self, key: str) -> TaskRecord | None:
+        record = await self.store.get(key)
+        return None if record is None else await self._one(record)
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -120,7 +151,7 @@ class TaskOperations:
         if code is ScheduleReply.EXISTS:
             return Created(False, await self.get(key))
         self.metrics.scheduled.inc()
-        return Created(True, task.as_record(now))
+        return Created(True, await self._one(task.as_record(now)))
 
     async def replace(self, key: str, fields: TaskFields) -> Created:
         """PUT: create the task, or replace it if it has not finished."""
@@ -128,7 +159,7 @@ class TaskOperations:
         task = self.prepare(fields, key, now)
         code = await self.store.schedule(task, replace=True, now_ms=now)
         self.metrics.scheduled.inc()
-        return Created(code is ScheduleReply.CREATED, task.as_record(now))
+        return Created(code is ScheduleReply.CREATED, await self._one(task.as_record(now)))
 
     async def reschedule(self, key: str, change: TaskReschedule) -> TaskRecord:
         """PATCH: a new time (and maybe max_attempts) for a task that has not finished."""
@@ -140,7 +171,7 @@ class TaskOperations:
         if code is RescheduleReply.NOT_FOUND:
             raise TaskNotFound(key)
         if code is RescheduleReply.FINISHED:
-            raise TaskConflict(f"task {key!r} has already finished", await self.store.get(key))
+            raise TaskConflict(f"task {key!r} has already finished", await self._found(key))
         if code is RescheduleReply.TOO_FEW_ATTEMPTS:
             made = (await self.get(key)).attempts
             raise InvalidInput(("body", "max_attempts"),
@@ -154,7 +185,7 @@ class TaskOperations:
         if code is CancelReply.NOT_FOUND:
             raise TaskNotFound(key)
         if code is CancelReply.FINISHED:
-            raise TaskConflict(f"task {key!r} has already finished", await self.store.get(key))
+            raise TaskConflict(f"task {key!r} has already finished", await self._found(key))
         self.metrics.cancelled.inc()
 
     async def replay(self, key: str) -> TaskRecord:
@@ -164,14 +195,14 @@ class TaskOperations:
             raise TaskNotFound(key)
         if code is ReplayReply.NOT_FAILED:
             raise TaskConflict(f"task {key!r} is neither failed nor cancelled",
-                               await self.store.get(key))
+                               await self._found(key))
         return await self.get(key)
 
     async def get(self, key: str) -> TaskRecord:
         record = await self.store.get(key)
         if record is None:  # (also: expired between a script and this read)
             raise TaskNotFound(key)
-        return record
+        return await self._one(record)
 
     async def page(self, status: TaskStatus, *, key_prefix: str, limit: int,
                    cursor: str | None) -> tuple[list[TaskRecord], str | None]:
@@ -184,7 +215,7 @@ class TaskOperations:
                 raise InvalidInput(("query", "cursor"), str(exc), cursor) from exc
         records, following = await list_tasks(self.store, status, key_prefix=key_prefix,
                                               limit=limit, cursor=after)
-        return records, encode_cursor(status, following) if following else None
+        return await self.resolved(records), encode_cursor(status, following) if following else None
 
     # -- many tasks (POST /tasks/batch) -------------------------------------------------------
 
@@ -197,7 +228,10 @@ class TaskOperations:
         existing = [task.key for task, code in zip(tasks, codes, strict=True)
                     if code is not ScheduleReply.CREATED]
         found = await get_many(self.store, existing)
-        records = {key: (record if record is not None and record.headers is not None else None)
-                   for key, record in zip(existing, found, strict=True)}
+        readable = [record for record in found
+                    if record is not None and record.headers is not None]
+        records: dict[str, TaskRecord | None] = dict.fromkeys(existing)
+        for record in await self.resolved(readable):
+            records[record.key] = record
         self.metrics.scheduled.inc(codes.count(ScheduleReply.CREATED))
         return codes, records

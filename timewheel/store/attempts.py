@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey
+
 AttemptOutcome = Literal["delivered", "retry", "failed", "lost", "cancelled"]
 OUTCOME_OF_VERDICT: dict[str, AttemptOutcome] = {"ok": "delivered", "retry": "retry",
                                                  "fail": "failed"}
@@ -18,8 +20,9 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 def entry(*, attempt: int, started_ms: int, duration_ms: int, verdict: str,
           status_code: int | None, error: str | None, headers: dict[str, str] | None,
           body: str | None, body_truncated: bool, next_attempt_ms: int | None,
-          process: str) -> str:
-    """One history entry, as ``lua/complete.lua`` appends it (absent fields left out)."""
+          process: str, key: str = "", cipher: Cipher | None = None) -> str:
+    """One history entry, as ``lua/complete.lua`` appends it (absent fields left out). With
+    a ``cipher`` the response body is sealed (``bx``, bound to the task ``key`` and attempt)."""
     fields: dict[str, Any] = {"n": attempt, "s": started_ms, "d": duration_ms,
                               "o": OUTCOME_OF_VERDICT[verdict], "p": process}
     if status_code is not None:
@@ -28,7 +31,9 @@ def entry(*, attempt: int, started_ms: int, duration_ms: int, verdict: str,
         fields["e"] = error
     if headers:
         fields["h"] = headers
-    if body is not None:
+    if body is not None and cipher is not None:
+        fields["bx"] = cipher.seal_text(key, attempt, body)
+    elif body is not None:
         fields["b"] = body
     if body_truncated:
         fields["bt"] = 1
@@ -52,13 +57,22 @@ class AttemptRecord:
     process: str | None = None
 
     @classmethod
-    def decode(cls, raw: bytes | str) -> AttemptRecord:
+    def decode(cls, raw: bytes | str, *, key: str = "", cipher: Cipher | None = None
+               ) -> AttemptRecord:
+        """An entry as stored; a sealed body is opened with ``cipher`` (None when it cannot
+        be: its key is not listed any more)."""
         fields = json.loads(raw)
         headers = fields.get("h")
+        body = fields.get("b")
+        if "bx" in fields and cipher is not None:
+            try:
+                body = cipher.open_text(key, int(fields["n"]), fields["bx"])
+            except (UnknownKey, BadCiphertext):
+                body = None
         return cls(
             attempt=int(fields["n"]), outcome=fields["o"], started_ms=fields.get("s"),
             duration_ms=fields.get("d"), status_code=fields.get("c"), error=fields.get("e"),
             # cjson writes an empty Lua table as {}; Python writes none at all
             response_headers=headers if isinstance(headers, dict) and headers else None,
-            response_body=fields.get("b"), response_body_truncated=bool(fields.get("bt")),
+            response_body=body, response_body_truncated=bool(fields.get("bt")),
             next_attempt_ms=fields.get("na"), process=fields.get("p"))

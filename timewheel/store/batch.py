@@ -63,6 +63,10 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
             calls = [_script_args(store, tasks[i], now_ms, f"{batch_id}.{i}") for i in indexes]
             for index, code in zip(indexes, await _schedule_round(store, calls), strict=True):
                 codes[index] = code
+    if store.cipher is not None:  # fingerprints keyed by another key (Store.same_request)
+        for index, code in enumerate(codes):
+            if code is ScheduleReply.CONFLICT and await store.same_request(tasks[index]):
+                codes[index] = ScheduleReply.EXISTS
     return codes
 
 

@@ -7,26 +7,41 @@ attempt (task_store), and gives it back after the answer.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.store.keys import Keyspace
 from timewheel.store.redis_errors import redis_errors
-from timewheel.store.replies import FlowLimitsReply
+from timewheel.store.replies import FlowLimitsReply, FlowPauseReply
 from timewheel.store.scripts import Scripts
+
+_CFG_FIELDS = ["p", "r", "x", "ma", "rb", "mb"]  # lua/flow_limits.lua
+DEFAULTS_FRESH_MS = 1000  # task views show a flow's retry defaults read at most this long ago
+DEFAULTS_KEPT = 10_000  # flows whose retry defaults are kept for the views
 
 
 @dataclass(frozen=True, slots=True)
 class StoredLimits:
-    """What is stored for a flow: None = not set (the defaults apply)."""
+    """What is stored for a flow (PUT /flows): None = not set (the defaults apply)."""
 
     parallelism: int | None
     rate: float | None
+    paused: bool = False
+    max_attempts: int | None = None
+    backoff_ms: int | None = None
+    max_backoff_ms: int | None = None
+
+    @property
+    def retry(self) -> RetryDefaults:
+        return RetryDefaults(self.max_attempts or 0, self.backoff_ms or 0,
+                             self.max_backoff_ms or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +51,8 @@ class PermitReply:
     in_flight: int
     room: int  # how many more permits could be taken now (< 0: over a lowered limit)
     rated: bool  # the flow has a rate: starts are logged at the start times given
+    paused: bool = False  # no new permit while paused (POST /flows/{key}/pause)
+    retry: RetryDefaults = NO_DEFAULTS  # the flow's retry defaults, as stored now
 
 
 def new_permit_id() -> str:
@@ -49,6 +66,7 @@ class FlowStore:
         self.keys = keys
         self.scripts = scripts
         self.default_parallelism = default_parallelism
+        self._defaults: dict[str, tuple[int, RetryDefaults]] = {}  # flow -> (read at, value)
 
     async def permits(self, flow: str, *, now_ms: int, lease_ms: int,
                       release: Sequence[str] = (), want: Sequence[tuple[str, int]] = ()
@@ -61,28 +79,61 @@ class FlowStore:
                 args=[now_ms, self.default_parallelism, lease_ms, len(release), *release,
                       *(part for pair in want for part in pair)])
         return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
-                           bool(reply[4]))
+                           bool(reply[4]), bool(reply[5]),
+                           RetryDefaults(int(reply[6]), int(reply[7]), int(reply[8])))
 
     async def limits(self, flow: str) -> StoredLimits:
         async with redis_errors("flow limits"):
-            values: list[Any] = await self.redis.hmget(self.keys.flow(flow) + "cfg", ["p", "r"])
-        return StoredLimits(int(values[0]) if values[0] else None,
-                          float(values[1]) if values[1] else None)
+            values: list[Any] = await self.redis.hmget(self.keys.flow(flow) + "cfg",
+                                                       _CFG_FIELDS)
+        p, r, x, ma, rb, mb = values
+        return StoredLimits(int(p) if p else None, float(r) if r else None, x == b"1",
+                            int(ma) if ma else None, int(rb) if rb else None,
+                            int(mb) if mb else None)
+
+    async def retry_defaults(self, flows: Collection[str], *, now_ms: int
+                             ) -> dict[str, RetryDefaults]:
+        """The flows' retry defaults for task views, each read from Redis at most once a
+        second (a view may show a default changed up to a second ago; the attempts read
+        them with their permit)."""
+        stale = [flow for flow in flows if (found := self._defaults.get(flow)) is None
+                 or now_ms - found[0] >= DEFAULTS_FRESH_MS]
+        if stale:
+            read = await asyncio.gather(*(self.limits(flow) for flow in stale))
+            if len(self._defaults) + len(stale) > DEFAULTS_KEPT:
+                self._defaults.clear()  # bounded: a page of many flows reads them again
+            for flow, limits in zip(stale, read, strict=True):
+                self._defaults[flow] = (now_ms, limits.retry)
+        return {flow: self._defaults[flow][1] for flow in flows}
 
     async def set_limits(self, flow: str, limits: StoredLimits) -> None:
-        """Store the limits (read by every permits call: in force at once). One script, so
-        two PUTs racing each other leave one of them whole."""
+        """Store the whole configuration (read by every permits call: in force at once). One
+        script, so two PUTs racing each other leave one of them whole."""
+        values = (limits.parallelism, None if limits.rate is None else repr(float(limits.rate)),
+                  1 if limits.paused else None, limits.max_attempts, limits.backoff_ms,
+                  limits.max_backoff_ms)
         async with redis_errors("set flow limits"):
             reply = FlowLimitsReply(int(await self.scripts.flow_limits(
                 keys=[self.keys.flow(flow)],
-                args=["" if limits.parallelism is None else limits.parallelism,
-                      "" if limits.rate is None else repr(float(limits.rate))])))
-            # The registry of configured flows lives in another slot: a hint for listings
-            # and metrics, written after the limits themselves.
-            if reply is FlowLimitsReply.LIMITED:
-                await self.redis.sadd(self.keys.configured_flows, flow)
-            else:
-                await self.redis.srem(self.keys.configured_flows, flow)
+                args=["" if value is None else value for value in values])))
+            await self._registered(flow, reply is FlowLimitsReply.LIMITED)
+
+    async def set_paused(self, flow: str, paused: bool) -> None:
+        """Pause or resume, keeping the rest of the flow's configuration: every process
+        starts no attempt of a paused flow from its next permits call on (each tick at the
+        latest)."""
+        async with redis_errors("pause flow"):
+            reply = FlowPauseReply(int(await self.scripts.flow_pause(
+                keys=[self.keys.flow(flow)], args=["1" if paused else "0"])))
+            await self._registered(flow, reply is FlowPauseReply.CONFIGURED)
+
+    async def _registered(self, flow: str, configured: bool) -> None:
+        # The registry of configured flows lives in another slot: a hint for listings and
+        # metrics, written after the configuration itself.
+        if configured:
+            await self.redis.sadd(self.keys.configured_flows, flow)
+        else:
+            await self.redis.srem(self.keys.configured_flows, flow)
 
     async def delete_limits(self, flow: str) -> None:
         """Back to the defaults: the flow_limits script with no limits (acknowledged like a
@@ -93,6 +144,25 @@ class FlowStore:
         """Permits held and not expired, over every process."""
         async with redis_errors("flow in flight"):
             return int(await self.redis.zcount(self.keys.flow(flow) + "held", now_ms + 1, "+inf"))
+
+    async def report_waiting(self, process: str, counts: Mapping[str, int], *, now_ms: int,
+                             ttl_ms: int) -> None:
+        """This process's attempts waiting in memory for their flow, per flow (counts > 0;
+        empty: none), counted by GET /flows until ``now_ms + ttl_ms`` (lua/waiting_report.lua)."""
+        async with redis_errors("waiting report"):
+            await self.scripts.waiting_report(
+                keys=[self.keys.waiting_reports],
+                args=[now_ms, ttl_ms, process, *(x for pair in counts.items() for x in pair)])
+
+    async def waiting_in_processes(self, flows: Sequence[str], *, now_ms: int) -> list[int]:
+        """Per flow, the attempts waiting in the memory of every live process, as last
+        reported (each process reports once a tick)."""
+        if not flows:
+            return []
+        async with redis_errors("waiting count"):
+            reply = await self.scripts.waiting_count(keys=[self.keys.waiting_reports],
+                                                     args=[now_ms, *flows])
+        return [int(count) for count in reply]
 
     async def configured(self) -> list[str]:
         """Flows with limits set (PUT /flows)."""

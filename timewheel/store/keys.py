@@ -26,11 +26,15 @@ per record: timewheel/store/migrate.py converts a wheel written by it.
 
 A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F below):
 
-    F cfg          hash   limits set by PUT /flows (p parallelism, r rate)
+    F cfg          hash   set by PUT /flows: p parallelism, r rate, x paused ("1"), ma, rb,
+                          mb retry defaults (attempts, backoff ms, max backoff ms)
     F held         zset   permits in use: permit id -> lease expiry ms
     F starts       zset   starts within the rate window: permit id -> ms (only with a rate)
 
 and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics).
+The processes' counts of attempts waiting in memory for their flow share one hash tag,
+"{<key_prefix>:wl}:" (lua/waiting_report.lua): ``live`` (zset process id -> expiry ms) and
+``p:<process id>`` (hash flow -> count).
 
 Topics share one hash tag, "{<key_prefix>:topics}:" (lua/topic_put.lua lists its keys); a
 publish's record is in the bucket of its key, P pb:<publish key> (lua/publish.lua).
@@ -125,3 +129,8 @@ class Keyspace:
     @property
     def configured_flows(self) -> str:
         return f"{self.key_prefix}:flows"
+
+    @property
+    def waiting_reports(self) -> str:
+        """The prefix of every process's waiting report (one hash slot for all)."""
+        return f"{{{self.key_prefix}:wl}}:"

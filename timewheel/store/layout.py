@@ -18,7 +18,7 @@ names cost nothing. Fields (``FIELDS`` below, big-endian, integers unsigned):
     st c1        status: s scheduled, r retrying, d delivering, w waiting (parked for its
                  flow), o succeeded, f failed, c cancelled
     att H        attempts started
-    max B        max attempts (1..100)
+    max B        max attempts (1..100; 0: not set, the flow's default applies)
     meth c1      method: G GET, P POST, U PUT, A PATCH, D DELETE
     started B    1 once the current claim's attempt has started (lua/start.lua)
     due I6       ms of the next attempt (of the last one once finished); a pending task's
@@ -27,7 +27,7 @@ names cost nothing. Fields (``FIELDS`` below, big-endian, integers unsigned):
                  passes a slice that still has entries, so no minute needs storing
     exec I6      execute_at ms
     created I6   ms
-    backoff I4   ms;  timeout I4 ms
+    backoff I4   ms (0: not set, the flow's default applies);  timeout I4 ms
     last_at I6   ms (0: none);  last_code H (0: none);  finished I6 ms (0: not finished)
     claim c6     SHA-1 prefix of the token that holds the claim (zeros: none)
     op c6        SHA-1 prefix of the id of the last API request that wrote the task
@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from timewheel.store.encryption import Cipher
 
 VERSION = 2
 HEAD = struct.Struct(">BcHBcB6s6s6sII6sH6s6s6sB12sBHIIH")
@@ -122,15 +125,23 @@ def unpack_head(raw: bytes) -> dict[str, Any]:
 
 def template(*, url: str, method: str, headers: list[tuple[str, str]], body: bytes | None,
              due_ms: int, timeout_ms: int, max_attempts: int, backoff_ms: int,
-             fingerprint: str, flow: str) -> bytes:
+             fingerprint: str, flow: str, key: str = "", cipher: Cipher | None = None) -> bytes:
     """A new task's record as lua/schedule.lua takes it: status scheduled, no attempt yet; the
-    script fills in the minute, created time and request id."""
-    parts = (flow.encode(), url.encode(), encode_headers(headers), body or b"")
+    script fills in the minute, created time and request id. With a ``cipher``, headers and body
+    are one sealed blob in the headers part (timewheel/store/encryption.py), bound to ``key``,
+    and the fingerprint is keyed."""
+    fp = fp_bytes(fingerprint)
+    if cipher is None:
+        parts = (flow.encode(), url.encode(), encode_headers(headers), body or b"")
+    else:
+        parts = (flow.encode(), url.encode(),
+                 cipher.seal_task(key, fp, encode_headers(headers), body or b""), b"")
+        fp = cipher.fingerprint(fp)
     # HEAD.pack directly (FIELDS order): this runs once per created task, batches included.
     due = due_ms.to_bytes(6, "big")
     head = HEAD.pack(VERSION, b"s", 0, max_attempts, METHOD_CODES[method].encode(), 0, due, due,
                      _ZERO6, backoff_ms, timeout_ms, _ZERO6, 0, _ZERO6, NONE, NONE, 0,
-                     fp_bytes(fingerprint), len(parts[0]), len(parts[1]), len(parts[2]),
+                     fp, len(parts[0]), len(parts[1]), len(parts[2]),
                      len(parts[3]), 0)
     return b"".join((head, *parts))
 

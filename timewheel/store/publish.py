@@ -65,6 +65,11 @@ class Publisher:
         self.keys = store.keys
         self.script: AsyncScript = store.scripts.register("publish")  # acknowledged
 
+    def _record(self, task: NewTask) -> bytes:
+        """The task's record as stored: headers and body sealed when TIMEWHEEL_ENCRYPTION_KEYS
+        is set, as Store.schedule stores a POST /tasks."""
+        return task.record(self.store.cipher)
+
     def home(self, publish_key: str) -> str:
         return self.keys.prefix(self.keys.bucket_of(publish_key))
 
@@ -87,7 +92,7 @@ class Publisher:
             prefix = self.keys.prefix(self.keys.bucket_of(task.key))
             if prefix not in prefixes:
                 prefixes.append(prefix)
-            args += [prefixes.index(prefix) + 1, task.key, task.record(), task.results()]
+            args += [prefixes.index(prefix) + 1, task.key, self._record(task), task.results()]
         return _published(await self.script(keys=prefixes, args=args))
 
     async def _in_steps(self, request: PublishRequest, now_ms: int) -> Published:
@@ -95,7 +100,7 @@ class Publisher:
         groups: dict[str, list[Any]] = {}
         for task in request.tasks:
             groups.setdefault(self.keys.prefix(self.keys.bucket_of(task.key)), []).extend(
-                [1, task.key, task.record(), task.results()])
+                [1, task.key, self._record(task), task.results()])
 
         head = self._head("check", request, now_ms, request_id)
         for reply in await asyncio.gather(*(self.script(keys=[prefix], args=head + quads)
@@ -103,7 +108,7 @@ class Publisher:
             checked = _published(reply)  # (0) nothing is written before every bucket passes
             if checked.reply is PublishReply.TASK_CONFLICT:
                 return checked
-        quads = [v for t in request.tasks for v in (1, t.key, t.record(), t.results())]
+        quads = [v for t in request.tasks for v in (1, t.key, self._record(t), t.results())]
         opened = _published(await self.script(keys=[self.home(request.key)], args=self._head(
             "open", request, now_ms, request_id) + quads))  # (1)
         done_before = opened.rec is not None and opened.rec.get("state") == "done"

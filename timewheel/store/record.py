@@ -12,6 +12,13 @@ from urllib.parse import urlsplit
 
 from timewheel.domain import TaskStatus, callback_url
 from timewheel.store import layout
+from timewheel.store.encryption import (
+    BadCiphertext,
+    Cipher,
+    UnknownKey,
+    is_sealed,
+    sealed_key_id,
+)
 
 PARKED = "waiting"  # the stored status of a task parked until its flow has room (lua/park.lua)
 
@@ -32,20 +39,22 @@ class NewTask:
     on_success: str | None = None  # result callbacks (docs/api.md v3)
     on_failure: str | None = None
 
-    def record(self) -> bytes:
-        """The record as ``lua/schedule.lua`` takes it (layout.template)."""
+    def record(self, cipher: Cipher | None = None) -> bytes:
+        """The record as ``lua/schedule.lua`` takes it (layout.template); with a ``cipher``
+        (TIMEWHEEL_ENCRYPTION_KEYS), headers and body sealed."""
         return layout.template(
             url=self.url, method=self.method, headers=self.headers, body=self.body,
             due_ms=self.due_ms, timeout_ms=self.timeout_ms, max_attempts=self.max_attempts,
-            backoff_ms=self.backoff_ms, fingerprint=self.fingerprint, flow=self.flow)
+            backoff_ms=self.backoff_ms, fingerprint=self.fingerprint, flow=self.flow,
+            key=self.key, cipher=cipher)
 
     def results(self) -> str:
         """The stored value of its result callbacks' URLs (lua/lib/results.lua): "" for none."""
         return encode_results(self.on_success, self.on_failure)
 
-    def fields(self) -> list[bytes]:
+    def fields(self, cipher: Cipher | None = None) -> list[bytes]:
         """The record's part of a script's arguments (``lua/sched_tombstone.lua`` ARGV[5])."""
-        return [self.record()]
+        return [self.record(cipher)]
 
     def as_record(self, now_ms: int) -> TaskRecord:
         """The task as the store would read it back right after creating it at ``now_ms``."""
@@ -169,10 +178,23 @@ def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTas
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
 
+def open_request(key: str, headers: bytes, body: bytes, cipher: Cipher | None
+                 ) -> tuple[list[tuple[str, str]], bytes]:
+    """The headers and body a record stores (headers part, body part), opened when sealed.
+    Raises UnknownKey, BadCiphertext, layout.BadRecord or UnicodeDecodeError."""
+    if is_sealed(headers):
+        if cipher is None:
+            raise UnknownKey(sealed_key_id(headers))
+        opened = cipher.open_task(key, headers)
+        headers, body = opened.headers, opened.body
+    return layout.decode_headers(headers), body
+
+
 def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes | None,
-                      results: bytes | None = None) -> TaskRecord:
+                      results: bytes | None = None, cipher: Cipher | None = None) -> TaskRecord:
     """A task from lua/view.lua's reply: its record's head, flow and url, its last_err, its
-    headers and body (None: not read), and its result callbacks. Raises layout.BadRecord."""
+    headers and body (None: not read), opened when sealed, and its result callbacks. Raises
+    layout.BadRecord."""
     head, flow, url = layout.split(prefix)
     try:
         stored = layout.STATUS_NAMES[head["st"]]
@@ -180,12 +202,16 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
         text = url.decode(), last_err.decode(), flow.decode()
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
-    headers = None
+    headers, body = None, None
     if request is not None:
+        hl = head["hl"]
         try:
-            headers = layout.decode_headers(request[:head["hl"]])
-        except (layout.BadRecord, UnicodeDecodeError):
-            headers = []  # such a task is failed at start, its last_error says why (Store.start)
+            headers, body = open_request(key, request[:hl], request[hl:hl + head["bl"]], cipher)
+        except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext):
+            # Such a task is failed at start, its last_error says why (Store.start); a sealed
+            # body that does not open is shown as none.
+            headers = []
+            body = b"" if is_sealed(request[:hl]) else request[hl:hl + head["bl"]]
     attempts = head["att"]
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
@@ -201,6 +227,5 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
         max_attempts=head["max"], timeout_ms=head["timeout"], backoff_ms=head["backoff"],
         created_ms=head["created"], last_attempt_ms=head["last_at"] or None,
         last_status_code=head["last_code"] or None, last_error=text[1] or None,
-        finished_ms=head["finished"] or None, headers=headers,
-        body=None if request is None else request[head["hl"]:head["hl"] + head["bl"]],
+        finished_ms=head["finished"] or None, headers=headers, body=body,
         on_success=on_success, on_failure=on_failure)

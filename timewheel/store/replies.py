@@ -92,8 +92,16 @@ class MigrateReply(IntEnum):
 class FlowLimitsReply(IntEnum):
     """lua/flow_limits.lua."""
 
-    LIMITED = 1  # a limit is set
-    DEFAULTS = 0  # no limit set: the defaults apply
+    LIMITED = 1  # a limit, a pause or a retry default is set
+    DEFAULTS = 0  # nothing set: the defaults apply
+
+
+@unique
+class FlowPauseReply(IntEnum):
+    """lua/flow_pause.lua."""
+
+    CONFIGURED = 1  # the flow keeps a configuration (paused, or something else set)
+    DEFAULTS = 0  # resumed with nothing else set: back to the defaults
 
 
 @unique
@@ -175,12 +183,40 @@ class TopicDeleteReply(IntEnum):
 
 
 # The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
+@unique
+class RekeyReply(IntEnum):
+    """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the record changed since it was read: nothing written
+    GONE = -1
+
+
+@unique
+class RekeyAttemptReply(IntEnum):
+    """lua/rekey_attempt.lua: an attempt's response body sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    GONE = 0  # the entry is not in the history any more
+
+
+@unique
+class RekeyScheduleReply(IntEnum):
+    """lua/rekey_schedule.lua: a schedule's spec sealed anew (timewheel keys rotate)."""
+
+    REKEYED = 1
+    CHANGED = 0  # the spec is not the one read any more
+
+
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
     "park": ParkReply, "migrate": MigrateReply, "flow_limits": FlowLimitsReply,
+    "flow_pause": FlowPauseReply,
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
     "publish": PublishReply, "topic_put": TopicPutReply, "topic_delete": TopicDeleteReply,
+    "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
+    "rekey_schedule": RekeyScheduleReply,
 }

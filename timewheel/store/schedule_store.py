@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import heapq
 import json
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +30,9 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from timewheel.domain import TaskStatus
+from timewheel.errors import StoreUnavailable
 from timewheel.store.batch import get_many
+from timewheel.store.encryption import BadCiphertext, UnknownKey, is_sealed, sealed_key_id
 from timewheel.store.record import NewTask
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import (
@@ -41,6 +44,8 @@ from timewheel.store.replies import (
     SchedTombstoneReply,
 )
 from timewheel.store.task_store import Store
+
+log = logging.getLogger(__name__)
 
 SCRIPTS = ("sched_put", "sched_reserve", "sched_drop", "sched_pause", "sched_resume",
            "sched_delete", "sched_tombstone", "sched_due", "sched_checks")
@@ -132,6 +137,7 @@ class ScheduleStore:
         self.template_task = template_task
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
+        self._unreadable: set[bytes] = set()  # sealed specs already logged as unreadable
         self.scripts: dict[str, AsyncScript] = {
             name: store.scripts.register(name) for name in SCRIPTS}  # acknowledged: see there
 
@@ -165,6 +171,31 @@ class ScheduleStore:
 
     # -- the API's operations -----------------------------------------------------------------
 
+    def _sealed_spec(self, schedule_id: str, text: str) -> str | bytes:
+        """The spec as stored: sealed with TIMEWHEEL_ENCRYPTION_KEYS (store/encryption.py)."""
+        cipher = self.store.cipher
+        return text if cipher is None else cipher.seal_schedule(schedule_id, text)
+
+    def _spec_text(self, schedule_id: str, raw: bytes) -> str:
+        """The spec JSON of a stored spec, opened when sealed. Raises UnknownKey or
+        BadCiphertext."""
+        if not is_sealed(raw):
+            return raw.decode()
+        if self.store.cipher is None:
+            raise UnknownKey(sealed_key_id(raw))
+        return self.store.cipher.open_schedule(schedule_id, raw)
+
+    def _readable_spec(self, schedule_id: str, raw: bytes) -> str | None:
+        """``_spec_text``, or None (logged once per stored spec) when it cannot be opened."""
+        try:
+            return self._spec_text(schedule_id, raw)
+        except (UnknownKey, BadCiphertext) as exc:
+            if raw not in self._unreadable:
+                self._unreadable.add(raw)
+                log.error("schedule %s cannot be read, so it makes no occurrences: %s",
+                          schedule_id, exc)
+            return None
+
     async def get(self, schedule_id: str) -> ScheduleRecord | None:
         key = f"{self.prefix(self.bucket_of(schedule_id))}s:{schedule_id}"
         async with redis_errors("schedule get"):
@@ -172,8 +203,12 @@ class ScheduleStore:
         row = dict(zip(_RECORD_FIELDS, values, strict=True))
         if row["ver"] is None or row["state"] == b"deleted":
             return None
+        try:
+            text = self._spec_text(schedule_id, row["spec"])
+        except (UnknownKey, BadCiphertext) as exc:
+            raise StoreUnavailable(f"schedule {schedule_id!r}: {exc}") from exc
         return ScheduleRecord(
-            id=schedule_id, spec=json.loads(row["spec"]), paused=row["paused"] == b"1",
+            id=schedule_id, spec=json.loads(text), paused=row["paused"] == b"1",
             version=row["ver"].decode(), next_ms=_int(row["next"]), hi_ms=_int(row["hi"]),
             created_ms=int(row["created"]))
 
@@ -198,7 +233,8 @@ class ScheduleStore:
             version, hi = await self._hi(schedule_id)
             nxt = None if paused else next_after(json.loads(text), max(now_ms, hi or 0))
             reply = await self._run("sched_put", self.bucket_of(schedule_id), [
-                schedule_id, version, text, "1" if paused else "0",
+                schedule_id, version, self._sealed_spec(schedule_id, text),
+                "1" if paused else "0",
                 "" if nxt is None else nxt, now_ms, request_id])
             code = SchedPutReply(int(reply[0]))
             if code is not SchedPutReply.STALE:
@@ -233,12 +269,13 @@ class ScheduleStore:
         bucket = self.bucket_of(schedule_id)
         key = f"{self.prefix(bucket)}s:{schedule_id}"
         async with redis_errors("schedule read"):
-            raw = await self.redis.hget(key, "spec")
+            raw: Any = await self.redis.hget(key, "spec")
         reply = await self._run("sched_delete", bucket,
                                 [schedule_id, secrets.token_hex(8), self.keep_deleted_ms])
         if SchedDeleteReply(int(reply[0])) is SchedDeleteReply.NOT_FOUND:
             return None
-        return [int(x) for x in reply[1:]], (json.loads(raw)["task"] if raw else None)
+        text = self._readable_spec(schedule_id, raw) if raw else None
+        return [int(x) for x in reply[1:]], (json.loads(text)["task"] if text else None)
 
     async def page(self, limit: int, cursor: str | None
                    ) -> tuple[list[ScheduleRecord], str | None]:
@@ -279,7 +316,8 @@ class ScheduleStore:
         """True: written (the task did not exist); False: the task exists."""
         keys = self.store.keys
         reply = await self._run("sched_tombstone", keys.bucket_of(task.key), [
-            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP, *task.fields()])
+            task.key, now_ms, self.store.retention_ms, TOMBSTONE_FP,
+            *task.fields(self.store.cipher)])
         return SchedTombstoneReply(int(reply)) is SchedTombstoneReply.WRITTEN
 
     async def drop(self, bucket: int, members: Sequence[str]) -> None:
@@ -302,8 +340,12 @@ class ScheduleStore:
                 for i in ids:
                     pipe.hmget(f"{prefix}s:{i}", ["ver", "spec"])
                 rows: list[Any] = await pipe.execute()
-        return {i: (v.decode(), s.decode()) for i, (v, s) in zip(ids, rows, strict=True)
-                if v is not None and s is not None}
+        out = {}
+        for i, (v, s) in zip(ids, rows, strict=True):
+            text = None if v is None or s is None else self._readable_spec(i, s)
+            if text is not None:
+                out[i] = (v.decode(), text)
+        return out
 
     async def reserve(self, bucket: int, reservations: Sequence[Reservation], *, now_ms: int,
                       lease_ms: int) -> list[bool]:

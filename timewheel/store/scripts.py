@@ -31,11 +31,13 @@ from redis.commands.core import AsyncScript
 from timewheel.store.durability import NONE, Durability, DurableScript
 
 NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay", "park",
-         "unpark", "permits", "flow_limits", "reschedule")
+         "unpark", "permits", "flow_limits", "flow_pause", "reschedule",
+         "waiting_report", "waiting_count")
 # The scripts whose reply the API reports to a client: acknowledged once durable.
-ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "reschedule", "flow_limits", "sched_put",
-                          "sched_pause", "sched_resume", "sched_delete", "sched_tombstone",
-                          "publish", "topic_put", "topic_delete"})
+ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "reschedule", "flow_limits",
+                          "flow_pause", "sched_put", "sched_pause", "sched_resume",
+                          "sched_delete", "sched_tombstone", "publish", "topic_put",
+                          "topic_delete"})
 
 
 def lua_dir() -> Path:
@@ -72,6 +74,9 @@ class Scripts:
     unpark: AsyncScript
     permits: AsyncScript
     flow_limits: AsyncScript
+    flow_pause: AsyncScript
+    waiting_report: AsyncScript
+    waiting_count: AsyncScript
     reschedule: AsyncScript
 
     def __init__(self, redis: Redis | RedisCluster, durability: Durability = NONE) -> None:

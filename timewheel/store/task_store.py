@@ -19,6 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.store import attempts, layout
 from timewheel.store.attempts import AttemptRecord
+from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, is_sealed
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.migrate import migrate_v1
 from timewheel.store.record import (
@@ -29,6 +30,7 @@ from timewheel.store.record import (
     TaskRecord,
     claimed_task,
     decode_results,
+    open_request,
     record_from_reply,
 )
 from timewheel.store.redis_errors import redis_errors
@@ -76,8 +78,12 @@ def _no_history(o: Outcome) -> str:
 class Store:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, *,
                  retention_ms: int, lease_margin_ms: int, buckets: int | None = None,
-                 attempts_kept: int = DEFAULT_ATTEMPTS_KEPT) -> None:
+                 attempts_kept: int = DEFAULT_ATTEMPTS_KEPT, cipher: Cipher | None = None
+                 ) -> None:
         self.redis = redis
+        # TIMEWHEEL_ENCRYPTION_KEYS: seals headers and bodies on write, opens them on read
+        # (timewheel/store/encryption.py); None stores them as they are.
+        self.cipher = cipher
         self.keys = Keyspace(key_prefix, buckets or DEFAULT_BUCKETS)
         self.wanted_buckets = buckets  # TIMEWHEEL_BUCKETS; None adopts the wheel's
         self.retention_ms = retention_ms
@@ -126,15 +132,44 @@ class Store:
         """CREATED, REPLACED, EXISTS (identical, create only) or CONFLICT (create only).
         The request id makes a redis-py retry of this very call answer as the first did."""
         async with redis_errors("schedule"):
-            return ScheduleReply(int(await self.scripts.schedule(
+            reply = ScheduleReply(int(await self.scripts.schedule(
                 keys=[self.keys.prefix(self.keys.bucket_of(task.key))],
                 args=self.schedule_args(task, replace=replace, now_ms=now_ms))))
+        if reply is ScheduleReply.CONFLICT and await self.same_request(task):
+            return ScheduleReply.EXISTS
+        return reply
+
+    async def same_request(self, task: NewTask) -> bool:
+        """Whether the stored task was created by the same request as ``task``, for a create
+        that lua/schedule.lua answered CONFLICT because the fingerprints it compares are keyed
+        differently: the record is sealed under an older key (not rotated yet) or was stored
+        before encryption was turned on. Without encryption the script's answer stands."""
+        if self.cipher is None:
+            return False
+        async with redis_errors("schedule"):
+            raw: Any = await self.redis.get(self.keys.task(task.key))
+        if raw is None:
+            return False
+        try:
+            stored = layout.decode(raw)
+        except layout.BadRecord:
+            return False
+        wanted = layout.fp_bytes(task.fingerprint)
+        if not is_sealed(stored["headers"]):
+            return bool(stored["fp"] == wanted)
+        try:
+            opened = self.cipher.open_task(task.key, stored["headers"])
+        except (UnknownKey, BadCiphertext):
+            return False
+        return (opened.h12 == wanted
+                and stored["fp"] == self.cipher.fingerprint(opened.h12, opened.key_id))
 
     def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
                       request_id: str | None = None) -> list[str | bytes | int]:
         """ARGV of ``lua/schedule.lua`` for one task (also used by batched creates)."""
         args: list[str | bytes | int] = [task.key, "replace" if replace else "create", now_ms,
-                                         request_id or secrets.token_hex(8), task.record()]
+                                         request_id or secrets.token_hex(8),
+                                         task.record(self.cipher)]
         results = task.results()
         if results:  # lua/schedule.lua ARGV[6]; absent for the many tasks without any
             args.append(results)
@@ -193,7 +228,8 @@ class Store:
                 raise StoreUnavailable(f"task {key!r} still has a record of the v1 layout: "
                                        "restart a timewheel process to migrate it")
             try:
-                out.append(record_from_reply(key, prefix, last_err, request, results))
+                out.append(record_from_reply(key, prefix, last_err, request, results,
+                                             self.cipher))
             except layout.BadRecord as exc:
                 raise StoreUnavailable(f"task {key!r} has an undecodable record: {exc}") from exc
         return out
@@ -208,7 +244,7 @@ class Store:
             exists, rows = await pipe.execute()
         if not exists:
             return None
-        return [AttemptRecord.decode(row) for row in rows]
+        return [AttemptRecord.decode(row, key=key, cipher=self.cipher) for row in rows]
 
     async def record(self, key: str) -> dict[str, Any] | None:
         """The whole stored record of a task, decoded (layout.decode): for tests and
@@ -249,9 +285,12 @@ class Store:
 
     @staticmethod
     def _set_aside(key: str, token: str, exc: Exception, now_ms: int) -> Outcome:
-        log.error("task %s has an undecodable record, failing it: %s", key, exc)
-        return Outcome(key, token, "fail", error=f"undecodable record: {exc}"[:500],
-                       started_ms=now_ms)
+        if isinstance(exc, UnknownKey):
+            error = f"{exc}: list the key, then replay the task"
+        else:
+            error = f"undecodable record: {exc}"
+        log.error("task %s cannot be sent, failing it: %s", key, error)
+        return Outcome(key, token, "fail", error=error[:500], started_ms=now_ms)
 
     @property
     def starts_span_buckets(self) -> bool:
@@ -269,8 +308,11 @@ class Store:
                          now_ms: int) -> list[Started]:
         """Begin attempts for (bucket, key, token) claims, in one call (several buckets only
         where ``starts_span_buckets``): for each, the attempt number with the headers and body
-        to send, or NOT_STARTED (do not send). A record whose headers cannot be decoded is
-        failed at once, like an undecodable one at claim time."""
+        to send (opened here when sealed: once per attempt), or NOT_STARTED (do not send). A
+        record whose headers cannot be decoded, or that is sealed under a key id
+        TIMEWHEEL_ENCRYPTION_KEYS does not list, is failed at once with the reason as its
+        last_error (a dead letter, replayable once the key is listed), like an undecodable
+        one at claim time."""
         by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into claims, in order
         for i, (bucket, _, _) in enumerate(claims):
             by_bucket.setdefault(bucket, []).append(i)
@@ -289,9 +331,9 @@ class Store:
             if not int(attempt):
                 continue
             try:
-                out[i] = Started(int(attempt), layout.decode_headers(headers), body,
+                out[i] = Started(int(attempt), *open_request(key, headers, body, self.cipher),
                                  *decode_results(results))
-            except (layout.BadRecord, UnicodeDecodeError) as exc:
+            except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext) as exc:
                 bad.setdefault(bucket, []).append(self._set_aside(key, token, exc, now_ms))
         for bucket, outcomes in bad.items():
             await self.complete(bucket, now_ms=now_ms, outcomes=outcomes)
@@ -322,7 +364,7 @@ class Store:
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
                      o.started_ms, o.history or _no_history(o),
                      # made at the script's now: its finished_at is the parent's
-                     b"" if o.result is None else o.result.task(o.key, now_ms).record()]
+                     b"" if o.result is None else o.result.task(o.key, now_ms).record(self.cipher)]
         async with redis_errors("complete"):
             reply = await self.scripts.complete(
                 keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)

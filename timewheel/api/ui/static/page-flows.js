@@ -1,5 +1,7 @@
-// Flows: the flows with limits set (GET /flows), their load, and their limits edited
-// (PUT /flows/{key}) or dropped back to the defaults (DELETE).
+// Flows: the flows with something set (GET /flows), their load, whether they are paused and
+// their retry defaults; limits edited (PUT /flows/{key}, keeping the pause and the retry
+// defaults), paused or resumed (POST /flows/{key}/pause, /resume), or dropped back to the
+// defaults (DELETE).
 
 import { api, seg } from "./api.js";
 import { confirmButton, h, needs, notify, table, fill } from "./dom.js";
@@ -18,10 +20,28 @@ function limitValue(input, integer) {
   return value;
 }
 
-async function save(key, parallelismInput, rateInput) {
-  const body = { parallelism: limitValue(parallelismInput, true), rate: limitValue(rateInput, false) };
+// PUT replaces the whole configuration: what the form does not edit is sent as it is now.
+function kept(flow) {
+  if (!flow) return {};
+  return { paused: flow.paused, max_attempts: flow.max_attempts ?? null,
+    retry_backoff: flow.retry_backoff ?? null, max_backoff: flow.max_backoff ?? null };
+}
+
+// "20 × 30 s, ≤ 3600 s": the flow's retry defaults, "—" when it has none.
+function retries(flow) {
+  const parts = [];
+  if (flow.max_attempts != null) parts.push(`${flow.max_attempts} attempts`);
+  if (flow.retry_backoff != null) parts.push(`from ${flow.retry_backoff} s`);
+  if (flow.max_backoff != null) parts.push(`≤ ${flow.max_backoff} s`);
+  return parts.length ? parts.join(", ") : "—";
+}
+
+async function save(key, parallelismInput, rateInput, current) {
+  const body = { ...kept(current), parallelism: limitValue(parallelismInput, true),
+    rate: limitValue(rateInput, false) };
   const view = await api.put(`flows/${seg(key)}`, body);
-  notify(`Flow ${view.key}: parallelism ${view.parallelism ?? "none"}, rate ${view.rate ?? "none"}/s.`);
+  notify(`Flow ${view.key}: parallelism ${view.parallelism ?? "none"}, ` +
+    `rate ${view.rate ?? "none"}/s${view.paused ? "; still paused" : ""}.`);
 }
 
 export function render(root) {
@@ -39,7 +59,8 @@ export function render(root) {
   // Flows are admin's (docs/api.md v3, "Scoped tokens"): the form and the row actions need it.
   const form = needs("admin", h("form", { class: "toolbar", id: "flow-form", onsubmit: (event) => {
     event.preventDefault();
-    attempt(() => save(keyInput.value.trim(), newParallelism, newRate), load);
+    const key = keyInput.value.trim();
+    attempt(() => save(key, newParallelism, newRate, flows.find((f) => f.key === key)), load);
   } },
   h("label", {}, "Flow ", keyInput),
   h("label", {}, "Parallelism ", newParallelism),
@@ -48,8 +69,9 @@ export function render(root) {
 
   root.append(
     h("h1", {}, "Flows"),
-    h("p", { class: "muted" }, "Flows with limits set. Every other flow (by default, each " +
-      "destination host:port) runs on the defaults. In flight and waiting count every process."),
+    h("p", { class: "muted" }, "Flows with limits, a pause or retry defaults set. Every other " +
+      "flow (by default, each destination host:port) runs on the defaults. In flight and " +
+      "waiting (due tasks held back by the flow: its limits or a pause) count every process."),
     form, results);
 
   function row(flow) {
@@ -62,10 +84,11 @@ export function render(root) {
         h("td", { class: "key" }, flow.key),
         h("td", {}, parallelism), h("td", {}, rate),
         h("td", { class: "num" }, flow.in_flight), h("td", { class: "num" }, flow.waiting),
+        h("td", {}, state(flow)), h("td", { class: "retries" }, retries(flow)),
         h("td", {}, h("span", { class: "row-actions" },
           h("button", { type: "button", class: "save", onclick: () => {
             attempt(async () => {
-              await save(flow.key, parallelism, rate);
+              await save(flow.key, parallelism, rate, flow);
               editing = null;
             }, load);
           } }, "Save"),
@@ -79,8 +102,11 @@ export function render(root) {
       h("td", { class: "num parallelism" }, flow.parallelism ?? "—"),
       h("td", { class: "num rate" }, flow.rate ?? "—"),
       h("td", { class: "num" }, flow.in_flight),
-      h("td", { class: "num" }, flow.waiting),
+      h("td", { class: "num waiting" }, flow.waiting),
+      h("td", {}, state(flow)),
+      h("td", { class: "retries" }, retries(flow)),
       h("td", {}, needs("admin", h("span", { class: "row-actions" },
+        pauseButton(flow),
         h("button", { type: "button", class: "secondary edit", onclick: () => {
           editing = flow.key;
           draw();
@@ -91,9 +117,27 @@ export function render(root) {
         }, load))))));
   }
 
+  function state(flow) {
+    if (!flow.paused) return h("span", { class: "muted state" }, "running");
+    return h("span", { class: "badge badge-flow-paused state",
+      title: "no attempt of this flow starts on any process until it is resumed" }, "paused");
+  }
+
+  // Pause: every process stops starting attempts of the flow (within a tick); its due tasks
+  // wait. Resume: they start in due order, within the limits.
+  function pauseButton(flow) {
+    const verb = flow.paused ? "resume" : "pause";
+    return h("button", { type: "button", class: flow.paused ? "resume" : "secondary pause",
+      onclick: () => attempt(async () => {
+        const view = await api.post(`flows/${seg(flow.key)}/${verb}`);
+        notify(view.paused ? `Flow ${view.key} is paused: ${view.waiting} waiting.`
+          : `Flow ${view.key} resumed.`);
+      }, load) }, flow.paused ? "Resume" : "Pause");
+  }
+
   function draw() {
-    fill(results, table(["Flow", "Parallelism", "Rate /s", "In flight", "Waiting", ""],
-      flows.map(row), { empty: "No flow has limits set." }));
+    fill(results, table(["Flow", "Parallelism", "Rate /s", "In flight", "Waiting", "State",
+      "Retry defaults", ""], flows.map(row), { empty: "No flow has anything set." }));
   }
 
   async function load() {

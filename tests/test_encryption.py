@@ -1,0 +1,319 @@
+"""Payload encryption at rest against a real Redis (timewheel/store/encryption.py): what the
+record holds, what start and the views hand back, the unknown key id, the keyed fingerprint, and
+the rotation's compare-and-set (a change made while it runs is never undone)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from tests.test_store import claim_all
+from timewheel.settings import Settings
+from timewheel.store import Store, layout
+from timewheel.store.encryption import Cipher, UnknownKey, parse_keys
+from timewheel.store.record import NOT_STARTED, NewTask
+from timewheel.store.replies import RekeyReply, ScheduleReply
+from timewheel.store.rotation import Rotation
+from timewheel.store.task_store import Outcome
+
+NOW = 1_800_000_000_000
+K0 = ("k0", bytes(range(32)))
+K1 = ("k1", bytes(range(32, 64)))
+SECRET_HEADER = "s3cret-header-value"
+SECRET_BODY = b'{"card":"4111-1111-1111-1111"}'
+
+
+def sealed_task(key: str, due_ms: int = NOW, body: bytes = SECRET_BODY) -> NewTask:
+    return NewTask(key=key, url="http://127.0.0.1:9/cb", method="POST",
+                   headers=[("X-Api-Key", SECRET_HEADER), ("Content-Type", "application/json")],
+                   body=body, due_ms=due_ms, timeout_ms=10_000, max_attempts=5,
+                   backoff_ms=1000, fingerprint=f"fp-{key}-{body!r}", flow="127.0.0.1:9")
+
+
+async def make_store(redis: Redis, *keys: tuple[str, bytes]) -> Store:
+    store = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                  cipher=Cipher(list(keys)) if keys else None)
+    await store.init()
+    return store
+
+
+async def raw_dump(redis: Redis) -> bytes:
+    """Every value of every key, as bytes (strings and lists: what a task writes)."""
+    out = []
+    async for name in redis.scan_iter():
+        kind = await redis.type(name)
+        if kind == b"string":
+            out.append(await redis.get(name))
+        elif kind == b"list":
+            out += await redis.lrange(name, 0, -1)
+        elif kind == b"zset":
+            out += [m for m, _ in await redis.zrange(name, 0, -1, withscores=True)]
+        elif kind == b"hash":
+            out += [v for pair in (await redis.hgetall(name)).items() for v in pair]
+        elif kind == b"set":
+            out += list(await redis.smembers(name))
+    return b"\n".join(out)
+
+
+async def test_sealed_record_holds_no_plaintext_and_start_opens_it(redis: Redis) -> None:
+    store = await make_store(redis, K0)
+    assert await store.schedule(sealed_task("pay-1"), replace=False, now_ms=NOW) == 0
+    dump = await raw_dump(redis)
+    assert SECRET_HEADER.encode() not in dump and b"4111" not in dump and b"X-Api-Key" not in dump
+    record = await store.record("pay-1")
+    assert record is not None and record["body"] == b"" and record["headers"][:4] == b"\0\x02k0"
+    # The fingerprint in the head is keyed: not the unkeyed SHA-256 prefix a dump could test.
+    assert record["fp"] != layout.fp_bytes(sealed_task("pay-1").fingerprint)
+
+    view = await store.get("pay-1")
+    assert view is not None and view.body == SECRET_BODY
+    assert view.headers == [("X-Api-Key", SECRET_HEADER), ("Content-Type", "application/json")]
+    [claimed] = await claim_all(store, NOW)
+    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("pay-1", claimed.token)])
+    assert (started.attempt, started.body) == (1, SECRET_BODY)
+    assert ("X-Api-Key", SECRET_HEADER) in started.headers
+
+
+async def test_control_without_keys_the_dump_shows_the_payload(redis: Redis) -> None:
+    store = await make_store(redis)
+    await store.schedule(sealed_task("pay-1"), replace=False, now_ms=NOW)
+    dump = await raw_dump(redis)
+    assert SECRET_HEADER.encode() in dump and b"4111" in dump
+
+
+async def test_a_repeated_create_is_recognised_across_keys(redis: Redis) -> None:
+    """The keyed fingerprint still tells a repeat (200) from a conflict (409): under the same
+    key, under an older key not yet rotated, and for a record stored before encryption."""
+    plain = await make_store(redis)
+    await plain.schedule(sealed_task("old"), replace=False, now_ms=NOW)
+    first = await make_store(redis, K0)
+    await first.schedule(sealed_task("a"), replace=False, now_ms=NOW)
+    assert await first.schedule(sealed_task("a"), replace=False, now_ms=NOW) == 2
+    assert await first.schedule(sealed_task("a", body=b"{}"), replace=False, now_ms=NOW) == -1
+    rotated = await make_store(redis, K1, K0)
+    assert await rotated.schedule(sealed_task("a"), replace=False, now_ms=NOW) == 2
+    assert await rotated.schedule(sealed_task("a", body=b"{}"), replace=False, now_ms=NOW) == -1
+    assert await rotated.schedule(sealed_task("old"), replace=False, now_ms=NOW) == 2
+    assert await rotated.schedule(sealed_task("old", body=b"{}"), replace=False,
+                                  now_ms=NOW) == ScheduleReply.CONFLICT
+
+
+async def test_a_ciphertext_moved_to_another_task_does_not_open(redis: Redis) -> None:
+    store = await make_store(redis, K0)
+    for key in ("a", "b"):
+        await store.schedule(sealed_task(key), replace=False, now_ms=NOW)
+    a, b = await store.record("a"), await store.record("b")
+    assert a is not None and b is not None
+    await redis.set(store.keys.task("b"), layout.encode({**b, "headers": a["headers"]}))
+    [claimed] = [c for c in await claim_all(store, NOW) if c.key == "b"]
+    assert await store.start(claimed.bucket, now_ms=NOW, claims=[("b", claimed.token)]) == [
+        NOT_STARTED]
+    view = await store.get("b")
+    assert view is not None and view.status == "failed"
+    assert view.last_error is not None and "does not verify" in view.last_error
+
+
+async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> None:
+    old = await make_store(redis, K0)
+    await old.schedule(sealed_task("x"), replace=False, now_ms=NOW)
+    store = await make_store(redis, K1)
+    [claimed] = await claim_all(store, NOW)
+    assert await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)]) == [
+        NOT_STARTED]
+    view = await store.get("x")
+    assert view is not None and view.status == "failed"
+    assert view.last_error == ("encrypted with key id 'k0', which TIMEWHEEL_ENCRYPTION_KEYS "
+                               "does not list: list the key, then replay the task")
+    # Listed again, a replay delivers it with its payload.
+    both = await make_store(redis, K1, K0)
+    assert await both.replay("x", now_ms=NOW + 1) == 1
+    [claimed] = await claim_all(both, NOW + 1)
+    [started] = await both.start(claimed.bucket, now_ms=NOW + 1, claims=[("x", claimed.token)])
+    assert (started.attempt, started.body) == (1, SECRET_BODY)  # a replay counts anew
+
+
+async def test_response_bodies_in_the_history_are_sealed(redis: Redis) -> None:
+    from timewheel.store import attempts
+
+    store = await make_store(redis, K0)
+    await store.schedule(sealed_task("h"), replace=False, now_ms=NOW)
+    [claimed] = await claim_all(store, NOW)
+    await store.start(claimed.bucket, now_ms=NOW, claims=[("h", claimed.token)])
+    entry = attempts.entry(attempt=1, started_ms=NOW, duration_ms=3, verdict="retry",
+                           status_code=503, error=None, headers=None, body="balance: 1234.56",
+                           body_truncated=False, next_attempt_ms=NOW + 1000, process="p",
+                           key="h", cipher=store.cipher)
+    await store.complete(claimed.bucket, now_ms=NOW, outcomes=[
+        Outcome("h", claimed.token, "retry", 503, "HTTP 503", NOW + 1000, NOW, entry)])
+    assert b"1234.56" not in await raw_dump(redis)
+    [kept] = await store.attempts("h") or []
+    assert kept.response_body == "balance: 1234.56"
+    # Rotated to k1, then read with k1 alone.
+    await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    [kept] = await (await make_store(redis, K1)).attempts("h") or []
+    assert kept.response_body == "balance: 1234.56"
+
+
+async def test_rotation_seals_every_record_under_the_first_key(redis: Redis) -> None:
+    plain = await make_store(redis)
+    await plain.schedule(sealed_task("before"), replace=False, now_ms=NOW)
+    old = await make_store(redis, K0)
+    for i in range(30):
+        await old.schedule(sealed_task(f"t{i}", NOW + 60_000), replace=False, now_ms=NOW)
+    await old.cancel("t0", now_ms=NOW)  # finished records are rotated too (replayable)
+    report = await Rotation(redis, "tw", Cipher([K1, K0]), step=7).run()
+    assert (report.tasks_rekeyed, report.tasks_current, report.tasks_changed) == (31, 0, 0)
+    again = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert (again.tasks_rekeyed, again.tasks_current) == (0, 31)
+    new = await make_store(redis, K1)  # k0 no longer needed
+    for key in ("before", "t0", "t29"):
+        view = await new.get(key)
+        assert view is not None and view.body == SECRET_BODY, key
+    # The keyed fingerprint followed: a repeat is still a repeat under k1 alone.
+    assert await new.schedule(sealed_task("t5", NOW + 60_000), replace=False, now_ms=NOW) == 2
+    assert await new.schedule(sealed_task("before"), replace=False, now_ms=NOW) == 2
+
+
+async def test_rekey_never_undoes_a_change_made_after_the_read(redis: Redis) -> None:
+    """The rotation read a record, then a PUT replaced it: the script refuses to write the
+    old request back (CHANGED), and the replacement stays."""
+    old = await make_store(redis, K0)
+    await old.schedule(sealed_task("r"), replace=False, now_ms=NOW)
+    read = await old.record("r")
+    assert read is not None
+    cipher = Cipher([K1, K0])
+    opened = cipher.open_task("r", read["headers"])
+    resealed = cipher.seal_task("r", opened.h12, opened.headers, opened.body)
+    replaced = dataclasses.replace(sealed_task("r"), body=b'{"v":2}')
+    await old.schedule(replaced, replace=True, now_ms=NOW + 1)
+    rotation = Rotation(redis, "tw", cipher)
+    reply = await rotation._rekey(keys=[old.keys.prefix(old.keys.bucket_of("r"))], args=[
+        "r", read["headers"], read["body"], read["fp"], resealed,
+        cipher.fingerprint(opened.h12)])
+    assert RekeyReply(int(reply)) is RekeyReply.CHANGED
+    view = await old.get("r")
+    assert view is not None and view.body == b'{"v":2}'
+    # A cancel in between changes no request: the rekey goes ahead and the task stays
+    # cancelled.
+    read = await old.record("r")
+    assert read is not None
+    await old.cancel("r", now_ms=NOW + 2)
+    opened = cipher.open_task("r", read["headers"])
+    reply = await rotation._rekey(keys=[old.keys.prefix(old.keys.bucket_of("r"))], args=[
+        "r", read["headers"], read["body"], read["fp"],
+        cipher.seal_task("r", opened.h12, opened.headers, opened.body),
+        cipher.fingerprint(opened.h12)])
+    assert RekeyReply(int(reply)) is RekeyReply.REKEYED
+    view = await (await make_store(redis, K1)).get("r")
+    assert view is not None and view.status == "cancelled" and view.body == b'{"v":2}'
+    assert await redis.ttl(old.keys.task("r")) > 0  # its retention TTL kept
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("k0", "entry 1 is not <id>:<base64 key>"),
+    ("k0:not base64!", "key 'k0' is not valid base64"),
+    (f"k0:{base64.b64encode(bytes(16)).decode()}", "key 'k0' is 16 bytes"),
+    (f"k0:{base64.b64encode(bytes(32)).decode()},k0:{base64.b64encode(bytes(32)).decode()}",
+     "key id 'k0' is listed twice"),
+    (f"bad id:{base64.b64encode(bytes(32)).decode()}", "entry 1 is not"),
+])
+def test_bad_keys_are_refused_without_echoing_them(value: str, message: str) -> None:
+    """The message names the entry, never its key (the CLI prints messages without the
+    input: tests/e2e/test_encryption.py checks the refusal of `timewheel serve`)."""
+    with pytest.raises(ValidationError, match=message) as caught:
+        Settings(encryption_keys=value)  # type: ignore[arg-type]
+    [error] = caught.value.errors(include_input=False)
+    assert message in error["msg"] and "AAAAAAAA" not in error["msg"]
+
+
+def test_the_settings_summary_redacts_the_keys() -> None:
+    value = f"k0:{base64.b64encode(bytes(range(32))).decode()}"
+    settings = Settings(encryption_keys=value)  # type: ignore[arg-type]
+    assert "encryption_keys=<redacted:1>" in settings.summary()
+    assert value.split(":")[1] not in settings.summary()
+    assert settings.cipher() is not None and parse_keys(value)[0][0] == "k0"
+
+
+def test_unknown_key_message() -> None:
+    assert str(UnknownKey("k0")) == ("encrypted with key id 'k0', which "
+                                     "TIMEWHEEL_ENCRYPTION_KEYS does not list")
+
+
+def test_keys_generate_prints_an_entry_the_settings_take(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from timewheel.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["keys", "generate", "--id", "k9"])
+    assert done.value.code == 0
+    line = capsys.readouterr().out.strip()
+    [(key_id, secret)] = parse_keys(line)
+    assert key_id == "k9" and len(secret) == 32
+    assert Settings(encryption_keys=line).cipher() is not None  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as done:
+        main(["keys", "generate", "--id", "no spaces"])
+    assert done.value.code == 2
+
+
+async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
+    """A schedule's task template (headers and body) is sealed in its spec; GET opens it; the
+    rotation seals it anew under the first key; a spec under an unlisted key makes no
+    occurrences (specs() leaves it out) and GET says why."""
+    from timewheel.errors import StoreUnavailable
+    from timewheel.operations.prepare import template_task
+    from timewheel.store.schedule_store import ScheduleStore
+
+    def schedules(store: Store) -> ScheduleStore:
+        return ScheduleStore(store, template_task=lambda t: template_task(t, default_timeout=10))
+
+    spec = {"cron": None, "every": 3600, "timezone": "UTC", "task": {
+        "callback_url": "http://127.0.0.1:9/cb", "headers": {"X-Api-Key": SECRET_HEADER},
+        "body": {"card": "4111-1111-1111-1111"}}}
+    old = schedules(await make_store(redis, K0))
+    await old.put("nightly", spec, paused=False, now_ms=NOW, next_after=lambda s, t: t + 3600_000)
+    assert SECRET_HEADER.encode() not in await raw_dump(redis)
+    assert b"4111" not in await raw_dump(redis)
+    got = await old.get("nightly")
+    assert got is not None and got.spec == spec
+    bucket = old.bucket_of("nightly")
+    assert "nightly" in await old.specs(bucket, ["nightly"])
+
+    only_k1 = schedules(await make_store(redis, K1))
+    assert await only_k1.specs(bucket, ["nightly"]) == {}
+    with pytest.raises(StoreUnavailable, match="key id 'k0'"):
+        await only_k1.get("nightly")
+
+    report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert report.schedules_rekeyed == 1
+    got = await only_k1.get("nightly")
+    assert got is not None and got.spec == spec
+    assert b"4111" not in await raw_dump(redis)
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["keys", "control without keys"])
+async def test_a_result_task_is_sealed_like_any_task(redis: Redis, sealed: bool) -> None:
+    """The result task complete.lua creates carries the receiver's answer as its body: sealed
+    too when keys are set, and it opens to the payload when started. Control: without keys
+    the answer shows in the dump."""
+    from timewheel.store.results import ResultCallback
+
+    store = await make_store(redis, *([K0] if sealed else []))
+    task = dataclasses.replace(sealed_task("r"), on_success="http://127.0.0.1:9/done")
+    await store.schedule(task, replace=False, now_ms=NOW)
+    [claimed] = await claim_all(store, NOW)
+    await store.start(claimed.bucket, now_ms=NOW, claims=[("r", claimed.token)])
+    result = ResultCallback(url="http://127.0.0.1:9/done", verdict="ok", attempt=1,
+                            status_code=200, scheduled_at_ms=NOW, timeout_ms=10_000,
+                            response_body=b"receipt 987654")
+    await store.complete(claimed.bucket, now_ms=NOW + 5, outcomes=[
+        Outcome("r", claimed.token, "ok", 200, None, None, NOW, "", result)])
+    assert (b"987654" in await raw_dump(redis)) is not sealed
+    [result_task] = await claim_all(store, NOW + 10)
+    assert result_task.key == "r.on_success"
+    [started] = await store.start(result_task.bucket, now_ms=NOW + 10,
+                                  claims=[(result_task.key, result_task.token)])
+    assert b"receipt 987654" in started.body
