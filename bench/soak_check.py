@@ -281,6 +281,8 @@ class Checker:
             "ops": dict(Counter(f"{o['op']} {o.get('status')}" for o in self.ops)),
             "faults_by_kind": dict(sorted(faults.items())),
             "faults": len(self.faults),
+            "faults_failed": sum(1 for f in self.faults if f.get("error")),
+            "slot_migrations": _migrations(self.faults),
             "receiver_stalls": len(self.stalls),
             "counts": {
                 "lost": len(out["lost"]), "early": len(out["early"]),
@@ -322,6 +324,16 @@ def check(events: list[Event]) -> dict[str, Any]:
     return summary
 
 
+def _migrations(faults: list[Event]) -> dict[str, int]:
+    """Slot migrations: completed at once, broken off and finished forward, failed (left
+    open or never started: the run fails on those as on any fault not injected)."""
+    moves = [f for f in faults if f["kind"] == "slot_migration"]
+    return {"completed": sum(1 for f in moves if not f.get("error") and not f.get("broke_off")),
+            "finished_after_break": sum(1 for f in moves
+                                        if not f.get("error") and f.get("broke_off")),
+            "failed": sum(1 for f in moves if f.get("error"))}
+
+
 def _ms(summary: dict[str, Any]) -> str:
     if not summary.get("count"):
         return "-"
@@ -340,6 +352,9 @@ def table(summary: dict[str, Any]) -> str:
         ("receiver stalls >= timeout (instrument)", summary["receiver_stalls"]),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in summary["faults_by_kind"].items())
          or "none"),
+        *([("  slot migrations: ok / finished / failed",
+            " / ".join(str(v) for v in summary["slot_migrations"].values()))]
+          if any(summary["slot_migrations"].values()) else []),
         ("LOST", c["lost"]),
         ("EARLY", c["early"]),
         ("execute_at rounded down", c["rounded_down"]),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tests.cluster.replicated import ReplicatedCluster, stopped
+from tests.cluster.reshard import finish_migration, migrate, plan_migration, slot_owner
 from tests.support.redis_server import RedisServer
 from timewheel.store.connection import SOCKET_TIMEOUT
 from timewheel.store.keys import Keyspace
@@ -245,41 +246,53 @@ class Injector:
         return {"target": f"master:{old}",
                 "detail": f"SIGKILL; replica {promoted} promoted; {old} back as a replica"}
 
-    def _undo_migration(self, slot: int, source: int, target: int) -> None:
-        cluster = self._cluster()
-        src, dst = cluster.server(source), cluster.server(target)
-        with src.client() as s_conn, dst.client() as d_conn:
-            src_id = s_conn.execute_command("CLUSTER MYID").decode()
-            for conn in (s_conn, d_conn):
-                conn.execute_command("CLUSTER SETSLOT", slot, "STABLE")
-            while keys := d_conn.execute_command("CLUSTER GETKEYSINSLOT", slot, 10):
-                d_conn.execute_command("MIGRATE", "127.0.0.1", source, "", 0, 5000,
-                                       "KEYS", *keys)
-            for server in cluster.servers:
-                if server.running and not cluster.is_replica(server):
-                    with server.client() as conn:
-                        conn.execute_command("CLUSTER SETSLOT", slot, "NODE", src_id)
-
     def _slot_migration(self, fault: Fault) -> dict[str, Any]:
-        from tests.cluster.test_migration import migrate_slot
-
+        """Move a task bucket's slot to another master as ``redis-cli --cluster reshard``
+        does (tests/cluster/reshard.py). A move that breaks off is finished forward, as
+        ``redis-cli --cluster fix`` would: never undone (closing the slot strands on the
+        target every key that moved, as the first harness did, losing their tasks)."""
         cluster = self._cluster()
         keys = Keyspace(self.wheel.key_prefix)
         bucket = fault.target * 5 % keys.buckets
         tag = keys.prefix(bucket)
         masters = self._masters()
-        source = cluster.owner(tag)
-        target = next(p for p in masters if p != source)
-        with cluster.server(source).client() as conn:
+        with cluster.server(masters[0]).client() as conn:
             slot = int(conn.execute_command("CLUSTER KEYSLOT", tag))
+        source = slot_owner(cluster, slot)
+        migration = plan_migration(cluster, slot, next(p for p in masters if p != source))
+        broke = None
         try:
-            moved = migrate_slot(cluster, slot, source, target)
-        except Exception:
-            # Half-moved (a role changed under it): put the slot back where it was on every
-            # master and move any keys that went over back, or that master would refuse
-            # everything (CLUSTERDOWN) for the rest of the run, as the first runs showed.
-            self._undo_migration(slot, source, target)
-            raise
+            migrate(cluster, migration)
+        except Exception as exc:
+            broke = _chain(exc)
+            for attempt in range(3):
+                try:
+                    if attempt:
+                        cluster.wait_ok(30)
+                    finish_migration(cluster, migration)
+                    break
+                except Exception as again:
+                    if attempt == 2:
+                        raise RuntimeError(f"slot {slot} left open: {_chain(again)}; "
+                                           f"it broke off with {broke}") from again
         cluster.wait_ok(60)
-        return {"target": f"slot:{slot}",
-                "detail": f"bucket {bucket}: {moved} keys from {source} to {target}"}
+        info = {"target": f"slot:{slot}",
+                "detail": f"bucket {bucket}: {migration.moved} keys from {source} to "
+                          f"{migration.target} "
+                          f"in {migration.batches} batches"}
+        if migration.retried:
+            info["detail"] += f", {migration.retried} batches sent again after IOERR"
+        if broke:
+            info["broke_off"] = broke
+        return info
+
+
+def _chain(exc: BaseException) -> str:
+    """An error with the errors it was raised from or during (the first harness logged only
+    its undo's MovedError, which hid why the move itself had failed)."""
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 4:
+        parts.append(repr(seen))
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(parts)

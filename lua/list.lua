@@ -1,4 +1,4 @@
--- lib: record, slices
+-- lib: record, slices, matching
 -- list: one bucket's share of a page of GET /tasks: the next tasks of one status in one index,
 -- in the index's order, after a position. Read-only, and bounded: at most `budget` index
 -- entries (and minute slices) are looked at, however many are skipped.
@@ -7,7 +7,7 @@
 -- ARGV[1]  index: "slices" (the minute slices, through mn, in due order) or a zset of the
 --          bucket: "pa" (parked), "ls" (leases), "fs" / "ff" / "fc" (finished)
 -- ARGV[2]  order: "asc" or "desc" (by score, ties by key, as Redis orders a zset)
--- ARGV[3]  status letter the record must have (timewheel/store/layout.py)
+-- ARGV[3]  status letters the record may have (timewheel/store/layout.py), e.g. "s" or "sr"
 -- ARGV[4]  attempts: "" any, "0" none yet, "+" at least one (parked tasks: scheduled or
 --          retrying)
 -- ARGV[5]  key prefix ("" for any)
@@ -15,6 +15,10 @@
 -- ARGV[7]  position to resume after: key
 -- ARGV[8]  limit, most tasks to return
 -- ARGV[9]  budget, most index entries and slices to look at
+-- ARGV[10] flow key ("" or absent for any)
+-- ARGV[11] due before, ms ("" or absent for any)
+-- ARGV[12] created before, ms ("" or absent for any); ARGV[3..5, 10..12] are the filter of
+--          lua/lib/matching.lua (bulk jobs use the last three)
 --
 -- Reply: {done, score, key, then score, key of each task found}. done = 1 when the index
 -- was read to its end; score, key = the position of the last entry looked at ("" if none):
@@ -22,7 +26,9 @@
 -- A slice entry counts only if its record is pending in that minute (entries of cancelled
 -- or moved tasks wait there for the claimer).
 local P = KEYS[1]
-local index, desc, want, rule, prefix = ARGV[1], ARGV[2] == 'desc', ARGV[3], ARGV[4], ARGV[5]
+local index, desc = ARGV[1], ARGV[2] == 'desc'
+local filter = {want = ARGV[3], rule = ARGV[4], prefix = ARGV[5], flow = ARGV[10] or '',
+                due_before = tonumber(ARGV[11] or ''), created_before = tonumber(ARGV[12] or '')}
 local after, after_key = tonumber(ARGV[6]), ARGV[7]
 local limit, budget = tonumber(ARGV[8]), tonumber(ARGV[9])
 local found, seen = {}, 0
@@ -40,14 +46,7 @@ local function lt(a, b)
 end
 
 local function wanted(key, minute)
-  if string.sub(key, 1, #prefix) ~= prefix then return false end
-  local h = state(P .. 't:' .. key)
-  if not h or h[ST] ~= want or (minute and pending_minute(h[DUE], cursor) ~= minute) then
-    return false
-  end
-  if rule == '0' then return h[ATT] == 0 end
-  if rule == '+' then return h[ATT] > 0 end
-  return true
+  return matching(P, key, filter, minute, cursor)
 end
 
 -- The rank (in the listing's order) of the first entry after the position.

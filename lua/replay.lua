@@ -1,4 +1,4 @@
--- lib: record, slices, attempts, results
+-- lib: record, slices, attempts, results, replaying
 -- replay: schedule a failed or cancelled task again, now, with its attempts reset.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -21,16 +21,7 @@ local h, other = head(tkey)
 if other then return old_layout(key) end
 if not h then return -1 end
 if h[OP] == op then return 1 end
-if h[ST] ~= 'f' and h[ST] ~= 'c' then return -2 end
+if not replayable(h) then return -2 end
 
-local minute = slice_minute(P, now, now)
-redis.call('PERSIST', tkey)
-keep_attempts(P, key)
-keep_results(P, key)
-redis.call('ZREM', P .. FINISHED_INDEX[h[ST]], key)
-h[ST], h[ATT], h[DUE], h[FINISHED], h[OP] = 's', 0, now, 0, op
--- A claim kept for an attempt cancelled in flight (lua/cancel.lua) is dropped with it.
-h[CLAIM], h[STARTED] = NONE, 0
-put_head(tkey, h)
-into_slice(P, key, now, minute)
+replay_task(P, key, h, now, op)
 return 1

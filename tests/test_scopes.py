@@ -30,9 +30,6 @@ PUBLIC = None
 
 # The scope each route needs: docs/api.md v3 "Scoped tokens" (every GET read; tasks and schedules
 # write; flows admin). A route the app has and this table lacks fails test_every_route_...
-# Not built yet, their scopes when they are:
-# POST /tasks/cancel, /tasks/replay (bulk jobs): admin,
-# GET /jobs/{id}: read.
 TABLE: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/metrics"): "read",  # when TIMEWHEEL_METRICS_PUBLIC=false (else public)
@@ -65,6 +62,9 @@ TABLE: dict[tuple[str, str], str | None] = {
     ("POST", "/topics/{name}/publish"): "write",
     ("GET", "/stats"): "read",
     ("GET", "/stats/due"): "read",
+    ("POST", "/tasks/cancel"): "admin",
+    ("POST", "/tasks/replay"): "admin",
+    ("GET", "/jobs/{job_id}"): "read",
 }
 # Routes outside the OpenAPI schema.
 HIDDEN: dict[tuple[str, str], str | None] = {

@@ -23,7 +23,9 @@ from timewheel.engine.materializer import Materializer
 from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
+from timewheel.jobs.runner import JobRunner
 from timewheel.metrics import Metrics
+from timewheel.operations.jobs import JobOperations
 from timewheel.operations.schedules import ScheduleOperations, schedule_store
 from timewheel.operations.tasks import TaskLimits, TaskOperations
 from timewheel.operations.topics import TopicOperations
@@ -33,6 +35,7 @@ from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.job_store import JobStore
 from timewheel.store.publish import Publisher
 from timewheel.store.schedule_store import ScheduleStore
 from timewheel.store.topic_store import TopicStore
@@ -60,6 +63,8 @@ class Wheel:
     topics: TopicOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
     sweeper: PublishSweeper | None = field(default=None, repr=False)
+    jobs: JobOperations = field(init=False, repr=False)
+    job_runner: JobRunner = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -116,6 +121,13 @@ class Wheel:
                                        policy, metrics)
         if isinstance(redis, RedisCluster):  # only a cluster's publishes are made in steps
             wheel.sweeper = PublishSweeper(publisher, clock)
+        job_store = JobStore(store)
+        wheel.jobs = JobOperations(job_store, clock)
+        wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds,
+                                     lease_ms=int(settings.job_lease_seconds * 1000),
+                                     step_tasks=settings.job_step_tasks,
+                                     pause_s=settings.job_step_pause_seconds,
+                                     busy_share=settings.job_busy_share)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
         try:
@@ -138,9 +150,11 @@ class Wheel:
         self.materializer.start()
         if self.sweeper is not None:
             self.sweeper.start()
+        self.job_runner.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
+        await self.job_runner.stop()
         await self.materializer.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()

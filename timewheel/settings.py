@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     buckets: int | None = Field(default=None, ge=1, le=16_384)
     max_concurrency: int = Field(default=512, ge=1, le=100_000)
     flow_local_waiting: int = Field(default=10_000, ge=0, le=100_000)
+    # Bulk jobs (timewheel/jobs/runner.py): index entries one step looks at, the least pause
+    # between two steps, the most of the time steps may take (the pause after a step is in
+    # proportion), and how long a dead process's job waits before another process takes it over.
+    job_step_tasks: int = Field(default=50, ge=1, le=1000)
+    job_step_pause_seconds: float = Field(default=0.002, ge=0, le=10)
+    job_busy_share: float = Field(default=0.25, gt=0, le=1)
+    job_lease_seconds: float = Field(default=10.0, ge=1, le=3600)
     http_client: Literal["aiohttp", "httpx"] = "aiohttp"
     metrics_public: bool = True
     docs_public: bool = True

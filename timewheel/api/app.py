@@ -23,6 +23,7 @@ from timewheel.api import (
     batch,
     errors,
     flows,
+    jobs,
     ops,
     schedules,
     stats,
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(ops.metrics_router,
                        dependencies=[] if settings.metrics_public else [Needs.READ])
     app.include_router(batch.router)  # before tasks: /tasks/batch is not /tasks/{key}
+    app.include_router(jobs.router)  # likewise /tasks/cancel and /tasks/replay
     app.include_router(tasks.router)
     app.include_router(attempts.router)
     app.include_router(flows.router)
@@ -123,7 +125,7 @@ def _error_handlers(app: FastAPI) -> None:
             routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
                       *tasks.router.routes, *flows.router.routes, *schedules.router.routes,
                       *stats.router.routes, *ui.router.routes, *attempts.router.routes,
-                      *auth.router.routes, *topics.router.routes]
+                      *auth.router.routes, *jobs.router.routes, *topics.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

@@ -13,6 +13,7 @@ from timewheel.api.views import task_view
 from timewheel.errors import (
     BodyTooLarge,
     InvalidInput,
+    JobNotFound,
     NotReplicated,
     ScheduleNotFound,
     StoreUnavailable,
@@ -38,6 +39,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(TopicNotFound)
     async def topic_not_found(request: Request, exc: TopicNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(JobNotFound)
+    async def job_not_found(request: Request, exc: JobNotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(TaskConflict)

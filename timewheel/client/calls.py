@@ -28,6 +28,9 @@ from timewheel.models import (
     FlowLimits,
     FlowList,
     FlowView,
+    JobCreated,
+    JobFilter,
+    JobView,
     PublishResult,
     ScheduleCreate,
     ScheduleList,
@@ -212,6 +215,17 @@ def task_attempts(key: str) -> Call[list[AttemptView]]:
     """``GET /tasks/{key}/attempts``: the kept attempts, oldest first."""
     return Call("GET", f"/tasks/{segment(key)}/attempts",
                 lambda response: AttemptList.model_validate_json(response.content).attempts)
+
+
+# -- bulk jobs ----------------------------------------------------------------------------
+
+def start_job(kind: str, job_filter: JobFilter | Mapping[str, Any]) -> Call[JobCreated]:
+    """``POST /tasks/cancel`` or ``POST /tasks/replay`` (``kind``): 202 with the job's id."""
+    return Call("POST", f"/tasks/{kind}", _model(JobCreated), json=body(job_filter))
+
+
+def get_job(job_id: str) -> Call[JobView]:
+    return Call("GET", f"/jobs/{segment(job_id)}", _model(JobView))
 
 
 # -- /flows -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The client half of the command line: ``timewheel tasks|flows|schedules ...`` (docs/api.md,
+"""The client half of the command line: ``timewheel tasks|flows|schedules|jobs ...`` (docs/api.md,
 "Operations"). ``timewheel/cli.py`` owns the parser and ``serve``; it hands every other command
 to ``run`` here.
 
@@ -24,6 +24,7 @@ import httpx
 from pydantic import BaseModel
 
 from timewheel.client import cli_topics
+from timewheel.client.cli_jobs import add_jobs
 from timewheel.client.errors import ClientError, UnreachableError
 from timewheel.client.sync import Client
 from timewheel.models import Method, TaskStatus, parse_execute_at
@@ -37,7 +38,7 @@ Handler = Callable[[Client, argparse.Namespace], Any]
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``tasks``, ``schedules`` and ``flows`` to the ``timewheel`` parser. Input is
+    """Add ``tasks``, ``schedules``, ``flows`` and ``jobs`` to the ``timewheel`` parser. Input is
     checked by the service (docs/api.md's rules, 422 -> exit 1), except what argparse can tell on
     its own (a header without a colon, --delay with --at, a number that is not one)."""
     common = argparse.ArgumentParser(add_help=False)
@@ -48,6 +49,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _schedules(commands, common)
     _flows(commands, common)
     cli_topics.add_commands(commands, common)  # its own module: the shared helpers are here
+    add_jobs(commands, common)
 
 
 def run(args: argparse.Namespace, *, transport: httpx.BaseTransport | None = None) -> int:

@@ -17,6 +17,9 @@ from timewheel.models import (
     FlowLimits,
     FlowList,
     FlowView,
+    JobCreated,
+    JobFilter,
+    JobView,
     ScheduleCreate,
     ScheduleList,
     ScheduleView,
@@ -137,6 +140,24 @@ class Client:
         its outcome, status code, error, response excerpt, duration and process. A task never
         tried has none; ``NotFoundError`` if there is no such task."""
         return self._run(calls.task_attempts(key))
+
+    # -- bulk jobs ------------------------------------------------------------------------
+
+    def cancel_tasks(self, job_filter: JobFilter | Mapping[str, Any]) -> JobCreated:
+        """Start a job that cancels every task matching the filter (``status``,
+        ``key_prefix``, ``flow_key``, ``due_before``, ``created_before``; at least one) and
+        created before the job: ``POST /tasks/cancel``. Follow it with ``get_job``."""
+        return self._run(calls.start_job("cancel", job_filter))
+
+    def replay_tasks(self, job_filter: JobFilter | Mapping[str, Any]) -> JobCreated:
+        """Start a job that replays every failed or cancelled task matching the filter:
+        ``POST /tasks/replay``. Follow it with ``get_job``."""
+        return self._run(calls.start_job("replay", job_filter))
+
+    def get_job(self, job_id: str) -> JobView:
+        """A job's progress (``GET /jobs/{id}``); ``state`` is ``done`` once it has walked
+        every task."""
+        return self._run(calls.get_job(job_id))
 
     # -- flows ----------------------------------------------------------------------------
 

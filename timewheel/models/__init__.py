@@ -6,6 +6,15 @@ from timewheel.domain import FINISHED, KEY_PATTERN, Method, TaskStatus, format_m
 from timewheel.models.attempts import AttemptList, AttemptOutcome, AttemptView
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
+from timewheel.models.jobs import (
+    JOB_ID_PATTERN,
+    CancelFilter,
+    JobCreated,
+    JobFilter,
+    JobKind,
+    JobView,
+    ReplayFilter,
+)
 from timewheel.models.schedules import (
     SCHEDULE_ID_PATTERN,
     ScheduleCreate,
@@ -36,6 +45,8 @@ __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", 
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
             "ScheduleTask", "ScheduleView"]
 __all__ += ["AttemptList", "AttemptOutcome", "AttemptView"]
+__all__ += ["JOB_ID_PATTERN", "CancelFilter", "JobCreated", "JobFilter", "JobKind", "JobView",
+            "ReplayFilter"]
 from timewheel.models.topics import (  # noqa: E402
     MAX_ENDPOINTS,
     TOPIC_NAME_PATTERN,

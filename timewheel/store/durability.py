@@ -26,7 +26,10 @@ On a Redis Cluster the calls are routed here, not by redis-py's pipeline (which 
 redirected command on another connection, where the WAIT would not cover it): NOSCRIPT loads
 the script on that node, MOVED updates the slot map, ASK sends ASKING first on the same
 connection, TRYAGAIN (a slot mid-migration, see ``connection.py``) waits a little; each time
-only the calls that did not run are sent again, with their own WAIT.
+only the calls that did not run are sent again, with their own WAIT. The marker SET is never
+sent with ASKING: a script runs after ASK only on a node that already serves the slot (the
+guard key keeps scripts off an importing node), so the marker is needed only there, and one
+written on an importing node would collide with the source's when the reshard moves it.
 """
 
 from __future__ import annotations
@@ -162,9 +165,12 @@ async def _cluster_round(redis: RedisCluster, durability: Durability, calls: Seq
             if call.ask:
                 pipe.execute_command("ASKING", target_nodes=node)
             pipe.execute_command(*call.command, target_nodes=node)
-        if group[-1].ask:
-            pipe.execute_command("ASKING", target_nodes=node)
-        _mark_and_wait(pipe, marker(group[-1].keys[0]), durability, node)
+        # The marker goes without ASKING: only a node that serves the slot may create it.
+        # An importing node refuses the scripts (TRYAGAIN) but would take the marker, beside
+        # the one the source still holds, and the reshard's MIGRATE of it fails (BUSYKEY).
+        # So it is of a slot the node was not ASKed into, when the group has one.
+        mark = next((call for call in reversed(group) if not call.ask), group[-1])
+        _mark_and_wait(pipe, marker(mark.keys[0]), durability, node)
     replies = iter(await pipe.execute(raise_on_error=False, allow_redirections=False))
     short: list[int] = []
     retry_later = False
@@ -181,14 +187,12 @@ async def _cluster_round(redis: RedisCluster, durability: Durability, calls: Seq
 async def _read_group(redis: RedisCluster, node: ClusterNode, group: list[Call],
                       replies: Iterator[Any]) -> tuple[list[str], Any]:
     """The outcome of each call of one node's share, and its WAIT reply."""
-    asked = group[-1].ask is not None
     outcomes = []
     for call in group:
         if call.ask:
             next(replies)  # ASKING's OK
         outcomes.append(await _settle(redis, node, call, next(replies)))
-    for _ in range(2 if asked else 1):  # ASKING's OK, the marker's OK
-        next(replies)
+    next(replies)  # the marker's OK (MOVED or ASK on a node that does not serve the slot)
     return outcomes, next(replies)
 
 

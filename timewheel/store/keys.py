@@ -20,6 +20,7 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P pf            zset   flows with parked tasks -> due_ms of their earliest
     P pa            zset   every parked task of the bucket -> due_ms (listings)
     P fs, ff, fc    zset   succeeded, failed (the dead letters), cancelled: key -> finished ms
+    P j:<job id>    hash   a bulk job's position and counts in this bucket (lua/job_step.lua)
 
 Layout 1 used other names for every index (m:, d:, cursor, lease, c:, w:, wf, dead) and a hash
 per record: timewheel/store/migrate.py converts a wheel written by it.
@@ -30,6 +31,11 @@ A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F b
                           mb retry defaults (attempts, backoff ms, max backoff ms)
     F held         zset   permits in use: permit id -> lease expiry ms
     F starts       zset   starts within the rate window: permit id -> ms (only with a rate)
+
+Bulk jobs share one hash tag, "{<key_prefix>:jobs}:" (J below; lua/job_create.lua):
+
+    J j:<job id>   hash   kind, filter, state, started, finished, the lease holder
+    J running      zset   running jobs: job id -> lease expiry ms
 
 and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics).
 The processes' counts of attempts waiting in memory for their flow share one hash tag,
@@ -125,6 +131,18 @@ class Keyspace:
     def topics(self) -> str:
         """The prefix of every topic's keys: one hash slot (lua/topic_put.lua)."""
         return f"{{{self.key_prefix}:topics}}:"
+
+    @property
+    def jobs(self) -> str:
+        """The prefix of the bulk jobs' keys: one hash slot for all of them."""
+        return f"{{{self.key_prefix}:jobs}}:"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.jobs}j:{job_id}"
+
+    def job_state(self, bucket: int, job_id: str) -> str:
+        """A bulk job's position and counts in one bucket."""
+        return f"{self.prefix(bucket)}j:{job_id}"
 
     @property
     def configured_flows(self) -> str:

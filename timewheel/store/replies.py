@@ -208,6 +208,23 @@ class RekeyScheduleReply(IntEnum):
     CHANGED = 0  # the spec is not the one read any more
 
 
+@unique
+class JobStepReply(IntEnum):
+    """lua/job_step.lua (the first element of its reply; the bucket's counts follow)."""
+
+    STEPPED = 1
+    STALE = -1  # the job's position in the bucket is not the one given: nothing written
+
+
+@unique
+class JobFinishReply(IntEnum):
+    """lua/job_finish.lua."""
+
+    FINISHED = 1
+    LOST = -1  # not running, or another runner holds the lease: nothing written
+
+
+# The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
 REPLIES: dict[str, type[IntEnum]] = {
     "schedule": ScheduleReply, "cancel": CancelReply, "replay": ReplayReply,
     "reschedule": RescheduleReply, "complete": CompleteReply, "release": ReleaseReply,
@@ -219,4 +236,5 @@ REPLIES: dict[str, type[IntEnum]] = {
     "publish": PublishReply, "topic_put": TopicPutReply, "topic_delete": TopicDeleteReply,
     "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
     "rekey_schedule": RekeyScheduleReply,
+    "job_step": JobStepReply, "job_finish": JobFinishReply,
 }
