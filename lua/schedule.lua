@@ -1,4 +1,4 @@
--- lib: record, slices, parking, attempts, results
+-- lib: record, slices, parking, attempts, results, creating
 -- schedule: create a task, or replace one that has not finished.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:". Every key below is derived from it, so all of
@@ -26,10 +26,8 @@ local results = ARGV[6] or ''
 local tkey = P .. 't:' .. key
 local op = digest(req)
 
-local h = unpack_head(new)
-if #new ~= HEAD + h[FL] + h[UL] + h[HL] + h[BL] + h[EL] then
-  return redis.error_reply('ERR schedule: malformed record for ' .. key)
-end
+local h = new_head(new)
+if not h then return redis.error_reply('ERR schedule: malformed record for ' .. key) end
 local old, other = head(tkey)
 if other then return old_layout(key) end
 if old and old[OP] == op then return old[OPR] end
@@ -57,15 +55,5 @@ elseif finished then
   keep_attempts(P, key)  -- created again: its history goes on, no longer expiring
 end
 
-local due = h[DUE]
-local minute = slice_minute(P, due, now)
-h[CREATED], h[OP], h[OPR] = now, op, reply
-redis.call('SET', tkey, new)  -- also drops a finished record's retention TTL
-put_head(tkey, h)
-into_slice(P, key, due, minute)
-if results ~= '' then
-  redis.call('SET', results_key(P, key), results)  -- no TTL: the task is pending
-elseif old then
-  redis.call('DEL', results_key(P, key))
-end
+write_task(P, key, new, h, now, op, reply, results, old ~= nil)
 return reply

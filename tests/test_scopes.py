@@ -30,9 +30,6 @@ PUBLIC = None
 
 # The scope each route needs: docs/api.md v3 "Scoped tokens" (every GET read; tasks and schedules
 # write; flows admin). A route the app has and this table lacks fails test_every_route_...
-# Not built yet, their scopes when they are:
-# PUT, DELETE /topics/{name}: admin, GET /topics, /topics/{name}: read,
-# POST /topics/{name}/publish: write.
 TABLE: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/metrics"): "read",  # when TIMEWHEEL_METRICS_PUBLIC=false (else public)
@@ -58,6 +55,11 @@ TABLE: dict[tuple[str, str], str | None] = {
     ("DELETE", "/schedules/{schedule_id}"): "write",
     ("POST", "/schedules/{schedule_id}/pause"): "write",
     ("POST", "/schedules/{schedule_id}/resume"): "write",
+    ("GET", "/topics"): "read",
+    ("GET", "/topics/{name}"): "read",
+    ("PUT", "/topics/{name}"): "admin",
+    ("DELETE", "/topics/{name}"): "admin",
+    ("POST", "/topics/{name}/publish"): "write",
     ("GET", "/stats"): "read",
     ("GET", "/stats/due"): "read",
     ("POST", "/tasks/cancel"): "admin",

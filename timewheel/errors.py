@@ -4,7 +4,8 @@ each).
     TimeWheelError
      +-- TaskNotFound          no such task (404)
      +-- ScheduleNotFound      no such schedule (404)
- +-- JobNotFound           no such bulk job, or it expired (404)
+     +-- TopicNotFound         no such topic (404)
+     +-- JobNotFound           no such bulk job, or it expired (404)
      +-- TaskConflict          key taken by other content, or task already finished (409)
      +-- InvalidInput          a request its model accepted, refused by a limit of the
      |                         settings or the task's state (422)
@@ -38,6 +39,10 @@ class ScheduleNotFound(TimeWheelError):
         self.schedule_id = schedule_id
 
 
+class TopicNotFound(TimeWheelError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no topic named {name!r}")
+        self.name = name
 class JobNotFound(TimeWheelError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"no job with id {job_id!r}")

@@ -20,6 +20,7 @@ from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.materializer import Materializer
+from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.jobs.runner import JobRunner
@@ -27,6 +28,7 @@ from timewheel.metrics import Metrics
 from timewheel.operations.jobs import JobOperations
 from timewheel.operations.schedules import ScheduleOperations, schedule_store
 from timewheel.operations.tasks import TaskLimits, TaskOperations
+from timewheel.operations.topics import TopicOperations
 from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import bucket_spread, make_redis
@@ -34,7 +36,9 @@ from timewheel.store.durability import Durability
 from timewheel.store.embedded import EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.job_store import JobStore
+from timewheel.store.publish import Publisher
 from timewheel.store.schedule_store import ScheduleStore
+from timewheel.store.topic_store import TopicStore
 from timewheel.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,9 @@ class Wheel:
     schedule_store: ScheduleStore = field(init=False, repr=False)
     tasks: TaskOperations = field(init=False, repr=False)
     schedules: ScheduleOperations = field(init=False, repr=False)
+    topics: TopicOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
+    sweeper: PublishSweeper | None = field(default=None, repr=False)
     jobs: JobOperations = field(init=False, repr=False)
     job_runner: JobRunner = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -110,6 +116,11 @@ class Wheel:
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
+        publisher = Publisher(store)
+        wheel.topics = TopicOperations(TopicStore(store), publisher, wheel.tasks, clock,
+                                       policy, metrics)
+        if isinstance(redis, RedisCluster):  # only a cluster's publishes are made in steps
+            wheel.sweeper = PublishSweeper(publisher, clock)
         job_store = JobStore(store)
         wheel.jobs = JobOperations(job_store, clock)
         wheel.job_runner = JobRunner(job_store, clock, poll_s=settings.tick_seconds,
@@ -137,12 +148,16 @@ class Wheel:
     def start_ticker(self) -> None:
         self._ticker_task = asyncio.create_task(self.ticker.run(), name="timewheel-ticker")
         self.materializer.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
         self.job_runner.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
         await self.job_runner.stop()
         await self.materializer.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         self.ticker.stop()
         if self._ticker_task is not None:
             await self._ticker_task

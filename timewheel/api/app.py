@@ -28,6 +28,7 @@ from timewheel.api import (
     schedules,
     stats,
     tasks,
+    topics,
     ui,
 )
 from timewheel.api.deps import Needs
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(attempts.router)
     app.include_router(flows.router)
     app.include_router(schedules.router)
+    app.include_router(topics.router)
     app.include_router(stats.router)
     app.include_router(auth.router)
     app.include_router(ui.router)  # the dashboard: no token for the page, its calls use one
@@ -123,7 +125,7 @@ def _error_handlers(app: FastAPI) -> None:
             routes = [*ops.router.routes, *ops.metrics_router.routes, *batch.router.routes,
                       *tasks.router.routes, *flows.router.routes, *schedules.router.routes,
                       *stats.router.routes, *ui.router.routes, *attempts.router.routes,
-                      *auth.router.routes, *jobs.router.routes]
+                      *auth.router.routes, *jobs.router.routes, *topics.router.routes]
             methods = sorted({method for route in routes if isinstance(route, Route)
                               and route.methods and route.matches(request.scope)[0] != Match.NONE
                               for method in route.methods})

@@ -19,6 +19,7 @@ from timewheel.errors import (
     StoreUnavailable,
     TaskConflict,
     TaskNotFound,
+    TopicNotFound,
 )
 
 
@@ -34,6 +35,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ScheduleNotFound)
     async def schedule_not_found(request: Request, exc: ScheduleNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(TopicNotFound)
+    async def topic_not_found(request: Request, exc: TopicNotFound) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(JobNotFound)

@@ -31,6 +31,7 @@ from timewheel.models import (
     JobCreated,
     JobFilter,
     JobView,
+    PublishResult,
     ScheduleCreate,
     ScheduleList,
     ScheduleView,
@@ -38,6 +39,11 @@ from timewheel.models import (
     TaskFields,
     TaskList,
     TaskView,
+    TopicDetail,
+    TopicList,
+    TopicPublish,
+    TopicPut,
+    TopicView,
 )
 
 T = TypeVar("T")
@@ -284,6 +290,33 @@ def pause_schedule(schedule_id: str) -> Call[ScheduleView]:
 
 def resume_schedule(schedule_id: str) -> Call[ScheduleView]:
     return Call("POST", f"/schedules/{segment(schedule_id)}/resume", _model(ScheduleView))
+
+
+# -- /topics -------------------------------------------------------------------------------
+
+def set_topic(name: str, topic: TopicPut | Mapping[str, Any]) -> Call[TopicView]:
+    """``PUT /topics/{name}``: create (201) or replace (200) the topic's endpoints."""
+    return Call("PUT", f"/topics/{segment(name)}", _model(TopicView), json=body(topic))
+
+
+def get_topic(name: str) -> Call[TopicDetail]:
+    """``GET /topics/{name}``: the topic and its recent publishes."""
+    return Call("GET", f"/topics/{segment(name)}", _model(TopicDetail))
+
+
+def list_topics(limit: int | None, cursor: str | None) -> Call[TopicList]:
+    return Call("GET", "/topics", _model(TopicList), params=_query(limit=limit, cursor=cursor))
+
+
+def delete_topic(name: str) -> Call[None]:
+    return Call("DELETE", f"/topics/{segment(name)}", _nothing)
+
+
+def publish(name: str, message: TopicPublish | Mapping[str, Any]) -> Call[PublishResult]:
+    """``POST /topics/{name}/publish``: one task per endpoint (201), or the same tasks again
+    for a repeated publish (200)."""
+    return Call("POST", f"/topics/{segment(name)}/publish", _model(PublishResult),
+                json=body(message))
 
 
 # -- operations ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from timewheel.client import cli_topics
 from timewheel.client.cli_jobs import add_jobs
 from timewheel.client.errors import ClientError, UnreachableError
 from timewheel.client.sync import Client
@@ -47,6 +48,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _tasks(commands, common)
     _schedules(commands, common)
     _flows(commands, common)
+    cli_topics.add_commands(commands, common)  # its own module: the shared helpers are here
     add_jobs(commands, common)
 
 

@@ -27,6 +27,11 @@ from timewheel.models import (
     TaskFields,
     TaskList,
     TaskView,
+    TopicDetail,
+    TopicList,
+    TopicPublish,
+    TopicPut,
+    TopicView,
 )
 
 T = TypeVar("T")
@@ -211,6 +216,34 @@ class Client:
 
     def resume_schedule(self, schedule_id: str) -> ScheduleView:
         return self._run(calls.resume_schedule(schedule_id))
+
+    # -- topics ---------------------------------------------------------------------------
+
+    def set_topic(self, name: str, topic: TopicPut | Mapping[str, Any]) -> TopicView:
+        """Create or replace a topic (``PUT /topics/{name}``):
+        ``{"endpoints": [{"name": ..., "url": ..., "headers": {...}}]}``."""
+        return self._run(calls.set_topic(name, topic))
+
+    def get_topic(self, name: str) -> TopicDetail:
+        """The topic and its recent publishes; ``NotFoundError`` if there is none."""
+        return self._run(calls.get_topic(name))
+
+    def list_topics(self, *, limit: int | None = None,
+                    cursor: str | None = None) -> TopicList:
+        """One page of ``GET /topics``; pass its ``next_cursor`` back for the next page."""
+        return self._run(calls.list_topics(limit, cursor))
+
+    def delete_topic(self, name: str) -> None:
+        """Delete the topic (tasks its publishes made are not touched)."""
+        self._run(calls.delete_topic(name))
+
+    def publish(self, name: str,
+                message: TopicPublish | Mapping[str, Any] | None = None) -> list[TaskView]:
+        """Publish to every endpoint of the topic at once (``POST /topics/{name}/publish``, a
+        ``POST /tasks`` body without ``callback_url``): the tasks ``<key>.<endpoint>``, all
+        created or none. A repeat with the same key and content returns the same tasks; the
+        same key with other content raises ``ConflictError``."""
+        return (self._run(calls.publish(name, message or {}))).tasks
 
     # -- operations -----------------------------------------------------------------------
 

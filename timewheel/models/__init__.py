@@ -47,3 +47,18 @@ __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSp
 __all__ += ["AttemptList", "AttemptOutcome", "AttemptView"]
 __all__ += ["JOB_ID_PATTERN", "CancelFilter", "JobCreated", "JobFilter", "JobKind", "JobView",
             "ReplayFilter"]
+from timewheel.models.topics import (  # noqa: E402
+    MAX_ENDPOINTS,
+    TOPIC_NAME_PATTERN,
+    Endpoint,
+    PublishNote,
+    PublishResult,
+    TopicDetail,
+    TopicList,
+    TopicPublish,
+    TopicPut,
+    TopicView,
+)
+
+__all__ += ["MAX_ENDPOINTS", "TOPIC_NAME_PATTERN", "Endpoint", "PublishNote", "PublishResult",
+            "TopicDetail", "TopicList", "TopicPublish", "TopicPut", "TopicView"]

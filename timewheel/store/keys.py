@@ -42,6 +42,9 @@ The processes' counts of attempts waiting in memory for their flow share one has
 "{<key_prefix>:wl}:" (lua/waiting_report.lua): ``live`` (zset process id -> expiry ms) and
 ``p:<process id>`` (hash flow -> count).
 
+Topics share one hash tag, "{<key_prefix>:topics}:" (lua/topic_put.lua lists its keys); a
+publish's record is in the bucket of its key, P pb:<publish key> (lua/publish.lua).
+
 On a Redis Cluster each bucket is one hash slot, so a minute's load spreads over the cluster
 while every script still touches a single slot.
 """
@@ -123,6 +126,11 @@ class Keyspace:
     def flow(self, flow: str) -> str:
         """The prefix of a flow's own keys: one hash slot per flow."""
         return f"{{{self.key_prefix}:f:{flow}}}:"
+
+    @property
+    def topics(self) -> str:
+        """The prefix of every topic's keys: one hash slot (lua/topic_put.lua)."""
+        return f"{{{self.key_prefix}:topics}}:"
 
     @property
     def jobs(self) -> str:

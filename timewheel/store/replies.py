@@ -157,6 +157,33 @@ class SchedTombstoneReply(IntEnum):
 
 
 @unique
+class PublishReply(IntEnum):
+    """lua/publish.lua (the first element of its reply)."""
+
+    CREATED = 0
+    EXISTS = 1  # the same publish exists: nothing written
+    CONFLICT = -1  # the publish key belongs to another publish: nothing written
+    TASK_CONFLICT = -2  # a task's key holds another task: nothing written
+
+
+@unique
+class TopicPutReply(IntEnum):
+    """lua/topic_put.lua (the first element of its reply)."""
+
+    CREATED = 1
+    REPLACED = 0
+
+
+@unique
+class TopicDeleteReply(IntEnum):
+    """lua/topic_delete.lua."""
+
+    DELETED = 1
+    NOT_FOUND = -1
+
+
+# The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
+@unique
 class RekeyReply(IntEnum):
     """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
 
@@ -206,6 +233,7 @@ REPLIES: dict[str, type[IntEnum]] = {
     "sched_put": SchedPutReply, "sched_pause": SchedPauseReply,
     "sched_resume": SchedResumeReply, "sched_delete": SchedDeleteReply,
     "sched_reserve": SchedReserveReply, "sched_tombstone": SchedTombstoneReply,
+    "publish": PublishReply, "topic_put": TopicPutReply, "topic_delete": TopicDeleteReply,
     "rekey": RekeyReply, "rekey_attempt": RekeyAttemptReply,
     "rekey_schedule": RekeyScheduleReply,
     "job_step": JobStepReply, "job_finish": JobFinishReply,

@@ -36,7 +36,8 @@ NAMES = ("schedule", "cancel", "claim", "start", "complete", "release", "replay"
 # The scripts whose reply the API reports to a client: acknowledged once durable.
 ACKNOWLEDGED = frozenset({"schedule", "cancel", "replay", "reschedule", "flow_limits",
                           "flow_pause", "job_create", "sched_put", "sched_pause",
-                          "sched_resume", "sched_delete", "sched_tombstone"})
+                          "sched_resume", "sched_delete", "sched_tombstone", "publish",
+                          "topic_put", "topic_delete"})
 
 
 def lua_dir() -> Path:

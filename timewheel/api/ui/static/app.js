@@ -8,6 +8,7 @@ import * as flows from "./page-flows.js";
 import * as overview from "./page-overview.js";
 import * as schedules from "./page-schedules.js";
 import * as tasks from "./page-tasks.js";
+import * as topics from "./page-topics.js";
 import { browserZone, setZoneMode, zoneMode } from "./zone.js";
 
 const HEALTH_MS = 10000;
@@ -19,6 +20,8 @@ const PAGES = {
   "dead-letters": (root) => dead.render(root),
   flows: (root) => flows.render(root),
   schedules: (root) => schedules.render(root),
+  topics: (root) => topics.render(root),
+  topic: (root, params, arg) => topics.renderTopic(root, arg),
 };
 
 let cleanup = null;
@@ -52,7 +55,7 @@ function route() {
   cleanup = null;
   clearNotice();
   const [page, params, arg] = parseHash();
-  const nav = page === "task" ? "tasks" : page;
+  const nav = { task: "tasks", topic: "topics" }[page] || page;
   for (const link of document.querySelectorAll("#nav a")) {
     link.classList.toggle("active", link.dataset.page === nav);
   }
