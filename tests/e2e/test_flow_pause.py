@@ -60,6 +60,14 @@ def test_pause_on_one_process_holds_the_flow_on_every_process(
     assert {v["attempts"] for v in views} == {0}
     assert {v["status"] for v in views} <= {"scheduled", "delivering"}
 
+    # Due order across processes is kept by Redis, for parked tasks (lua/unpark.lua takes the
+    # earliest first); waiters still in two processes' memory would race for the one permit.
+    # So the resume comes once every held task has parked (its park deadline: a few seconds).
+    def all_parked() -> bool:
+        with second.client() as client:
+            return all(client.get(f"/tasks/{key}").json()["status"] == "scheduled"
+                       for key in keys)
+    settle(all_parked, 30, "every held task parked in Redis")
     with second.client() as client:
         resumed = client.post("/flows/held/resume")
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
