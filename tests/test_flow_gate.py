@@ -406,8 +406,9 @@ async def test_a_pause_stops_the_flow_from_the_next_tick(gated: Harness,
                                                          router: respx.MockRouter) -> None:
     """Paused while one task is in flight and two wait for its permit in this process: once
     the tick's permits call has told the gate (at most a tick), the answer hands the permit to
-    no one, and the two stay claimed with no attempt. Resumed (control: the same waiters start
-    after the next tick), they go, once each."""
+    no one, and the two park at once (long before their park deadline: the clock does not
+    move), with no attempt. Resumed (control: the same tasks start after the next tick), they
+    go, once each."""
     receiver = Receiver(router)
     await limit(gated.store, FLOW, parallelism=1)
     keys = ["k0", "k1", "k2"]
@@ -424,12 +425,20 @@ async def test_a_pause_stops_the_flow_from_the_next_tick(gated: Harness,
     await wait_until(lambda: _true(receiver.now == 0), "the first answered")
     await asyncio.sleep(0.05)  # room for a hand-on to (wrongly) start another
     assert receiver.attempts == [(first, "1")]
-    assert await statuses(gated, rest) == [("delivering", 0)] * 2
-    assert gate.waiting == 2
+    await wait_until(lambda: _parked(gated, 2), "the two parked")
+    assert await statuses(gated, rest) == [("scheduled", 0)] * 2
+    assert gate.waiting == 0  # nothing held here: both wait in Redis
 
     await flow_store(gated.store).set_paused(FLOW, False)
-    await gated.dispatcher.poll_flows()
     receiver.open.set()
+    await gated.dispatcher.poll_flows()  # the next tick takes them back from Redis
+
+    async def sent_after_resume() -> bool:
+        # A task taken back from Redis starts UNPARK_START_MS after its permit: move the clock.
+        gated.clock.advance(UNPARK_START_MS)
+        return len(receiver.attempts) == 3
+
+    await wait_until(sent_after_resume, "both sent after the resume")
     await gated.settle()
     assert sorted(receiver.attempts) == [(k, "1") for k in keys]
     assert await statuses(gated, keys) == [("succeeded", 1)] * 3

@@ -56,13 +56,15 @@ def test_pause_on_one_process_holds_the_flow_on_every_process(
     with second.client() as client:
         views = [client.get(f"/tasks/{key}").json() for key in keys]
     # Not failed, no attempt: parked ("scheduled"), or still claimed in a process until its
-    # park deadline ("delivering", as any claimed task; docs/design.md, Pause).
+    # next permits call learns of the pause ("delivering", as any claimed task; docs/design.md,
+    # Pause).
     assert {v["attempts"] for v in views} == {0}
     assert {v["status"] for v in views} <= {"scheduled", "delivering"}
 
     # Due order across processes is kept by Redis, for parked tasks (lua/unpark.lua takes the
     # earliest first); waiters still in two processes' memory would race for the one permit.
-    # So the resume comes once every held task has parked (its park deadline: a few seconds).
+    # A paused flow's waiters park at once (the gate's next permits call): the resume comes
+    # once every held task has.
     def all_parked() -> bool:
         with second.client() as client:
             return all(client.get(f"/tasks/{key}").json()["status"] == "scheduled"

@@ -262,6 +262,11 @@ class FlowGate:
         state.paused, state.retry = reply.paused, reply.retry
         if waiters:
             self._granted(state, waiters, want[:reply.granted], Lease(now + lease_ms))
+        if state.paused and state.queue:
+            # Paused: its waiters park now, not at their deadlines. From Redis a resume takes
+            # them back earliest first over every process; held in two processes' memory they
+            # would race for the flow's permits, out of due order.
+            self._park_waiters(state, list(state.queue))
         elif unparking and reply.granted:
             await self._unpark(state, [permit for permit, _ in want[:reply.granted]],
                                want[0][1], granted_ms=now)
@@ -372,16 +377,19 @@ class FlowGate:
         if state is None or (state.alarm_ms is not None and state.alarm_ms > now):
             return  # a later alarm is pending: that one asks again
         state.alarm_ms = None
-        due = []
-        while state.queue and state.queue[0].park_by_ms <= now:  # in deadline order, ~
-            attempt = state.queue.popleft()
+        due = list(itertools.takewhile(lambda a: a.park_by_ms <= now, state.queue))
+        if due:  # in deadline order, about
+            self._park_waiters(state, due)
+        self._kick(state)
+
+    def _park_waiters(self, state: FlowState, waiters: list[Attempt]) -> None:
+        """Take the first ``len(waiters)`` waiters out of the flow's queue, to be parked."""
+        for attempt in waiters:
+            state.queue.popleft()
             # Not granted as far as this process knows; a reply lost on the way may have.
             state.releases.append(attempt.permit or "")
             attempt.permit = None
-            due.append(attempt)
-        if due:
-            self._park_soon(due)
-        self._kick(state)
+        self._park_soon(waiters)
 
     def _park_soon(self, attempts: list[Attempt]) -> None:
         """Park at the end of this event-loop iteration, all of it in one go: a burst turns
