@@ -22,17 +22,15 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import secrets
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.common import machine_facts, print_machine, require_loopback, run, summary_ms
+from bench.common import summary_ms
 from bench.receiver import Receiver
-from bench.service import check_service_importable, start_service, wait_healthy
+from bench.service import add_service_args, run_on_service
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -142,23 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=10.0, help="seconds the healthy ones span")
     p.add_argument("--lead", type=float, default=5.0, help="seconds from now to T")
     p.add_argument("--grace", type=float, default=15.0)
-    p.add_argument("--pause", type=float, default=2.0)
-    p.add_argument("--service-port", type=int, default=0)
-    p.add_argument("--service-cmd", default=None)
+    add_service_args(p)
     args = p.parse_args(argv)
-    args.sign, args.fake_service = False, False  # what bench.service.start_service reads
-    require_loopback("127.0.0.1")
-    facts = machine_facts()
-    print_machine(facts)
-    check_service_importable()
-    run_id = f"{int(time.time()) % 100000:05d}{secrets.token_hex(2)}"
-    tmp = Path(tempfile.mkdtemp(prefix="timewheel-bench-noisy-"))
-    svc = start_service(args, tmp, run_id)
-    try:
-        res = run(_main(args, svc.base, lambda s: wait_healthy(svc, s, 60)))
-    finally:
-        svc.proc.terminate()
-        svc.exit_code = svc.proc.wait(60)
+    res, facts = run_on_service(args, "noisy",
+                                lambda base, healthy: _main(args, base, healthy))
     for name in ("control", "noisy"):
         r = res[name]
         lat = r["healthy_lateness_ms"]

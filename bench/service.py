@@ -11,7 +11,9 @@ import secrets
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,16 @@ import aiohttp
 from bench.common import (
     BENCH_DIR,
     free_port,
+    machine_facts,
+    print_machine,
     proc_children,
     proc_cpu_seconds,
     proc_involuntary_switches,
     proc_name,
     proc_rss_mib,
     proc_stat_cpu,
+    require_loopback,
+    run,
 )
 from bench.gc_log import ENV as GC_LOG_ENV
 from bench.gc_log import read as gc_read
@@ -294,3 +300,31 @@ class RunProbe:
                 "pauses": [(round(t, 6), ms, g) for t, ms, g, _ in pauses if ms > 0.5],
             },
         }
+
+
+def add_service_args(p: argparse.ArgumentParser) -> None:
+    """The options of a bench that runs one ``timewheel serve`` of its own (run_on_service)."""
+    p.add_argument("--pause", type=float, default=2.0)
+    p.add_argument("--service-port", type=int, default=0)
+    p.add_argument("--service-cmd", default=None)
+
+
+def run_on_service(args: argparse.Namespace, name: str,
+                   main: Callable[[str, Callable[[aiohttp.ClientSession], Awaitable[float]]],
+                                  Awaitable[dict[str, Any]]],
+                   *, stop_timeout: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Print the machine, start one ``timewheel serve`` (embedded Redis, temporary dir), run
+    ``main(base_url, wait_healthy)`` against it, stop it; (its result, the machine facts)."""
+    args.sign, args.fake_service = False, False  # what start_service reads
+    require_loopback("127.0.0.1")
+    facts = machine_facts()
+    print_machine(facts)
+    check_service_importable()
+    run_id = f"{int(time.time()) % 100000:05d}{secrets.token_hex(2)}"
+    tmp = Path(tempfile.mkdtemp(prefix=f"timewheel-bench-{name}-"))
+    svc = start_service(args, tmp, run_id)
+    try:
+        return run(main(svc.base, lambda s: wait_healthy(svc, s, 60))), facts
+    finally:
+        svc.proc.terminate()
+        svc.exit_code = svc.proc.wait(stop_timeout)
