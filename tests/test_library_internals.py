@@ -39,6 +39,7 @@ from timewheel.delivery.netguard import (
     guarded_httpx_transport,
 )
 from timewheel.operations import prepare as record  # the fingerprint and body encoders
+from timewheel.store.connection import HiredisPacking, hiredis_packing, make_redis
 
 # ------------------------------------------------------------------ json.encoder.c_make_encoder
 # operations/prepare.py builds json.dumps's C encoder once (_json_encoder) instead of on every call.
@@ -133,6 +134,64 @@ def test_read_response_still_takes_a_timeout_argument() -> None:
     parameters = inspect.signature(Connection.read_response).parameters
     assert parameters["timeout"].default is None
     assert callable(Connection._host_error)
+
+
+# ------------------------------------------------------------------ hiredis packing
+# store/connection.py packs every command of the asyncio clients with redis-py's
+# HiredisRespSerializer (its sync client's packer) instead of the asyncio connection's Python one.
+
+PACKED_ARGS: list[tuple[Any, ...]] = [
+    ("EVALSHA", "a" * 40, 1, "{tw:3}:", "key", b"\x00\xffbin", 7, -3, 2**70, 0.1, 2.5, 1e300),
+    ("CONFIG GET", "maxmemory"),                     # a multi-word command name is split
+    (b"CLIENT SETNAME", b"x"),
+    ("SET", "ünï cödé", memoryview(b"view"), bytearray(b"array")),
+    ("SET", "big", b"v" * 100_000),                  # past the Python packer's buffer cutoff
+    ("RPUSH", "k", *[str(i) for i in range(1_000)]),
+]
+
+
+@pytest.mark.parametrize("args", PACKED_ARGS, ids=lambda args: str(args[0]))
+def test_hiredis_packing_writes_the_bytes_redis_py_writes(args: tuple[Any, ...]) -> None:
+    from redis.asyncio.connection import Connection
+
+    python = b"".join(Connection().pack_command(*args))
+    packing = hiredis_packing(Connection)()
+    assert b"".join(packing.pack_command(*args)) == python
+
+
+@pytest.mark.parametrize("value", [True, None, object()])
+def test_hiredis_packing_refuses_what_redis_py_refuses(value: Any) -> None:
+    from redis.asyncio.connection import Connection
+
+    with pytest.raises(redis.exceptions.DataError):
+        Connection().pack_command("SET", "k", value)  # the control: redis-py's own refusal
+    with pytest.raises(redis.exceptions.DataError):
+        hiredis_packing(Connection)().pack_command("SET", "k", value)
+
+
+async def test_the_service_client_packs_with_hiredis_and_round_trips(
+        redis_server: RedisServer) -> None:
+    client = make_redis(redis_server.url)
+    try:
+        conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        assert isinstance(conn, HiredisPacking)
+        await client.connection_pool.release(conn)
+        await client.set("internals:packed", "ü" * 10_000)
+        assert await client.get("internals:packed") == "ü".encode() * 10_000
+        pipe = client.pipeline(transaction=False)
+        pipe.incr("internals:n").incr("internals:n")
+        assert await pipe.execute() == [1, 2]
+    finally:
+        await client.aclose()
+
+
+def test_hiredis_packing_keeps_the_url_connection_class() -> None:
+    from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
+
+    for url, base in [("unix:///tmp/internals.sock", UnixDomainSocketConnection),
+                      ("rediss://127.0.0.1:1", SSLConnection)]:
+        cls = make_redis(url).connection_pool.connection_class
+        assert issubclass(cls, HiredisPacking) and issubclass(cls, base)
 
 
 # ------------------------------------------------------------------ aiohttp's _resolve_host

@@ -30,7 +30,7 @@ from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskStatus
 from timewheel.store import Outcome, ScheduleReply, Store
-from timewheel.store.connection import make_redis
+from timewheel.store.connection import HiredisPacking, make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask
@@ -271,6 +271,21 @@ async def test_buckets_spread_over_all_three_masters(cluster: RedisCluster,
         mine = {cluster_store.keys.task(k) for k in keys
                 if owners[cluster_store.keys.bucket_of(k)] == node.port}
         assert held == mine and mine
+
+
+async def test_every_node_connection_packs_with_hiredis(cluster: RedisCluster,
+                                                        cluster_store: Store) -> None:
+    """Every master's connections, startup node or found by the slot map, pack commands with
+    hiredis (store/connection.py), and the scripts run through them (one task a bucket)."""
+    for key in keys_in_every_bucket(cluster_store.keys, 1):
+        assert await cluster_store.schedule(new_task(key, START_MS + 5000), replace=False,
+                now_ms=START_MS) == ScheduleReply.CREATED
+    nodes = cluster_store.redis.get_primaries()
+    assert len(nodes) == 3
+    for node in [*nodes, *cluster_store.redis.nodes_manager.startup_nodes.values()]:
+        assert issubclass(node.connection_class, HiredisPacking), node.name
+    used = [conn for node in nodes for conn in node._connections]
+    assert used and all(isinstance(conn, HiredisPacking) for conn in used)
 
 
 async def test_init_and_clock_on_a_cluster(cluster: RedisCluster, cluster_redis: Any,
