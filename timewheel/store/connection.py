@@ -99,7 +99,8 @@ class HiredisPacking:
     encoder refuses (``DataError``). Same bytes: tests/test_library_internals.py."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return _SERIALIZER.pack(*args)
+        packed: list[bytes] = _SERIALIZER.pack(*args)
+        return packed
 
 
 _packing_classes: dict[type, type] = {}
@@ -149,7 +150,7 @@ class WheelCluster(RedisCluster):
         packing = hiredis_packing(self.connection_kwargs["connection_class"])
         self.connection_kwargs["connection_class"] = packing
         for node in self.nodes_manager.startup_nodes.values():
-            node.connection_class = packing
+            node.connection_class = packing  # type: ignore[assignment]  # a Connection subclass
         self._commands = asyncio.Semaphore(MAX_CONNECTIONS)
         self._retired: dict[int, ClusterNode] = {}  # nodes dropped from the slot map
 
