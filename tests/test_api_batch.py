@@ -4,6 +4,7 @@ order, whole-request refusals that store nothing, the size limit, NOSCRIPT, Redi
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import hiredis
 import httpx
 import pytest
+from fastapi.responses import JSONResponse
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 from redis.asyncio.retry import Retry
@@ -22,7 +24,7 @@ from tests.test_api import URL, expected_view, snapshot
 from tests.test_api_redis_down import make_settings, poll, task_keys
 from timewheel.api.app import MAX_REQUEST_BYTES, create_app
 from timewheel.api.batch import Times, created_view
-from timewheel.api.views import task_view
+from timewheel.api.views import FastJSONResponse, task_view
 from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.operations.prepare import prepare
@@ -218,6 +220,30 @@ def test_created_view_is_the_models_view(due_ms: int) -> None:
     assert created_view(task, times(START_MS + 7), times) == task_view(
         task.as_record(START_MS + 7)).model_dump(mode="json")
     assert times(due_ms) == format_ms(due_ms) and times(due_ms + 1) == format_ms(due_ms + 1)
+
+
+async def test_batch_views_show_each_body_as_sent(client: httpx.AsyncClient) -> None:
+    """The batch's response is encoded by orjson: JSON bodies come back as the same values,
+    text as the same text, and an integer beyond 64 bits (which orjson refuses) through
+    json.dumps; the control is a single POST's view, encoded by FastAPI."""
+    bodies: list[Any] = [{"n": 1, "f": 0.1, "big": 1e300, "s": "ünï 😀 \u2028", "l": [None, True]},
+                         "plain text", {"huge": 2**70}, None]
+    r = await client.post("/tasks/batch", json={"tasks": [
+        item(f"b{i}", body=body) for i, body in enumerate(bodies)]})
+    assert r.status_code == 200
+    assert [res["task"]["body"] for res in r.json()["results"]] == bodies
+    for i, body in enumerate(bodies):
+        single = await client.post("/tasks", json=item(f"s{i}", body=body))
+        assert single.json()["body"] == body
+
+
+def test_fast_json_response_writes_what_json_response_writes() -> None:
+    content = {"results": [{"key": "k", "task": {"body": {"é": [1, 2.5, None, "x\ny"]},
+                                                 "headers": {}}, "detail": None}]}
+    assert json.loads(FastJSONResponse(content).body) == content
+    assert json.loads(FastJSONResponse(content).body) == json.loads(JSONResponse(content).body)
+    huge = {"body": {"huge": 2**70}}
+    assert FastJSONResponse(huge).body == JSONResponse(huge).body  # orjson refuses, json.dumps
 
 
 # -- the store half ----------------------------------------------------------------------------

@@ -24,13 +24,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.errors import validation_error
 from timewheel.api.routing import TaskRoute
-from timewheel.api.views import body_value, task_view
+from timewheel.api.views import FastJSONResponse, body_value, task_view
 from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.errors import BodyTooLarge, InvalidInput
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
@@ -63,7 +62,7 @@ def _given_key(item: Any) -> str | None:
     413: {"description": "the whole request is over the size limit"},
     422: {"description": "`tasks` missing, not a list, empty or over 1000 items"},
     503: {"description": "Redis unavailable"}})
-async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
+async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
     """Schedule 1 to 1000 tasks. Each item is validated and stored on its own; ``results`` holds
     one entry per item, in request order."""
     now = wheel.clock.now_ms()
@@ -113,7 +112,7 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> JSONResponse:
     # Plain dicts, encoded once: BatchResult and TaskView objects for 1000 items (and FastAPI's
     # validation of a returned model) cost more than storing the tasks; tests/test_api_batch.py
     # checks these dicts against the models.
-    return JSONResponse({"results": results})
+    return FastJSONResponse({"results": results})
 
 
 class Times:
