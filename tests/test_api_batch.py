@@ -27,7 +27,7 @@ from timewheel.api.batch import Times, created_view
 from timewheel.api.views import FastJSONResponse, task_view
 from timewheel.errors import StoreUnavailable
 from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
-from timewheel.operations.prepare import prepare
+from timewheel.operations.prepare import prepare, sent_as_json
 from timewheel.settings import Settings
 from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import get_many, rounds, schedule_many
@@ -208,6 +208,30 @@ async def test_openapi_documents_items_as_task_create(client: httpx.AsyncClient)
     assert (tasks["minItems"], tasks["maxItems"]) == (1, 1000)
     ok = schema["paths"]["/tasks/batch"]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/BatchResult"}
+
+
+@pytest.mark.parametrize("body", [{"a": [1, 2.5, -0.0, 1e16, None]}, "text", None, 2**70, [],
+                                  "[1, 2]"])
+@pytest.mark.parametrize("headers", [{}, {"Content-Type": "application/json"},
+                                     {"content-type": "text/plain"}])
+def test_created_view_takes_a_body_sent_as_json_as_given(body: Any,
+                                                         headers: dict[str, str]) -> None:
+    """A body sent as its JSON text is shown as the request's value without decoding the
+    stored bytes (a string with its own Content-Type is not: the view decodes it, and a JSON
+    Content-Type shows "[1, 2]" as the list)."""
+    fields = TaskFields(callback_url=URL, delay=1, headers=headers, body=body)
+    task = prepare(fields, "k", START_MS, default_timeout=10)
+    times = Times()
+    expected = task_view(task.as_record(START_MS)).model_dump(mode="json")
+    given = created_view(task, times(START_MS), times, body=fields.body)
+    decoded = created_view(task, times(START_MS), times)
+    assert decoded == expected
+    if sent_as_json(fields):
+        assert given == expected
+    else:
+        assert isinstance(body, str) and headers  # the control: only such bodies are not
+        parsed = body == "[1, 2]" and "json" in str(headers)  # a JSON type: decoded if it can be
+        assert expected["body"] == (json.loads(body) if parsed else body)
 
 
 @pytest.mark.parametrize("due_ms", [0, 999, 1000, START_MS, START_MS + 1, 4_102_444_799_999])

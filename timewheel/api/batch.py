@@ -33,6 +33,7 @@ from timewheel.api.views import FastJSONResponse, body_value, task_view
 from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.errors import BodyTooLarge, InvalidInput
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
+from timewheel.operations.prepare import sent_as_json
 from timewheel.store import ScheduleReply
 from timewheel.store.record import NewTask, new_key
 
@@ -69,6 +70,7 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
     results: list[dict[str, Any] | None] = []
     tasks: list[NewTask] = []
     positions: list[int] = []
+    sent_bodies: list[Any] = []  # each task's body value when sent as JSON (created_view)
     try:  # the common case, every item valid: one validator call for the whole list
         valid: list[TaskCreate] | None = _ITEMS.validate_python(body.tasks)
     except ValidationError:  # then item by item, for each item's own errors
@@ -89,6 +91,7 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
             results.append(None)
             tasks.append(task)
             positions.append(index)
+            sent_bodies.append(fields.body if sent_as_json(fields) else _NOT_GIVEN)
             continue
         results.append({"key": _given_key(item), "status": 422, "task": None, "detail": errors})
 
@@ -98,10 +101,10 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
     # The retry fields in force for tasks that set none: their flows' defaults.
     defaults = await wheel.flows.retry_defaults(
         {task.flow for task in tasks if not (task.max_attempts and task.backoff_ms)}, now_ms=now)
-    for task, code, index in zip(tasks, codes, positions, strict=True):
+    for task, code, index, sent in zip(tasks, codes, positions, sent_bodies, strict=True):
         if code is ScheduleReply.CREATED:
             view: dict[str, Any] | None = created_view(
-                task, created_at, times, defaults.get(task.flow, NO_DEFAULTS))
+                task, created_at, times, defaults.get(task.flow, NO_DEFAULTS), sent)
         else:  # None: expired meanwhile, or its body too large to read with the others
             found = existing[task.key]
             view = task_view(found).model_dump(mode="json") if found is not None else None
@@ -130,10 +133,15 @@ class Times:
         return f"{text}.{millis:03d}Z"
 
 
+_NOT_GIVEN: Any = object()
+
+
 def created_view(task: NewTask, created_at: str, times: Times,
-                 retry: RetryDefaults = NO_DEFAULTS) -> dict[str, Any]:
+                 retry: RetryDefaults = NO_DEFAULTS, body: Any = _NOT_GIVEN) -> dict[str, Any]:
     """``task_view(task.as_record(now)).model_dump(mode="json")`` of a task just created,
-    built directly (with the retry fields in force: ``retry``, its flow's defaults)."""
+    built directly (with the retry fields in force: ``retry``, its flow's defaults). ``body``:
+    the request's body value when it is sent as its JSON text (``sent_as_json``), which is
+    what the view shows, instead of decoding the stored bytes again (~2 µs a task)."""
     due = times(task.due_ms)
     return {"key": task.key, "status": "scheduled", "execute_at": due,
             "callback_url": task.url, "method": task.method, "attempts": 0,
@@ -141,7 +149,8 @@ def created_view(task: NewTask, created_at: str, times: Times,
             "last_attempt_at": None,
             "last_status_code": None, "last_error": None, "created_at": created_at,
             "finished_at": None, "headers": dict(task.headers),
-            "body": body_value(task.headers, task.body or b""),
+            "body": (body_value(task.headers, task.body or b"") if body is _NOT_GIVEN
+                     else body),
             "timeout": task.timeout_ms / 1000,
             "retry_backoff": retry.backoff_ms_for(task.backoff_ms) / 1000,
             "flow_key": task.flow, "attempts_url": f"/tasks/{task.key}/attempts",

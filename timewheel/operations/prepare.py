@@ -34,11 +34,18 @@ def encode_body(fields: TaskFields) -> tuple[bytes | None, str | None]:
     return _encode_body(fields, _plain_json(fields.body))
 
 
+def sent_as_json(fields: TaskFields) -> bool:
+    """Whether the task's body is sent as the JSON text of ``fields.body`` (with Content-Type
+    application/json): then its view's body is ``fields.body`` again."""
+    return "body" in fields.model_fields_set and not (
+        isinstance(fields.body, str)
+        and any(name.lower() == "content-type" for name in fields.headers))
+
+
 def _encode_body(fields: TaskFields, plain: bool) -> tuple[bytes | None, str | None]:
     if "body" not in fields.model_fields_set:
         return None, None
-    own_type = any(name.lower() == "content-type" for name in fields.headers)
-    if isinstance(fields.body, str) and own_type:
+    if not sent_as_json(fields):  # a string with a Content-Type of its own
         data = fields.body.encode()
         content_type = None
     else:
