@@ -94,3 +94,19 @@ def format_ms(ms: int | None) -> str | None:
         return None
     moment = datetime.fromtimestamp(ms // 1000, tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+
+
+class SecondFormatter:
+    """``format_ms`` for times that mostly share their second with the previous call (the
+    scheduled times of the attempts one process sends): the second's text is kept, so a call
+    costs a format of the milliseconds instead of a datetime's strftime (~3 µs)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self, ms: int) -> str:
+        second, millis = divmod(ms, 1000)
+        if second != self._second:
+            self._second, self._text = second, (format_ms(second * 1000) or "")[:-5]  # ".000Z"
+        return f"{self._text}.{millis:03d}Z"

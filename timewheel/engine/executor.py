@@ -10,7 +10,6 @@ writes to Redis: timewheel/engine/recorder.py does that, in batches.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -20,9 +19,9 @@ from timewheel.clock import Clock
 from timewheel.delivery.retry_policy import classify_status, next_due_ms
 from timewheel.delivery.senders import Answer, Sender, SendError
 from timewheel.delivery.signing import Signer
+from timewheel.domain import SecondFormatter
 from timewheel.engine.attempt import Attempt
 from timewheel.metrics import Metrics
-from timewheel.models import format_ms
 from timewheel.store import Outcome, attempts
 from timewheel.store.encryption import Cipher
 from timewheel.store.record import Started
@@ -49,7 +48,7 @@ class Executor:
         # Successes at DEBUG unless asked for: at thousands a second, a line each costs CPU.
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
-        self._scheduled_at = functools.lru_cache(maxsize=1024)(format_ms)
+        self._scheduled_at = SecondFormatter()
         self._outcome_counters = {"ok": metrics.outcomes["succeeded"],
                                   "retry": metrics.outcomes["retried"],
                                   "fail": metrics.outcomes["failed"]}
@@ -102,7 +101,7 @@ class Executor:
                    ("webhook-id", task.key),
                    ("webhook-timestamp", str(timestamp)),
                    ("timewheel-attempt", str(started.attempt)),
-                   ("timewheel-scheduled-at", self._scheduled_at(task.execute_at_ms) or ""),
+                   ("timewheel-scheduled-at", self._scheduled_at(task.execute_at_ms)),
                    ("User-Agent", USER_AGENT)]
         if self._signer is not None:
             headers.append(("webhook-signature",
