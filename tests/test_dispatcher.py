@@ -28,7 +28,6 @@ from timewheel.clock import FakeClock
 from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import HttpxSender
 from timewheel.delivery.signing import Signer
-from timewheel.domain import SecondFormatter, format_ms
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
@@ -519,13 +518,3 @@ async def test_stop_hands_back_unstarted_claims_at_once(wheel: Harness,
     assert all(t.token.startswith("other.") for t in again)
     assert all(t.due_ms == DUE_MS for t in again)
     assert route.call_count == 0
-
-
-@pytest.mark.parametrize("times", [
-    [START_MS, START_MS + 1, START_MS + 999, START_MS + 1000, START_MS - 1, START_MS, 0, 999,
-     4_102_444_799_999, 1000]])
-def test_the_scheduled_at_header_formatter_writes_what_format_ms_writes(times: list[int]) -> None:
-    """The executor's formatter keeps the last second's text (domain.SecondFormatter): across
-    seconds, back and forth, it writes what format_ms writes."""
-    formatter = SecondFormatter()
-    assert [formatter(ms) for ms in times] == [format_ms(ms) for ms in times]

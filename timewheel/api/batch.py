@@ -96,15 +96,14 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
         results.append({"key": _given_key(item), "status": 422, "task": None, "detail": errors})
 
     codes, existing = await wheel.tasks.create_many(tasks, now)
-    times = Times()
-    created_at = times(now)
+    created_at = format_ms(now) or ""
     # The retry fields in force for tasks that set none: their flows' defaults.
     defaults = await wheel.flows.retry_defaults(
         {task.flow for task in tasks if not (task.max_attempts and task.backoff_ms)}, now_ms=now)
     for task, code, index, sent in zip(tasks, codes, positions, sent_bodies, strict=True):
         if code is ScheduleReply.CREATED:
             view: dict[str, Any] | None = created_view(
-                task, created_at, times, defaults.get(task.flow, NO_DEFAULTS), sent)
+                task, created_at, defaults.get(task.flow, NO_DEFAULTS), sent)
         else:  # None: expired meanwhile, or its body too large to read with the others
             found = existing[task.key]
             view = task_view(found).model_dump(mode="json") if found is not None else None
@@ -118,31 +117,16 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
     return FastJSONResponse({"results": results})
 
 
-class Times:
-    """``format_ms`` with each formatted second kept: a batch's times share a few seconds, and
-    formatting a datetime costs more than the rest of a task's view."""
-
-    def __init__(self) -> None:
-        self._seconds: dict[int, str] = {}
-
-    def __call__(self, ms: int) -> str:
-        second, millis = divmod(ms, 1000)
-        text = self._seconds.get(second)
-        if text is None:
-            text = self._seconds[second] = (format_ms(second * 1000) or "")[:-5]  # ".000Z"
-        return f"{text}.{millis:03d}Z"
-
-
 _NOT_GIVEN: Any = object()
 
 
-def created_view(task: NewTask, created_at: str, times: Times,
-                 retry: RetryDefaults = NO_DEFAULTS, body: Any = _NOT_GIVEN) -> dict[str, Any]:
+def created_view(task: NewTask, created_at: str, retry: RetryDefaults = NO_DEFAULTS,
+                 body: Any = _NOT_GIVEN) -> dict[str, Any]:
     """``task_view(task.as_record(now)).model_dump(mode="json")`` of a task just created,
     built directly (with the retry fields in force: ``retry``, its flow's defaults). ``body``:
     the request's body value when it is sent as its JSON text (``sent_as_json``), which is
     what the view shows, instead of decoding the stored bytes again (~2 µs a task)."""
-    due = times(task.due_ms)
+    due = format_ms(task.due_ms)
     return {"key": task.key, "status": "scheduled", "execute_at": due,
             "callback_url": task.url, "method": task.method, "attempts": 0,
             "max_attempts": retry.max_attempts_for(task.max_attempts), "next_attempt_at": due,

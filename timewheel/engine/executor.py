@@ -19,7 +19,7 @@ from timewheel.clock import Clock
 from timewheel.delivery.retry_policy import classify_status, next_due_ms
 from timewheel.delivery.senders import Answer, Sender, SendError
 from timewheel.delivery.signing import Signer
-from timewheel.domain import SecondFormatter
+from timewheel.domain import format_ms
 from timewheel.engine.attempt import Attempt
 from timewheel.metrics import Metrics
 from timewheel.store import Outcome, attempts
@@ -48,7 +48,6 @@ class Executor:
         # Successes at DEBUG unless asked for: at thousands a second, a line each costs CPU.
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
         # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
-        self._scheduled_at = SecondFormatter()
         self._outcome_counters = {"ok": metrics.outcomes["succeeded"],
                                   "retry": metrics.outcomes["retried"],
                                   "fail": metrics.outcomes["failed"]}
@@ -101,7 +100,7 @@ class Executor:
                    ("webhook-id", task.key),
                    ("webhook-timestamp", str(timestamp)),
                    ("timewheel-attempt", str(started.attempt)),
-                   ("timewheel-scheduled-at", self._scheduled_at(task.execute_at_ms)),
+                   ("timewheel-scheduled-at", format_ms(task.execute_at_ms) or ""),
                    ("User-Agent", USER_AGENT)]
         if self._signer is not None:
             headers.append(("webhook-signature",
