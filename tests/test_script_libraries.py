@@ -39,6 +39,13 @@ def test_a_library_is_its_definitions_and_nothing_else(lib: str) -> None:
                for line in text[len("".join(body for _, body in chunks)):].splitlines())
 
 
+def test_a_blank_line_inside_a_definition_keeps_it_whole() -> None:
+    chunks = definitions("-- one\nlocal function f()\n  local a = 1\n\n  return a\nend\n"
+                         "\nlocal B = 2\n")
+    assert [sorted(names) for names, _ in chunks] == [["f"], ["B"]]
+    assert chunks[0][1] == "-- one\nlocal function f()\n  local a = 1\n\n  return a\nend\n"
+
+
 def test_code_at_a_librarys_top_level_is_refused() -> None:
     with pytest.raises(ValueError, match="not a definition"):
         definitions("local function f() return 1 end\nredis.call('DEL', 'x')\n")

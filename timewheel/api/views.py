@@ -18,8 +18,8 @@ _JSON_TYPES = ("application/json",)
 
 class FastJSONResponse(JSONResponse):
     """A JSONResponse encoded by orjson: a batch's 1,000 views took ~7 µs a task through
-    ``json.dumps`` (py-spy, bench/README.md "Getting the burst back"). Same JSON values; what
-    orjson refuses (an integer beyond 64 bits in a task's body) goes through ``json.dumps``."""
+    ``json.dumps`` (py-spy; bench/README.md, "Packing, encoding and script text"). Same JSON
+    values; what orjson refuses (an integer beyond 64 bits in a body) goes through json.dumps."""
 
     def render(self, content: Any) -> bytes:
         try:

@@ -47,7 +47,6 @@ class Executor:
         self._cipher = cipher  # seals the response body kept in the history (encryption.py)
         # Successes at DEBUG unless asked for: at thousands a second, a line each costs CPU.
         self._ok_level = logging.INFO if log_deliveries else logging.DEBUG
-        # A burst shares its scheduled time: format each once (2 % of a burst's CPU otherwise).
         self._outcome_counters = {"ok": metrics.outcomes["succeeded"],
                                   "retry": metrics.outcomes["retried"],
                                   "fail": metrics.outcomes["failed"]}

@@ -25,7 +25,7 @@ wheel depends on (docs/design.md, "Durability" and "Redis Cluster"):
 Both clients pack commands with hiredis (``HiredisPacking``): redis-py's asyncio connections
 pack every argument in Python (its sync client uses hiredis when it is installed, the asyncio
 one cannot be told to), ~4.8 µs per complete outcome of nine arguments against ~0.6 in C
-(bench/README.md, "Getting the burst back").
+(bench/README.md, "Packing, encoding and script text").
 
 Two redis-py defaults are changed for the same reasons: ``reinitialize_steps=0`` (a MOVED
 patches the slot map; redis-py's default closes every connection of the client on every fifth

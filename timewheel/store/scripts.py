@@ -3,9 +3,9 @@
 A script that starts with ``-- lib: a, b`` gets the definitions of ``lua/lib/a.lua`` and
 ``lua/lib/b.lua`` that it uses prepended: code that several scripts share is written once, and
 EVALSHA hashes the text as sent, libraries included. Only the definitions the script names
-(directly or through another definition) are sent: Redis runs a script's top level on every
-call, and making each library function's closure cost schedule ~2.8 µs a call with all of
-its libraries against ~0.4 for an empty script (bench/README.md, "Getting the burst back").
+(directly or through another definition) are sent: Redis runs a script's top level, and so
+makes every library function's closure, on every call; schedule's libraries alone took 3.2 µs
+a call, the ones it uses 2.2 (bench/README.md, "Packing, encoding and script text").
 
 redis-py's ``register_script`` calls EVALSHA and falls back to loading the script on NOSCRIPT,
 so a Redis restart or failover that empties the script cache is handled transparently.
@@ -55,18 +55,17 @@ def lua_dir() -> Path:
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _COMMENT = re.compile(r"--.*$", re.MULTILINE)  # no script has "--" inside a string
+_DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([\w\s,]+?)\s*=)")
 
 
 def _names(code: str) -> set[str]:
     return set(_NAME.findall(_COMMENT.sub("", code)))
 
-_DEFINES = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([\w\s,]+?)\s*=)")
-
 
 def definitions(lib: str) -> list[tuple[frozenset[str], str]]:
     """A library's top-level definitions, in order: the names each defines (``local function
     f`` or ``local A, B = ...``) and its text, with the comment lines just above it. A library
-    holds nothing else at its top level (tests/test_scripts.py checks every one)."""
+    holds nothing else at its top level (tests/test_script_libraries.py checks every one)."""
     chunks: list[tuple[frozenset[str], str]] = []
     pending: list[str] = []  # comment and blank lines waiting for the next definition
     for line in lib.splitlines(keepends=True):
@@ -76,8 +75,9 @@ def definitions(lib: str) -> list[tuple[frozenset[str], str]]:
             chunks.append((frozenset(n.strip() for n in names.split(",")),
                            "".join(pending) + line))
             pending = []
-        elif line.startswith((" ", "\t", "end")) and chunks and not pending:
-            chunks[-1] = (chunks[-1][0], chunks[-1][1] + line)  # the definition goes on
+        elif line.startswith((" ", "\t", "end")) and chunks:  # the definition goes on
+            chunks[-1] = (chunks[-1][0], chunks[-1][1] + "".join(pending) + line)
+            pending = []
         elif line.strip() == "" or line.startswith("--"):
             pending.append(line)
         else:
