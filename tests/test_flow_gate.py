@@ -295,7 +295,7 @@ def waiting_attempt(lifecycle: Lifecycle, key: str) -> Attempt:
     attempt = lifecycle.add(Attempt.claimed(task, 0, batch_deadline_ms=30_000,
                                             lease_margin_ms=5000))
     lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
-    attempt.permit = f"p-{key}"
+    attempt.ask_for(f"p-{key}")
     return attempt
 
 
@@ -335,7 +335,7 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
     waiters = [waiting_attempt(lifecycle, name) for name in "abc"]
     state.queue.extend(waiters)
     state.queue.popleft()  # what the park deadline did while the call was out
-    waiters[0].permit = None
+    waiters[0].drop_permit()
     gate._granted(state, waiters, [("p-a", 1), ("p-b", 1)], Lease(1e15))
     assert ready.get_nowait() is waiters[1] and ready.empty()
     assert (waiters[1].stage, waiters[1].permit) == (Stage.ADMITTED, "p-b")

@@ -117,8 +117,7 @@ class Dispatcher:
     def _due(self, attempt: Attempt) -> None:
         """Nearly due: ask its flow for a permit. It may wait for one until just before it
         must be sent, then it is parked in Redis."""
-        self._lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
-        attempt.park_by_ms = attempt.send_by_ms - PARK_LEAD_MS
+        self._lifecycle.wait_for_flow(attempt, park_by_ms=attempt.send_by_ms - PARK_LEAD_MS)
         self._gate.admit(attempt)
 
     # -- the life of one admitted attempt -------------------------------------------------
@@ -152,8 +151,7 @@ class Dispatcher:
             self._gate.give_back(attempt)
             self._metrics.skipped.inc()
             return
-        attempt.started = started
-        self._lifecycle.move(attempt, Stage.STARTED)
+        self._lifecycle.start(attempt, started)
         await self._clock.sleep_until(max(task.due_ms, attempt.start_ms))  # never early
         now = self._clock.now_ms()
         if self._late_for_its_rate(attempt, now):

@@ -111,7 +111,7 @@ class FlowGate:
         if len(state.queue) >= self._local_cap or self.waiting > self._max_waiting:
             self._park_soon([attempt])  # enough of it waits here: wait in Redis, holding nothing
             return
-        attempt.permit = new_permit_id()
+        attempt.ask_for(new_permit_id())
         state.queue.append(attempt)
         self._metrics.flow_waiting.set(self.waiting)
         self._kick(state)
@@ -119,7 +119,7 @@ class FlowGate:
     def give_back(self, attempt: Attempt) -> None:
         """The attempt is done with its permit (answered, or never sent): the next waiter of
         its flow here takes it over when that is safe, else it goes back to Redis."""
-        permit, attempt.permit = attempt.permit, None
+        permit = attempt.drop_permit()
         if permit is None:
             return
         state = self._flow(attempt.task.flow)
@@ -148,9 +148,7 @@ class FlowGate:
         """The attempt (out of its queue now) holds ``permit``: to the workers. The permit
         it asked for, if a call under way grants it, is given back then (_granted)."""
         self._leases[permit] = lease
-        attempt.permit, attempt.start_ms = permit, max(start_ms, attempt.task.due_ms)
-        attempt.retry = state.retry
-        self._lifecycle.move(attempt, Stage.ADMITTED)
+        self._lifecycle.admit(attempt, permit, max(start_ms, attempt.task.due_ms), state.retry)
         self._ready.put_nowait(attempt)
 
     def _release(self, state: FlowState, permits: list[str]) -> None:
@@ -189,8 +187,7 @@ class FlowGate:
         waiting = []
         for state in self._states.values():
             for attempt in state.queue:
-                state.releases.append(attempt.permit or "")
-                attempt.permit = None
+                state.releases.append(attempt.drop_permit() or "")
                 waiting.append(attempt)
             state.queue.clear()
         return waiting
@@ -387,8 +384,7 @@ class FlowGate:
         for attempt in waiters:
             state.queue.popleft()
             # Not granted as far as this process knows; a reply lost on the way may have.
-            state.releases.append(attempt.permit or "")
-            attempt.permit = None
+            state.releases.append(attempt.drop_permit() or "")
         self._park_soon(waiters)
 
     def _park_soon(self, attempts: list[Attempt]) -> None:
