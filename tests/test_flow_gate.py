@@ -18,6 +18,7 @@ from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
 from timewheel.engine.flow_state import FlowState, Lease
+from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
@@ -385,7 +386,10 @@ async def test_parking_one_attempt_found_cancelled_parks_the_rest(
         store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """park.lua answers per claim: one cancelled meanwhile (0) is skipped, an error hands its
     claim back, and neither stops the others of the batch from being parked."""
-    gate, lifecycle, _ = bare_gate(store, fake_clock)
+    lifecycle, metrics = Lifecycle(), Metrics()
+    recorder = Recorder(store, fake_clock, metrics)
+    parking = Parking(store, recorder, lifecycle, fake_clock, metrics, tokens=claim_tokens(),
+                      batch_deadline_ms=30_000, lease_margin_ms=5000)
     attempts = [waiting_attempt(lifecycle, name) for name in "abc"]
 
     async def park(attempt: Attempt) -> bool:
@@ -394,10 +398,10 @@ async def test_parking_one_attempt_found_cancelled_parks_the_rest(
         return attempt.task.key != "a"
 
     handed: list[str] = []
-    monkeypatch.setattr(gate._recorder, "park", park)
-    monkeypatch.setattr(gate._recorder, "hand_back",
+    monkeypatch.setattr(recorder, "park", park)
+    monkeypatch.setattr(recorder, "hand_back",
                         lambda items, why: handed.extend(a.task.key for a in items))
-    await gate._park(attempts)
+    assert await parking.park(attempts) == [attempts[2]]
     assert [a.stage for a in attempts] == [Stage.SKIPPED, Stage.HANDED_BACK, Stage.PARKED]
     assert handed == ["b"] and len(lifecycle) == 0
 
