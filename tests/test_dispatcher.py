@@ -518,3 +518,29 @@ async def test_stop_hands_back_unstarted_claims_at_once(wheel: Harness,
     assert all(t.token.startswith("other.") for t in again)
     assert all(t.due_ms == DUE_MS for t in again)
     assert route.call_count == 0
+
+
+async def test_an_attempt_unanswered_past_the_grace_period_leaves_the_books(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """stop() cancels an attempt still waiting for its answer after the grace period: it is
+    not handed back (the receiver may have it: its lease re-sends it) and it leaves this
+    process's books as UNRECORDED, so nothing stays in flight."""
+    sent = asyncio.Event()
+
+    async def never_answer(request: httpx.Request) -> httpx.Response:
+        sent.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    router.post(URL).mock(side_effect=never_answer)
+    await wheel.add()
+    tasks = await wheel.claim()
+    wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+    wheel.clock.set(DUE_MS)
+    await wait_until(sent.is_set, "the request sent")
+    assert wheel.dispatcher.in_flight == 1
+
+    await wheel.dispatcher.stop(0.1)
+    assert wheel.dispatcher.in_flight == 0
+    assert (await wheel.view()).status == "delivering"
+    assert await wheel.lease() != []  # not handed back: its lease re-sends it

@@ -18,6 +18,7 @@ from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
 from timewheel.engine.flow_state import FlowState, Lease
+from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
 from timewheel.metrics import Metrics
@@ -102,7 +103,8 @@ async def test_parallelism_holds_and_waiting_is_not_an_attempt(
     await due_now(gated, keys)
 
     await wait_until(lambda: _true(receiver.now == 2), "two attempts in flight")
-    await asyncio.sleep(0.05)  # room for a third to (wrongly) start
+    await wait_until(lambda: _still(gated), "the gate to have answered all five")
+    assert _held(gated) == {Stage.SENT: 2, Stage.WAITING_FOR_FLOW: 3}  # no third started
     assert receiver.now == 2
     assert [s for s, _ in await statuses(gated, keys)].count("delivering") == 5
     receiver.open.set()
@@ -295,12 +297,29 @@ def waiting_attempt(lifecycle: Lifecycle, key: str) -> Attempt:
     attempt = lifecycle.add(Attempt.claimed(task, 0, batch_deadline_ms=30_000,
                                             lease_margin_ms=5000))
     lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
-    attempt.permit = f"p-{key}"
+    attempt.ask_for(f"p-{key}")
     return attempt
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _held(wheel: Harness) -> dict[Stage, int]:
+    """How many attempts the dispatcher holds, per stage (none: left out)."""
+    return {stage: n for stage, n in wheel.dispatcher._lifecycle.counts.items() if n}
+
+
+def _still(wheel: Harness) -> bool:
+    """Nothing under way that moves an attempt on by itself: no permits call or parking out,
+    none on the timeline, admitted, started, or answered and unrecorded. From here only the
+    clock, a tick or a receiver's answer changes what the dispatcher holds, so a check that
+    something did not happen needs no wait."""
+    gate, held = wheel.dispatcher._gate, _held(wheel)
+    return (not (gate._to_park or gate._park_calls)
+            and all(state.exchange is None for state in gate._states.values())
+            and not held.keys() & {Stage.CLAIMED, Stage.ADMITTED, Stage.STARTED,
+                                   Stage.ANSWERED})
 
 
 async def _parked(wheel: Harness, count: int) -> bool:
@@ -335,7 +354,7 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
     waiters = [waiting_attempt(lifecycle, name) for name in "abc"]
     state.queue.extend(waiters)
     state.queue.popleft()  # what the park deadline did while the call was out
-    waiters[0].permit = None
+    waiters[0].drop_permit()
     gate._granted(state, waiters, [("p-a", 1), ("p-b", 1)], Lease(1e15))
     assert ready.get_nowait() is waiters[1] and ready.empty()
     assert (waiters[1].stage, waiters[1].permit) == (Stage.ADMITTED, "p-b")
@@ -370,10 +389,14 @@ async def test_a_lowered_parallelism_holds_from_the_next_permit_on(
     await wait_until(lambda: _true(receiver.now == 2), "two in flight")
     await limit(gated.store, FLOW, parallelism=1)
     await gated.dispatcher.poll_flows()  # the tick: the flow learns it is over its limit
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: _still(gated), "the tick's permits call")
+    assert gated.dispatcher._gate._states[FLOW].room < 0
     receiver.answer(1)  # one of the two finishes: its permit must not go to the next task
     await wait_until(lambda: _true(receiver.now == 1), "one answered")
-    await asyncio.sleep(0.1)  # room for a wrongly handed-on permit to start an attempt
+    # Recorded, its permit was given back (before the record): handed on or not, by now.
+    await wait_until(lambda: _still(gated) and len(gated.dispatcher._lifecycle) == 5,
+                     "the answer recorded and its permit given back")
+    assert _held(gated) == {Stage.SENT: 1, Stage.WAITING_FOR_FLOW: 4}
     assert receiver.now == 1 and len(receiver.attempts) == 2
     receiver.open.set()
     await wait_until(lambda: _true(len(receiver.attempts) == 6), "all six sent")
@@ -385,7 +408,10 @@ async def test_parking_one_attempt_found_cancelled_parks_the_rest(
         store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """park.lua answers per claim: one cancelled meanwhile (0) is skipped, an error hands its
     claim back, and neither stops the others of the batch from being parked."""
-    gate, lifecycle, _ = bare_gate(store, fake_clock)
+    lifecycle, metrics = Lifecycle(), Metrics()
+    recorder = Recorder(store, fake_clock, metrics)
+    parking = Parking(store, recorder, lifecycle, fake_clock, metrics, tokens=claim_tokens(),
+                      batch_deadline_ms=30_000, lease_margin_ms=5000)
     attempts = [waiting_attempt(lifecycle, name) for name in "abc"]
 
     async def park(attempt: Attempt) -> bool:
@@ -394,10 +420,10 @@ async def test_parking_one_attempt_found_cancelled_parks_the_rest(
         return attempt.task.key != "a"
 
     handed: list[str] = []
-    monkeypatch.setattr(gate._recorder, "park", park)
-    monkeypatch.setattr(gate._recorder, "hand_back",
+    monkeypatch.setattr(recorder, "park", park)
+    monkeypatch.setattr(recorder, "hand_back",
                         lambda items, why: handed.extend(a.task.key for a in items))
-    await gate._park(attempts)
+    assert await parking.park(attempts) == [attempts[2]]
     assert [a.stage for a in attempts] == [Stage.SKIPPED, Stage.HANDED_BACK, Stage.PARKED]
     assert handed == ["b"] and len(lifecycle) == 0
 
@@ -422,8 +448,11 @@ async def test_a_pause_stops_the_flow_from_the_next_tick(gated: Harness,
     await gated.dispatcher.poll_flows()  # the tick: its permits call learns of the pause
     await wait_until(lambda: _true(gate._states[FLOW].paused), "the gate to know")
     receiver.answer()
-    await wait_until(lambda: _true(receiver.now == 0), "the first answered")
-    await asyncio.sleep(0.05)  # room for a hand-on to (wrongly) start another
+
+    async def first_recorded() -> bool:  # its permit given back (before the record)
+        return _still(gated) and (await gated.view(first)).status == "succeeded"
+    await wait_until(first_recorded, "the first answered and recorded")
+    assert _held(gated) == {}  # no other admitted, started or sent
     assert receiver.attempts == [(first, "1")]
     await wait_until(lambda: _parked(gated, 2), "the two parked")
     assert await statuses(gated, rest) == [("scheduled", 0)] * 2

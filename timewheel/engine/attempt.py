@@ -1,13 +1,25 @@
 """One attempt of one claimed task, from claim to record: its stages, and who holds it.
 
-The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_run``:
+The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_run``. The
+picture has every edge of ``NEXT``: down the middle, back up on the left (a rated flow's
+attempt asking its flow again), out to the right (``──► A, B`` is an edge to each):
 
-    CLAIMED ──► WAITING_FOR_FLOW ──► ADMITTED ──► STARTED ──► SENT ──► ANSWERED ──► RECORDED
-       │               │    ▲            │           │                     │
-       │               │    └────────────┴───────────┤                     └──► UNRECORDED
-       ▼               ▼                 ▼           ▼
-    HANDED_BACK   PARKED, SKIPPED   SKIPPED, HANDED_BACK   HANDED_BACK
-                                           (and SENT -> HANDED_BACK, UNRECORDED: see NEXT)
+            CLAIMED ──────────────► HANDED_BACK
+               │
+               ▼
+    ┌──► WAITING_FOR_FLOW ────────► PARKED, SKIPPED, HANDED_BACK
+    │          │
+    │          ▼
+    ├───── ADMITTED ──────────────► SKIPPED, HANDED_BACK
+    │          │
+    │          ▼
+    └───── STARTED ───────────────► HANDED_BACK
+               │
+               ▼
+              SENT ───────────────► HANDED_BACK, UNRECORDED
+               │
+               ▼
+            ANSWERED ─────────────► RECORDED, UNRECORDED
 
 - CLAIMED: held under a lease, on the timeline until just before it is due.
 - WAITING_FOR_FLOW: due; its flow has no permit for it yet (timewheel/engine/flow_gate.py).
@@ -16,14 +28,18 @@ The life of an attempt, read top to bottom in timewheel/engine/dispatcher.py ``_
 - SENT: the request is on its way (waiting for its connection, then written). Only from here
   on can the receiver have seen it; the lease is asked once more just before the write.
 - ANSWERED: its outcome is decided (an answer, an error or a timeout), being recorded.
-- Terminal: RECORDED (outcome and history written), UNRECORDED (Redis did not take the
-  outcome within the lease: another process re-sends the task), PARKED (waits in Redis for
+- Terminal: RECORDED (outcome and history written), UNRECORDED (sent, but its outcome not
+  written: Redis did not take it within the lease, the send failed in a way no outcome
+  describes, or shutdown cut it short; its lease re-sends the task), PARKED (waits in Redis for
   its flow), SKIPPED (cancelled or replaced since the claim), HANDED_BACK (never sent, given
   back for any process to claim at once: late, stalled past its lease, or shutting down).
 
 ``Lifecycle`` is the one owner of the attempts this process holds: every stage change goes
-through ``move``, which refuses a transition that the picture above does not have. A task is
-sent at most once per claim because SENT is reachable only from STARTED, and STARTED only once.
+through ``move``, which refuses a transition that the picture above does not have. An attempt
+may be STARTED more than once (after asking its flow again; lua/start.lua answers the same
+attempt number), but it is SENT at most once: nothing after SENT leads back to it. A claim
+has one attempt (a task taken back from Redis is a new claim, with a new attempt), so a task
+is sent at most once per claim.
 """
 
 from __future__ import annotations
@@ -89,7 +105,10 @@ class IllegalTransition(TimeWheelError):
 class Attempt:
     """The next attempt of a claimed task, carried through its stages by one worker at a
     time. ``send_by_ms`` is the latest moment it may go on the wire (wheel time): after it, its
-    answer could come after its lease ran out and another process re-sent it."""
+    answer could come after its lease ran out and another process re-sent it.
+
+    Its fields change in this module only: the stage, with the fields that go with it, in
+    ``Lifecycle``; the permit alone in ``ask_for`` and ``drop_permit``. Others read them."""
 
     task: ClaimedTask
     claimed_at_ms: int
@@ -121,10 +140,23 @@ class Attempt:
     def claim(self) -> tuple[str, str]:
         return self.task.key, self.task.token
 
+    # The permit alone changes within a stage: asked for while waiting, dropped when given
+    # back. The other fields change with their stage, in Lifecycle.
+
+    def ask_for(self, permit: str) -> None:
+        """Waiting for its flow: the permit id it asks for (granted, it is admitted on it)."""
+        self.permit = permit
+
+    def drop_permit(self) -> str | None:
+        """Done with its permit, or with the one it asked for: which one, to give back."""
+        permit, self.permit = self.permit, None
+        return permit
+
 
 @dataclass
 class Lifecycle:
-    """The attempts this process holds, by stage. ``move`` is the only way to change a stage."""
+    """The attempts this process holds, by stage. ``move`` is the only code that changes a
+    stage; ``wait_for_flow``, ``admit`` and ``start`` are moves that set their fields too."""
 
     live: set[Attempt] = field(default_factory=set)
     counts: Counter[Stage] = field(default_factory=Counter)
@@ -145,6 +177,25 @@ class Lifecycle:
             self.live.discard(attempt)
         else:
             self.counts[to] += 1
+
+    # The transitions that carry data: the stage and its fields change together.
+
+    def wait_for_flow(self, attempt: Attempt, park_by_ms: float) -> None:
+        """Due: it waits for a permit of its flow until ``park_by_ms``, then it is parked."""
+        self.move(attempt, Stage.WAITING_FOR_FLOW)
+        attempt.park_by_ms = park_by_ms
+
+    def admit(self, attempt: Attempt, permit: str, start_ms: int,
+              retry: RetryDefaults) -> None:
+        """It holds ``permit`` of its flow, which logged its start for ``start_ms`` (it is not
+        sent before), and the flow's retry defaults as of that permit."""
+        self.move(attempt, Stage.ADMITTED)
+        attempt.permit, attempt.start_ms, attempt.retry = permit, start_ms, retry
+
+    def start(self, attempt: Attempt, started: Started) -> None:
+        """Redis counted it (lua/start.lua) and handed over what to send."""
+        self.move(attempt, Stage.STARTED)
+        attempt.started = started
 
     def __len__(self) -> int:
         return len(self.live)

@@ -117,8 +117,7 @@ class Dispatcher:
     def _due(self, attempt: Attempt) -> None:
         """Nearly due: ask its flow for a permit. It may wait for one until just before it
         must be sent, then it is parked in Redis."""
-        self._lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
-        attempt.park_by_ms = attempt.send_by_ms - PARK_LEAD_MS
+        self._lifecycle.wait_for_flow(attempt, park_by_ms=attempt.send_by_ms - PARK_LEAD_MS)
         self._gate.admit(attempt)
 
     # -- the life of one admitted attempt -------------------------------------------------
@@ -152,8 +151,7 @@ class Dispatcher:
             self._gate.give_back(attempt)
             self._metrics.skipped.inc()
             return
-        attempt.started = started
-        self._lifecycle.move(attempt, Stage.STARTED)
+        self._lifecycle.start(attempt, started)
         await self._clock.sleep_until(max(task.due_ms, attempt.start_ms))  # never early
         now = self._clock.now_ms()
         if self._late_for_its_rate(attempt, now):
@@ -183,11 +181,12 @@ class Dispatcher:
         finally:  # even if it fails unexpectedly: the lease re-sends an unrecorded attempt
             self._lifecycle.move(attempt, Stage.RECORDED if recorded else Stage.UNRECORDED)
 
-    def _abandon(self, attempt: Attempt) -> None:
-        """An attempt whose worker failed unexpectedly leaves this process's books: not sent,
-        it is handed back; sent, its outcome is unknown and its lease re-sends it."""
+    def _abandon(self, attempt: Attempt, why: str) -> None:
+        """An attempt whose worker stopped (it failed, or shutdown cancelled it) leaves this
+        process's books: not sent, it is handed back; sent, its outcome is unknown and its
+        lease re-sends it."""
         if attempt.stage in (Stage.ADMITTED, Stage.STARTED):
-            self._hand_back(attempt, "its worker failed before it was sent")
+            self._hand_back(attempt, why)
         elif attempt.stage is Stage.SENT:
             self._lifecycle.move(attempt, Stage.UNRECORDED)
             self._gate.give_back(attempt)
@@ -224,15 +223,12 @@ class Dispatcher:
             self._workers[me] = attempt
             try:
                 await self._run(attempt)
-            except asyncio.CancelledError:  # shutdown
-                if attempt.stage in (Stage.ADMITTED, Stage.STARTED):  # not sent: hand back
-                    self._hand_back(attempt, "shutting down")
-                else:  # sent, unanswered after the grace period: its lease re-sends it
-                    self._gate.give_back(attempt)
+            except asyncio.CancelledError:  # shutdown: not sent yet, or past the grace period
+                self._abandon(attempt, "shutting down")
                 raise
             except Exception:  # one bad attempt must not stop the worker
                 log.exception("delivering %s failed", attempt.task.key)
-                self._abandon(attempt)
+                self._abandon(attempt, "its worker failed before it was sent")
             finally:
                 self._workers[me] = None
 

@@ -5,9 +5,10 @@ over every process of the wheel). Granted, it moves to ADMITTED and into the rea
 where a worker takes it; the worker gives the permit back after the answer. Refused, it waits
 here (WAITING_FOR_FLOW) for a short while: at most ``local_cap`` attempts per flow, and never
 past its park deadline, which comes before its claim's lease could run out. Then it is parked
-in Redis (lua/park.lua), where waiting holds no lease, no worker, no connection and no claim
-budget. Parked tasks are taken back (lua/unpark.lua) by whichever process finds room in
-their flow: after giving back a permit, when a rate window reopens, or at each tick.
+in Redis, where waiting holds no lease, no worker, no connection and no claim budget. Parked
+tasks are taken back by whichever process finds room in their flow: after giving back a
+permit, when a rate window reopens, or at each tick. The gate decides when; the park and
+unpark calls themselves are timewheel/engine/parking.py.
 
 A paused flow (POST /flows/{key}/pause) is a flow whose permits call grants nothing: its due
 attempts wait here and are parked like those of a full flow, nothing is handed on, and on
@@ -37,6 +38,7 @@ from collections.abc import Iterator
 from timewheel.clock import Clock
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease
+from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
 from timewheel.engine.waiting_report import WaitingReport
@@ -48,7 +50,6 @@ from timewheel.store.flow_store import FlowStore, new_permit_id
 log = logging.getLogger(__name__)
 
 UNPARK_BATCH = 256  # parked tasks taken back in one go
-SCAN_FLOWS = 256  # flows with parked tasks read per bucket per tick
 RETRY_MS = 200  # after a failed permits call
 # A task taken back from Redis starts this long after its permit (the rate log counts it
 # then): time for the unpark and start round trips, so it never starts before it is logged.
@@ -65,23 +66,22 @@ class FlowGate:
                  metrics: Metrics, *, tokens: Iterator[str], lease_margin_ms: int,
                  batch_deadline_ms: int, local_cap: int, max_waiting: int) -> None:
         self._flows = flows
-        self._store = store
-        self._recorder = recorder
         self._lifecycle = lifecycle
         self._ready = ready  # admitted attempts go here, for the dispatcher's workers
         self._clock = clock
         self._metrics = metrics
-        self._tokens = tokens
         self._lease_margin_ms = lease_margin_ms
-        self._batch_deadline_ms = batch_deadline_ms
         self._max_lease_ms = batch_deadline_ms + lease_margin_ms
         self._local_cap = local_cap
         self._max_waiting = max_waiting
         self._states: dict[str, FlowState] = {}
         self._report = WaitingReport(flows, clock)
         self._leases: dict[str, Lease] = {}  # the permits this process holds
+        self._parking = Parking(store, recorder, lifecycle, clock, metrics, tokens=tokens,
+                                batch_deadline_ms=batch_deadline_ms,
+                                lease_margin_ms=lease_margin_ms)
         self._to_park: list[Attempt] = []
-        self._parking: set[asyncio.Task[None]] = set()
+        self._park_calls: set[asyncio.Task[None]] = set()  # parking under way
         self._stopping = False  # drained: admit nothing more (no hand-on, no unpark)
         self._closed = False  # closed: no more permits calls
         # Park deadlines and rate windows reopening, on the wheel's clock.
@@ -111,7 +111,7 @@ class FlowGate:
         if len(state.queue) >= self._local_cap or self.waiting > self._max_waiting:
             self._park_soon([attempt])  # enough of it waits here: wait in Redis, holding nothing
             return
-        attempt.permit = new_permit_id()
+        attempt.ask_for(new_permit_id())
         state.queue.append(attempt)
         self._metrics.flow_waiting.set(self.waiting)
         self._kick(state)
@@ -119,7 +119,7 @@ class FlowGate:
     def give_back(self, attempt: Attempt) -> None:
         """The attempt is done with its permit (answered, or never sent): the next waiter of
         its flow here takes it over when that is safe, else it goes back to Redis."""
-        permit, attempt.permit = attempt.permit, None
+        permit = attempt.drop_permit()
         if permit is None:
             return
         state = self._flow(attempt.task.flow)
@@ -148,9 +148,7 @@ class FlowGate:
         """The attempt (out of its queue now) holds ``permit``: to the workers. The permit
         it asked for, if a call under way grants it, is given back then (_granted)."""
         self._leases[permit] = lease
-        attempt.permit, attempt.start_ms = permit, max(start_ms, attempt.task.due_ms)
-        attempt.retry = state.retry
-        self._lifecycle.move(attempt, Stage.ADMITTED)
+        self._lifecycle.admit(attempt, permit, max(start_ms, attempt.task.due_ms), state.retry)
         self._ready.put_nowait(attempt)
 
     def _release(self, state: FlowState, permits: list[str]) -> None:
@@ -169,11 +167,8 @@ class FlowGate:
     async def poll(self, tick_ms: int = 1000) -> None:
         """Once a tick: permits given back by other processes, parked tasks anywhere; then
         report the attempts waiting here, per flow."""
-        found = await asyncio.gather(*(self._store.parked_flows(bucket, SCAN_FLOWS)
-                                       for bucket in range(self._store.keys.buckets)))
-        for bucket, rows in enumerate(found):
-            for flow, due in rows:
-                self.parked(flow, bucket, due)
+        for flow, bucket, due in await self._parking.flows():
+            self.parked(flow, bucket, due)
         for key, state in list(self._states.items()):
             if state.idle:
                 del self._states[key]
@@ -189,16 +184,15 @@ class FlowGate:
         waiting = []
         for state in self._states.values():
             for attempt in state.queue:
-                state.releases.append(attempt.permit or "")
-                attempt.permit = None
+                state.releases.append(attempt.drop_permit() or "")
                 waiting.append(attempt)
             state.queue.clear()
         return waiting
 
     async def close(self) -> None:
         """Stop, after ``drain``: finish parking, give back the permits still to give back."""
-        if self._parking:  # a claim not parked in time keeps its lease
-            _, late = await asyncio.wait(set(self._parking), timeout=2.0)
+        if self._park_calls:  # a claim not parked in time keeps its lease
+            _, late = await asyncio.wait(set(self._park_calls), timeout=2.0)
             for parking in late:
                 parking.cancel()
             await asyncio.gather(*late, return_exceptions=True)
@@ -324,39 +318,12 @@ class FlowGate:
                       granted_ms: int) -> None:
         """Take back as many of the flow's earliest parked tasks, over all buckets, as there
         are permits in ``held`` (granted at ``granted_ms``); give back the permits left over."""
-        now = self._clock.now_ms()
-        buckets = sorted(state.parked_buckets)
-        peeks = await asyncio.gather(*(self._store.peek_parked(bucket, state.key, len(held))
-                                       for bucket in buckets))
-        earliest = sorted((due, bucket) for bucket, dues in zip(buckets, peeks, strict=True)
-                          for due in dues)[:len(held)]
-        wanted: dict[int, int] = {}
-        for _, bucket in earliest:
-            wanted[bucket] = wanted.get(bucket, 0) + 1
-        for bucket, dues in zip(buckets, peeks, strict=True):
-            if not dues:
-                state.parked_buckets.discard(bucket)
-        rest = sorted(due for dues in peeks for due in dues)[len(held):]
-        state.parked_due = rest[0] if rest else float("inf")
-        results = await asyncio.gather(*(
-            self._store.unpark(bucket, state.key, limit=count, token=next(self._tokens),
-                               now_ms=now) for bucket, count in wanted.items()))
-        adopted = 0
+        adopted = await self._parking.take_back(state, len(held))
         lease = Lease(granted_ms + self._max_lease_ms)
-        for bucket, (more, tasks) in zip(wanted, results, strict=True):
-            if not more:
-                state.parked_buckets.discard(bucket)
-            for task in tasks:
-                attempt = self._lifecycle.add(Attempt.claimed(
-                    task, now, batch_deadline_ms=self._batch_deadline_ms,
-                    lease_margin_ms=self._lease_margin_ms))
-                self._lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
-                self._admit(state, attempt, held[adopted], lease, start)
-                adopted += 1
-        self._metrics.claimed.inc(adopted)
-        self._metrics.flow_unparked.inc(adopted)
-        if adopted < len(held):  # taken by another process meanwhile: give the rest back
-            state.releases.extend(held[adopted:])
+        for attempt, permit in zip(adopted, held, strict=False):
+            self._admit(state, attempt, permit, lease, start)
+        if len(adopted) < len(held):  # taken by another process meanwhile: give the rest back
+            state.releases.extend(held[len(adopted):])
             state.again = True
         elif state.parked_buckets:
             state.again = True  # more may fit: ask again
@@ -387,8 +354,7 @@ class FlowGate:
         for attempt in waiters:
             state.queue.popleft()
             # Not granted as far as this process knows; a reply lost on the way may have.
-            state.releases.append(attempt.permit or "")
-            attempt.permit = None
+            state.releases.append(attempt.drop_permit() or "")
         self._park_soon(waiters)
 
     def _park_soon(self, attempts: list[Attempt]) -> None:
@@ -401,26 +367,10 @@ class FlowGate:
     def _park_now(self) -> None:
         attempts, self._to_park = self._to_park, []
         parking = asyncio.create_task(self._park(attempts))
-        self._parking.add(parking)
-        parking.add_done_callback(self._parking.discard)
+        self._park_calls.add(parking)
+        parking.add_done_callback(self._park_calls.discard)
 
     async def _park(self, attempts: list[Attempt]) -> None:
-        results = await asyncio.gather(*(self._recorder.park(a) for a in attempts),
-                                       return_exceptions=True)
-        # Any error (Redis away, or a library's own): not parked as far as we know, so the
-        # claim goes back to the wheel (release.lua answers 0 if it was parked after all).
-        unparked = []
-        for attempt, result in zip(attempts, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("could not park %s; handing it back: %s", attempt.task.key, result)
-                self._lifecycle.move(attempt, Stage.HANDED_BACK)
-                unparked.append(attempt)
-            elif result:
-                self._lifecycle.move(attempt, Stage.PARKED)
-                self.parked(attempt.task.flow, attempt.task.bucket, attempt.task.due_ms)
-                self._metrics.flow_parked.inc()
-            else:  # cancelled or replaced meanwhile
-                self._lifecycle.move(attempt, Stage.SKIPPED)
-        if unparked:
-            self._recorder.hand_back(unparked, "could not park")
+        for attempt in await self._parking.park(attempts):
+            self.parked(attempt.task.flow, attempt.task.bucket, attempt.task.due_ms)
         self._metrics.flow_waiting.set(self.waiting)
