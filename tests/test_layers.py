@@ -1,6 +1,7 @@
 """The package's layers, read from the imports of its modules: the store speaks domain records
-(it imports no API model, no HTTP framework and nothing above it), and no two store modules
-import each other; no module of the package imports itself back through others (a cycle)."""
+(it imports no API model, no HTTP framework and nothing above it), the HTTP handlers reach it
+only through the service layer (timewheel/operations/), no two store modules import each
+other, and no module of the package imports itself back through others (a cycle)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,27 @@ def test_no_two_store_modules_import_each_other() -> None:
     pairs = {tuple(sorted((a, b))) for a, names in modules.items() for b in modules
              if a != b and b in names and a in modules[b]}
     assert pairs == set()
+
+
+# The modules under timewheel/api/ that may import the store: those that build or start it
+# (type-only wiring), not handlers. Neither needs it today (api/app.py opens the Wheel, which
+# builds the store in timewheel/service.py; api/deps.py starts it lazily through ``wheel.store``),
+# so the allowance only keeps wiring code there from having to go through the operations.
+API_WIRING = {"timewheel.api.app": "builds the Wheel, and with it the store",
+              "timewheel.api.deps": "starts the store when a request finds it not ready"}
+
+
+def test_the_handlers_reach_the_store_only_through_the_operations() -> None:
+    """The HTTP layer imports timewheel.operations and timewheel.models; the domain records it
+    shows come through timewheel/operations/records.py."""
+    offending = {}
+    for name, path in modules().items():
+        if name.startswith("timewheel.api.") and name not in API_WIRING:
+            found = sorted(i for i in imports(path)
+                           if i == "timewheel.store" or i.startswith("timewheel.store."))
+            if found:
+                offending[name] = found
+    assert offending == {}
 
 
 def test_no_import_cycle() -> None:
