@@ -1,4 +1,4 @@
-"""What the layout-2 record changes for claims and starts (issue #11): claim replies carry no
+"""Claims and starts on the layout-2 record: claim replies carry no
 headers or bodies, ``start`` hands over what is stored at that moment, and a record that cannot
 be decoded is failed with the reason instead of holding back the others."""
 

@@ -1,6 +1,7 @@
 """Wheel: the parts of one ``timewheel serve`` process, built from Settings, started and
 stopped in order (embedded Redis first and last). The operations the API calls are
-timewheel/operations/ (``wheel.tasks``, ``wheel.schedules``); this module only wires."""
+timewheel/operations/ (``wheel.tasks``, ``wheel.flows``, ``wheel.schedules``, ...); this module
+only wires."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.jobs.runner import JobRunner
 from timewheel.metrics import Metrics
+from timewheel.operations.flows import FlowOperations
 from timewheel.operations.jobs import JobOperations
 from timewheel.operations.schedules import ScheduleOperations, schedule_store
+from timewheel.operations.stats import StatsOperations
 from timewheel.operations.tasks import TaskLimits, TaskOperations
 from timewheel.operations.topics import TopicOperations
 from timewheel.settings import Settings
@@ -53,12 +56,14 @@ class Wheel:
     store: Store
     clock: Clock
     dispatcher: Dispatcher
-    flows: FlowStore
+    flow_store: FlowStore
     ticker: Ticker
     sender: Sender
     embedded: EmbeddedRedis | None = None
     schedule_store: ScheduleStore = field(init=False, repr=False)
     tasks: TaskOperations = field(init=False, repr=False)
+    flows: FlowOperations = field(init=False, repr=False)
+    stats: StatsOperations = field(init=False, repr=False)
     schedules: ScheduleOperations = field(init=False, repr=False)
     topics: TopicOperations = field(init=False, repr=False)
     materializer: Materializer = field(init=False, repr=False)
@@ -115,6 +120,9 @@ class Wheel:
                             batch_deadline_seconds=settings.batch_deadline_seconds)
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
+        wheel.flows = FlowOperations(flows, store, clock,
+                                     default_parallelism=settings.flow_parallelism)
+        wheel.stats = StatsOperations(store, clock)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
         publisher = Publisher(store)
         wheel.topics = TopicOperations(TopicStore(store), publisher, wheel.tasks, clock,

@@ -1,4 +1,4 @@
-"""Reading the dashboard right (issue 19): every time carries its zone and the header toggles
+"""The dashboard reads unambiguously: every time carries its zone and the header toggles
 UTC / local; the callbacks-per-second window is never "0 s"; lateness does not count a task
 created with a past execute_at as late; cut URLs show in full on hover; the task page shows
 the request (headers, body, timeout, backoff, flow). Screenshots go to the test's tmp dir."""

@@ -1,5 +1,6 @@
-"""``GET /tasks/{key}/attempts``: the attempt history of a task (docs/api.md v3). The store reads
-domain records (``timewheel/store/attempts.py``); this module turns them into the API's views.
+"""``GET /tasks/{key}/attempts``: the attempt history of a task (docs/api.md v3). The task
+operations read it as domain records (``TaskOperations.attempts``); this module turns them into
+the API's views.
 Its own router, beside ``tasks.router``, with the same route class (token first)."""
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from fastapi import APIRouter
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.tasks import TaskKey
-from timewheel.errors import TaskNotFound
 from timewheel.models import AttemptList, AttemptOutcome, AttemptView, format_ms
-from timewheel.store.attempts import AttemptRecord
+from timewheel.operations.records import AttemptRecord
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
@@ -34,7 +34,5 @@ async def list_attempts(key: TaskKey, wheel: WheelDep) -> AttemptList:
     """The kept attempts of a task (the last ``TIMEWHEEL_ATTEMPTS_KEPT``), oldest first: each
     with its outcome, status code, error, response headers and body excerpt, duration and
     process. A task never tried has none."""
-    records = await wheel.store.attempts(key)
-    if records is None:
-        raise TaskNotFound(key)
-    return AttemptList(attempts=[attempt_view(record) for record in records])
+    return AttemptList(attempts=[attempt_view(record)
+                                 for record in await wheel.tasks.attempts(key)])

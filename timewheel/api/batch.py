@@ -1,10 +1,10 @@
 """``POST /tasks/batch``: schedule up to 1000 tasks in one request (docs/api.md).
 
 Each item is validated on its own, exactly as ``POST /tasks`` validates its body (the model, then
-the settings-dependent limits of ``TaskOperations.prepare``), and an invalid item is that item's
-422 while the others are stored. The valid ones are stored through pipelined ``schedule`` calls
-(``TaskOperations.create_many``, ``store/batch.py``): one round trip for the whole batch on a
-single Redis.
+the settings-dependent limits of ``TaskOperations.prepare_new``), and an invalid item is that
+item's 422 while the others are stored. The valid ones are stored through pipelined
+``schedule`` calls (``TaskOperations.create_many``, ``store/batch.py``): one round trip for the
+whole batch on a single Redis.
 
 - Item statuses: 201 created, 200 an identical task exists, 409 the key holds other content,
   422 invalid. An item whose encoded ``body`` is over 1 MiB is a 422 (``type: too_large``):
@@ -34,13 +34,13 @@ from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.errors import BodyTooLarge, InvalidInput
 from timewheel.models import KEY_PATTERN, BatchCreate, BatchResult, TaskCreate, format_ms
 from timewheel.operations.prepare import sent_as_json
-from timewheel.store import ScheduleReply
-from timewheel.store.record import NewTask, new_key
+from timewheel.operations.records import NewTask
+from timewheel.operations.tasks import Stored
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
-_STATUS: dict[ScheduleReply, Literal[201, 200, 409]] = {
-    ScheduleReply.CREATED: 201, ScheduleReply.EXISTS: 200, ScheduleReply.CONFLICT: 409}
+_STATUS: dict[Stored, Literal[201, 200, 409]] = {
+    Stored.CREATED: 201, Stored.EXISTS: 200, Stored.CONFLICT: 409}
 _VALID_KEY = re.compile(KEY_PATTERN)
 _ITEMS = TypeAdapter(list[TaskCreate])
 
@@ -78,7 +78,7 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
     for index, item in enumerate(body.tasks):
         try:
             fields = valid[index] if valid is not None else TaskCreate.model_validate(item)
-            task = wheel.tasks.prepare(fields, fields.key or new_key(), now)
+            task = wheel.tasks.prepare_new(fields, now)
         except ValidationError as exc:
             errors = _item_errors(index, exc.errors(include_url=False))
         except InvalidInput as exc:  # a settings limit (horizon, timeout, network)
@@ -95,22 +95,21 @@ async def create_batch(body: BatchCreate, wheel: WheelDep) -> FastJSONResponse:
             continue
         results.append({"key": _given_key(item), "status": 422, "task": None, "detail": errors})
 
-    codes, existing = await wheel.tasks.create_many(tasks, now)
+    done = await wheel.tasks.create_many(tasks, now)
     created_at = format_ms(now) or ""
-    # The retry fields in force for tasks that set none: their flows' defaults.
-    defaults = await wheel.flows.retry_defaults(
-        {task.flow for task in tasks if not (task.max_attempts and task.backoff_ms)}, now_ms=now)
-    for task, code, index, sent in zip(tasks, codes, positions, sent_bodies, strict=True):
-        if code is ScheduleReply.CREATED:
-            view: dict[str, Any] | None = created_view(
-                task, created_at, defaults.get(task.flow, NO_DEFAULTS), sent)
+    retry, existing = done.retry, done.existing
+    for task, code, index, sent in zip(tasks, done.outcomes, positions, sent_bodies,
+                                       strict=True):
+        if code is Stored.CREATED:
+            view: dict[str, Any] | None = created_view(  # the flow's retry defaults in force
+                task, created_at, retry.get(task.flow, NO_DEFAULTS), sent)
         else:  # None: expired meanwhile, or its body too large to read with the others
             found = existing[task.key]
             view = task_view(found).model_dump(mode="json") if found is not None else None
         results[index] = {
             "key": task.key, "status": _STATUS[code], "task": view,
             "detail": (f"task {task.key!r} exists with other content"
-                       if code is ScheduleReply.CONFLICT else None)}
+                       if code is Stored.CONFLICT else None)}
     # Plain dicts, encoded once: BatchResult and TaskView objects for 1000 items (and FastAPI's
     # validation of a returned model) cost more than storing the tasks; tests/test_api_batch.py
     # checks these dicts against the models.

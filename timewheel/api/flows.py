@@ -3,24 +3,22 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
-from fastapi.exceptions import RequestValidationError
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.models import KEY_PATTERN
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
+from timewheel.operations.flows import FlowState
 from timewheel.service import Wheel
-from timewheel.store.flow_store import StoredLimits
 
 
 class FlowKeyConvertor(PathConvertor):
-    """A flow key as a path segment: anything, so that a key with a slash reaches ``_checked``
-    (422, the key is wrong) instead of matching no route (404), except ``<x>/pause`` and
+    """A flow key as a path segment: anything, so that a key with a slash reaches ``FlowKey``'s
+    pattern (422, the key is wrong) instead of matching no route (404), except ``<x>/pause`` and
     ``<x>/resume``: those are the POST shorthands' paths, and another method there is a 405
     (with ``Allow: POST``), not a 422 for a flow key "<x>/pause"."""
 
@@ -31,53 +29,32 @@ register_url_convertor("flow_key", FlowKeyConvertor())
 
 router = APIRouter(prefix="/flows", tags=["flows"], route_class=TaskRoute)
 
-_KEY = re.compile(KEY_PATTERN)
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such path (a flow key with a line break)"},
     503: {"description": "Redis unavailable"}}
-# Matched with the path-like convertor above, then checked by _checked (422 for a bad key).
+# Matched with the path-like convertor above, then checked by the pattern (422 for a bad key).
 FlowKey = Annotated[str, Path(pattern=KEY_PATTERN,
                                 description="the flow key: 1-200 chars of [A-Za-z0-9._:-]")]
-
-
-def _checked(flow_key: str) -> str:
-    if not _KEY.fullmatch(flow_key):
-        raise RequestValidationError([{
-            "type": "string_pattern_mismatch", "loc": ("path", "flow_key"),
-            "msg": f"String should match pattern '{KEY_PATTERN}'", "input": flow_key}])
-    return flow_key
 
 
 def _seconds(ms: int | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-async def _view(wheel: Wheel, flow_key: str) -> FlowView:
-    limits = await wheel.flows.limits(flow_key)
-    now = wheel.clock.now_ms()
-    # Parked in Redis, plus waiting in the memory of every live process (reported each tick).
-    in_processes = await wheel.flows.waiting_in_processes([flow_key], now_ms=now)
+def _view(state: FlowState) -> FlowView:
+    limits = state.limits
     return FlowView(
-        key=flow_key,
-        parallelism=limits.parallelism or wheel.settings.flow_parallelism,
-        rate=limits.rate,
-        in_flight=await wheel.flows.in_flight(flow_key, now_ms=now),
-        waiting=await wheel.store.parked_count(flow_key) + in_processes[0],
-        paused=limits.paused,
-        max_attempts=limits.max_attempts,
-        retry_backoff=_seconds(limits.backoff_ms),
-        max_backoff=_seconds(limits.max_backoff_ms),
-    )
-
-
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else max(1, round(seconds * 1000))
+        key=state.key, parallelism=state.parallelism, rate=limits.rate,
+        in_flight=state.in_flight, waiting=state.waiting, paused=limits.paused,
+        max_attempts=limits.max_attempts, retry_backoff=_seconds(limits.backoff_ms),
+        max_backoff=_seconds(limits.max_backoff_ms))
 
 
 @router.get("", dependencies=[Needs.READ], response_model=FlowList, responses=_RESPONSES)
 async def list_flows(wheel: WheelDep) -> FlowList:
     """Flows whose limits were set with PUT (every other flow runs on the defaults)."""
-    return FlowList(flows=[await _view(wheel, key) for key in await wheel.flows.configured()])
+    flows = wheel.flows
+    return FlowList(flows=[_view(await flows.state(key)) for key in await flows.configured()])
 
 
 @router.put("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
@@ -85,10 +62,7 @@ async def list_flows(wheel: WheelDep) -> FlowList:
 async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> FlowView:
     """Set a flow's limits, pause and retry defaults (the whole configuration: what is absent
     is cleared); every process obeys them from its next permit on (within one tick)."""
-    await wheel.flows.set_limits(_checked(flow_key), StoredLimits(
-        body.parallelism, body.rate, body.paused, body.max_attempts, _ms(body.retry_backoff),
-        _ms(body.max_backoff)))
-    return await _view(wheel, flow_key)
+    return _view(await wheel.flows.set(flow_key, body))
 
 
 @router.post("/{flow_key:path}/pause", dependencies=[Needs.ADMIN],
@@ -96,23 +70,21 @@ async def set_flow(flow_key: FlowKey, body: FlowLimits, wheel: WheelDep) -> Flow
 async def pause_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """Start no attempt of the flow on any process (within one tick; one in flight
     finishes). Its due tasks wait: not failed, not counted as attempts."""
-    await wheel.flows.set_paused(_checked(flow_key), True)
-    return await _view(wheel, flow_key)
+    return _view(await wheel.flows.set_paused(flow_key, True))
 
 
 @router.post("/{flow_key:path}/resume", dependencies=[Needs.ADMIN],
              response_model=FlowView, responses=_RESPONSES)
 async def resume_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """Start the flow's waiting tasks again, in due order, within its limits."""
-    await wheel.flows.set_paused(_checked(flow_key), False)
-    return await _view(wheel, flow_key)
+    return _view(await wheel.flows.set_paused(flow_key, False))
 
 
 @router.get("/{flow_key:flow_key}", dependencies=[Needs.READ],
             response_model=FlowView, responses=_RESPONSES)
 async def get_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
     """A flow's limits in force (the defaults for a flow never set) and its load now."""
-    return await _view(wheel, _checked(flow_key))
+    return _view(await wheel.flows.state(flow_key))
 
 
 @router.delete("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
@@ -120,7 +92,7 @@ async def get_flow(flow_key: FlowKey, wheel: WheelDep) -> FlowView:
                responses=_RESPONSES)
 async def delete_flow(flow_key: FlowKey, wheel: WheelDep) -> Response:
     """Back to the defaults."""
-    await wheel.flows.delete_limits(_checked(flow_key))
+    await wheel.flows.delete(flow_key)
     return Response(status_code=204)
 
 
@@ -134,6 +106,6 @@ async def refresh_gauges(wheel: Wheel) -> None:
         metrics.flow_waiting_total.remove(gone)
     metrics.flow_series = shown
     for key in shown:
-        view = await _view(wheel, key)
-        metrics.flow_in_flight.labels(key).set(view.in_flight)
-        metrics.flow_waiting_total.labels(key).set(view.waiting)
+        state = await wheel.flows.state(key)
+        metrics.flow_in_flight.labels(key).set(state.in_flight)
+        metrics.flow_waiting_total.labels(key).set(state.waiting)

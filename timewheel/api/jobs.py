@@ -19,7 +19,7 @@ from timewheel.models import (
     ReplayFilter,
     format_ms,
 )
-from timewheel.store.job_store import JobRecord
+from timewheel.operations.records import JobRecord
 
 router = APIRouter(tags=["jobs"], route_class=TaskRoute)
 

@@ -20,7 +20,7 @@ from timewheel.models import (
     ScheduleView,
     format_ms,
 )
-from timewheel.store.schedule_store import ScheduleRecord
+from timewheel.operations.records import ScheduleRecord
 
 router = APIRouter(prefix="/schedules", tags=["schedules"], route_class=TaskRoute)
 

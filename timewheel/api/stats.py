@@ -1,7 +1,7 @@
 """``/stats``: figures for the dashboard (``/ui``) and for anyone who wants them as JSON.
 
 - ``GET /stats/due?minutes=N``: tasks due per minute for the coming minutes, over the whole
-  wheel (timewheel/store/stats.py counts the minute slices; bounded, see ``MAX_CELLS``).
+  wheel (timewheel/operations/stats.py; bounded, see ``MAX_CELLS``).
 - ``GET /stats``: this process's own counters (the ones ``/metrics`` exports) plus the wheel's
   dead-letter count. Rates (callbacks per second) are left to the caller: two samples apart.
 
@@ -21,17 +21,11 @@ from pydantic import BaseModel, Field
 from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.models import format_ms
-from timewheel.store.stats import MINUTE_MS, dead_letter_count, due_per_minute
+from timewheel.operations.stats import MAX_CELLS
 
 router = APIRouter(prefix="/stats", tags=["operations"], route_class=TaskRoute)
 
 MAX_MINUTES = 1440
-# Bucket-minute cells one request may cover. Only minutes that have a slice cost anything (a
-# ZCARD and an SCARD, about 10-40 us of this process's time each), but a busy wheel may have a
-# slice in every bucket and minute, so the bound is on the cells. With the default 16 buckets
-# every allowed ``minutes`` fits (16 x 1440 = 23,040); a wheel with very many buckets gets
-# fewer minutes per request (``clamped`` says so) instead of an unbounded read.
-MAX_CELLS = 25_000
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "missing or invalid bearer token"},
     503: {"description": "Redis unavailable"},
@@ -89,14 +83,10 @@ async def due_load(
     subtracted). Tasks in flight or parked waiting for their flow's limits are not in any slice
     and not counted, and neither are tasks still left in slices of past minutes after an
     outage."""
-    buckets = wheel.store.keys.buckets
-    count = min(minutes, max(1, MAX_CELLS // buckets))
-    first = wheel.clock.now_ms() // MINUTE_MS
-    dues = await due_per_minute(wheel.store, first, count)
-    return DueLoad(
-        minutes=[MinuteLoad(minute=format_ms((first + i) * MINUTE_MS) or "", due=due)
-                 for i, due in enumerate(dues)],
-        buckets=buckets, clamped=count < minutes)
+    load = await wheel.stats.due_load(minutes)
+    return DueLoad(minutes=[MinuteLoad(minute=format_ms(start) or "", due=due)
+                            for start, due in load.minutes],
+                   buckets=load.buckets, clamped=load.clamped)
 
 
 @router.get("", dependencies=[Needs.READ], response_model=ProcessStats, responses=_RESPONSES)
@@ -112,7 +102,7 @@ async def process_stats(wheel: WheelDep) -> ProcessStats:
         callbacks={name: int(_sample(child, "_total"))
                    for name, child in metrics.outcomes.items()},
         lateness=_histograms(metrics.lateness),
-        dead_letters=await dead_letter_count(wheel.store),
+        dead_letters=await wheel.stats.dead_letters(),
     )
 
 

@@ -23,7 +23,7 @@ from timewheel.models import (
     TopicView,
     format_ms,
 )
-from timewheel.store.topic_store import TopicRecord
+from timewheel.operations.records import TopicRecord
 
 router = APIRouter(prefix="/topics", tags=["topics"], route_class=TaskRoute)
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from timewheel.delivery.retry_policy import NO_DEFAULTS
 from timewheel.models import TaskView, format_ms
-from timewheel.store.record import TaskRecord
+from timewheel.operations.records import TaskRecord
 
 _JSON_TYPES = ("application/json",)
 

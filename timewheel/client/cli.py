@@ -15,26 +15,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
 from timewheel.client import cli_topics
+from timewheel.client.cli_common import (
+    Handler,
+    command,
+    execute_at,
+    number,
+    task_fields,
+    task_options,
+)
 from timewheel.client.cli_jobs import add_jobs
 from timewheel.client.errors import ClientError, UnreachableError
 from timewheel.client.sync import Client
-from timewheel.models import Method, TaskStatus, parse_execute_at
+from timewheel.models import TaskStatus
 
 EXIT_OK = 0
 EXIT_API = 1
 EXIT_USAGE = 2  # argparse's own status for usage errors
 EXIT_UNREACHABLE = 3
-
-Handler = Callable[[Client, argparse.Namespace], Any]
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +52,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _tasks(commands, common)
     _schedules(commands, common)
     _flows(commands, common)
-    cli_topics.add_commands(commands, common)  # its own module: the shared helpers are here
+    cli_topics.add_commands(commands, common)
     add_jobs(commands, common)
 
 
@@ -77,106 +81,6 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-# -- argument types -----------------------------------------------------------------------
-
-def _number(text: str) -> int | float:
-    """An int when the text is one (``5`` is sent as ``5``, not ``5.0``), else a float."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):  # JSON has no NaN or Infinity
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
-
-
-def _execute_at(text: str) -> str | int | float:
-    """``--at``: Unix seconds, or an RFC 3339 date-time with offset (checked here)."""
-    try:
-        value: str | int | float = _number(text)
-    except argparse.ArgumentTypeError:
-        value = text
-    try:
-        parse_execute_at(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_no_constants)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); quote a string as "
-                                         "'\"text\"'") from None
-
-
-class _HeaderAction(argparse.Action):
-    """``--header 'Name: value'``, repeatable, gathered into a dict. A missing colon, an empty
-    name or a name given twice (in any case) is a usage error."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
-        text = str(values)
-        name, colon, value = text.partition(":")
-        name = name.strip()
-        if not colon or not name or any(ch.isspace() for ch in name):
-            parser.error(f"argument {option_string}: expected 'Name: value', got {text!r}")
-        headers: dict[str, str] = dict(getattr(namespace, self.dest, None) or {})
-        if name.lower() in (existing.lower() for existing in headers):
-            parser.error(f"argument {option_string}: header {name!r} given twice")
-        headers[name] = value.strip()
-        setattr(namespace, self.dest, headers)
-
-
-def _task_options(parser: argparse.ArgumentParser) -> None:
-    """The task fields shared by ``tasks add`` and ``schedules set``."""
-    parser.add_argument("--method", type=str.upper, choices=[m.value for m in Method],
-                        help="HTTP method of the callback (default POST)")
-    parser.add_argument("--body", type=_json, metavar="JSON",
-                        help="the callback's body, as JSON ('{\"a\": 1}', '\"text\"')")
-    parser.add_argument("--header", dest="headers", action=_HeaderAction, metavar="'NAME: VALUE'",
-                        help="a header of the callback; repeat for more")
-    parser.add_argument("--flow-key", metavar="F", help="the flow whose limits apply "
-                        "(default: the URL's host:port)")
-    parser.add_argument("--timeout", type=_number, metavar="S",
-                        help="per-attempt callback timeout in seconds")
-    parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts (default 5)")
-    parser.add_argument("--retry-backoff", type=_number, metavar="S",
-                        help="seconds before the first retry (default 1), doubling")
-    parser.add_argument("--on-success", metavar="URL", help="where the outcome is POSTed "
-                        "when the callback is delivered (the task KEY.on_success)")
-    parser.add_argument("--on-failure", metavar="URL", help="where the outcome is POSTed "
-                        "when the task fails for good (the task KEY.on_failure)")
-
-
-def _task_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The task options the user gave; the service applies its defaults to the rest."""
-    fields: dict[str, Any] = {"callback_url": args.url_arg}
-    for option in ("method", "body", "headers", "flow_key", "timeout", "max_attempts",
-                   "retry_backoff", "on_success", "on_failure"):
-        value = getattr(args, option)
-        if value is not None:
-            fields[option] = value
-    return fields
-
-
-def _command(group: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
-             common: argparse.ArgumentParser, handler: Handler,
-             summary: str) -> argparse.ArgumentParser:
-    parser = group.add_parser(name, parents=[common], help=summary, description=summary)
-    parser.set_defaults(handler=handler)
-    return parser
-
-
 # -- tasks --------------------------------------------------------------------------------
 
 def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -184,45 +88,45 @@ def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     tasks = commands.add_parser("tasks", help="schedule, inspect, cancel and list tasks")
     group = tasks.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    add = _command(group, "add", common, _add_task, "schedule a callback (POST /tasks)")
+    add = command(group, "add", common, _add_task, "schedule a callback (POST /tasks)")
     add.add_argument("url_arg", metavar="URL", help="the callback URL")
     add.add_argument("--key", metavar="K", help="the task's key (generated when absent); "
                      "repeating an add with the same key and content is safe")
     when = add.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=_number, metavar="S", help="seconds from now")
-    when.add_argument("--at", type=_execute_at, metavar="TIME",
+    when.add_argument("--delay", type=number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=execute_at, metavar="TIME",
                       help="RFC 3339 date-time with offset, or Unix seconds")
-    _task_options(add)
+    task_options(add)
 
     for name, handler, summary in (
             ("get", _get_task, "show a task"),
             ("cancel", _cancel_task, "cancel a task that has not finished"),
             ("replay", _replay_task, "schedule a failed or cancelled task again, now")):
-        _command(group, name, common, handler, summary).add_argument("key", metavar="KEY")
+        command(group, name, common, handler, summary).add_argument("key", metavar="KEY")
 
-    move = _command(group, "reschedule", common, _reschedule_task,
+    move = command(group, "reschedule", common, _reschedule_task,
                     "move a task that has not finished to a new time, keeping its request "
                     "(PATCH /tasks/{key})")
     move.add_argument("key", metavar="KEY")
     when = move.add_mutually_exclusive_group(required=True)
-    when.add_argument("--delay", type=_number, metavar="S", help="seconds from now")
-    when.add_argument("--at", type=_execute_at, metavar="TIME",
+    when.add_argument("--delay", type=number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=execute_at, metavar="TIME",
                       help="RFC 3339 date-time with offset, or Unix seconds")
     move.add_argument("--max-attempts", type=int, metavar="N", help="a new max_attempts")
 
-    listing = _command(group, "list", common, _list_tasks,
+    listing = command(group, "list", common, _list_tasks,
                        "one page of tasks with a status (failed: the dead letters)")
     listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus])
     listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
     listing.add_argument("--limit", type=int, metavar="N", help="page size, 1-1000 (default 100)")
     listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
-    _command(group, "attempts", common, _task_attempts,
+    command(group, "attempts", common, _task_attempts,
              "a task's attempts, oldest first: outcome, status, error, response excerpt"
              ).add_argument("key", metavar="KEY")
 
 
 def _add_task(client: Client, args: argparse.Namespace) -> Any:
-    fields = _task_fields(args)
+    fields = task_fields(args)
     for option, field in (("key", "key"), ("delay", "delay"), ("at", "execute_at")):
         if getattr(args, option) is not None:
             fields[field] = getattr(args, option)
@@ -264,7 +168,7 @@ def _schedules(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     schedules = commands.add_parser("schedules", help="recurring schedules")
     group = schedules.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    set_ = _command(group, "set", common, _set_schedule,
+    set_ = command(group, "set", common, _set_schedule,
                     "create or replace a schedule: each occurrence becomes a task")
     set_.add_argument("schedule_id", metavar="ID")
     when = set_.add_mutually_exclusive_group(required=True)
@@ -276,22 +180,22 @@ def _schedules(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     set_.add_argument("--timezone", metavar="TZ", help="IANA zone the cron expression is read "
                       "in (default UTC)")
     set_.add_argument("--paused", action="store_true", help="create it paused")
-    _task_options(set_)
+    task_options(set_)
 
     for name, handler, summary in (
             ("get", _get_schedule, "show a schedule"),
             ("delete", _delete_schedule, "delete a schedule: no occurrence starts after this"),
             ("pause", _pause_schedule, "pause: no occurrence starts until resume"),
             ("resume", _resume_schedule, "resume a paused schedule")):
-        _command(group, name, common, handler, summary).add_argument("schedule_id",
+        command(group, name, common, handler, summary).add_argument("schedule_id",
                                                                      metavar="ID")
-    listing = _command(group, "list", common, _list_schedules, "one page of schedules")
+    listing = command(group, "list", common, _list_schedules, "one page of schedules")
     listing.add_argument("--limit", type=int, metavar="N", help="page size")
     listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
 
 
 def _set_schedule(client: Client, args: argparse.Namespace) -> Any:
-    schedule: dict[str, Any] = {"task": _task_fields(args)}
+    schedule: dict[str, Any] = {"task": task_fields(args)}
     for option in ("cron", "every", "timezone"):
         if getattr(args, option) is not None:
             schedule[option] = getattr(args, option)
@@ -327,27 +231,27 @@ def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
            common: argparse.ArgumentParser) -> None:
     flows = commands.add_parser("flows", help="limits, pause and retry defaults of a flow")
     group = flows.add_subparsers(dest="action", required=True, metavar="ACTION")
-    set_ = _command(group, "set", common, _set_flow,
+    set_ = command(group, "set", common, _set_flow,
                     "set a flow's whole configuration; what is not given is cleared")
     set_.add_argument("key", metavar="KEY")
     set_.add_argument("--parallelism", type=int, metavar="N", help="attempts in flight at most")
-    set_.add_argument("--rate", type=_number, metavar="R", help="attempts started per second")
+    set_.add_argument("--rate", type=number, metavar="R", help="attempts started per second")
     set_.add_argument("--paused", action="store_true", help="start no attempt of the flow")
     set_.add_argument("--max-attempts", type=int, metavar="N",
                       help="attempts of the flow's tasks that set none")
-    set_.add_argument("--retry-backoff", type=_number, metavar="S",
+    set_.add_argument("--retry-backoff", type=number, metavar="S",
                       help="seconds before the first retry (doubling), for tasks that set none")
-    set_.add_argument("--max-backoff", type=_number, metavar="S",
+    set_.add_argument("--max-backoff", type=number, metavar="S",
                       help="no retry of the flow waits longer (at most 86400)")
-    _command(group, "pause", common, _pause_flow,
+    command(group, "pause", common, _pause_flow,
              "start no attempt of the flow on any process").add_argument("key", metavar="KEY")
-    _command(group, "resume", common, _resume_flow,
+    command(group, "resume", common, _resume_flow,
              "start its waiting tasks again, in due order").add_argument("key", metavar="KEY")
-    _command(group, "get", common, _get_flow,
+    command(group, "get", common, _get_flow,
              "show a flow's limits and load").add_argument("key", metavar="KEY")
-    _command(group, "delete", common, _delete_flow,
+    command(group, "delete", common, _delete_flow,
              "back to the default limits").add_argument("key", metavar="KEY")
-    _command(group, "list", common, _list_flows, "the flows whose limits were set")
+    command(group, "list", common, _list_flows, "the flows whose limits were set")
 
 
 def _set_flow(client: Client, args: argparse.Namespace) -> Any:

@@ -1,5 +1,5 @@
 """``timewheel topics set|get|list|delete|publish``: the topic commands of the client CLI
-(timewheel/client/cli.py has the others, the shared option types and ``run``).
+(timewheel/client/cli.py has the others and ``run``, cli_common.py the shared option types).
 
     timewheel topics set orders --endpoint billing=https://billing.example.com/hook \\
         --endpoint email=https://mail.example.com/hook --endpoint-header billing 'X-Team: b'
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from timewheel.client import cli as base
+from timewheel.client import cli_common as shared
 from timewheel.client.sync import Client
 
 
@@ -22,7 +22,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     topics = commands.add_parser("topics", help="fan-out: one publish, a task per endpoint")
     group = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    set_ = base._command(group, "set", common, _set_topic,
+    set_ = shared.command(group, "set", common, _set_topic,
                          "create or replace a topic and its endpoints (PUT /topics/{name})")
     set_.add_argument("name", metavar="NAME")
     set_.add_argument("--endpoint", dest="endpoints", action="append", required=True,
@@ -35,21 +35,21 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     for name, handler, summary in (
             ("get", _get_topic, "show a topic and its recent publishes"),
             ("delete", _delete_topic, "delete a topic (its publishes' tasks stay)")):
-        base._command(group, name, common, handler, summary).add_argument("name", metavar="NAME")
-    listing = base._command(group, "list", common, _list_topics, "one page of topics")
+        shared.command(group, name, common, handler, summary).add_argument("name", metavar="NAME")
+    listing = shared.command(group, "list", common, _list_topics, "one page of topics")
     listing.add_argument("--limit", type=int, metavar="N", help="page size")
     listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")
 
-    publish = base._command(group, "publish", common, _publish,
+    publish = shared.command(group, "publish", common, _publish,
                             "one task per endpoint, key <key>.<endpoint>, all or none")
     publish.add_argument("name", metavar="NAME")
     publish.add_argument("--key", metavar="K", help="the publish's key (generated when absent); "
                          "repeating a publish with the same key and content is safe")
     when = publish.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=base._number, metavar="S", help="seconds from now")
-    when.add_argument("--at", type=base._execute_at, metavar="TIME",
+    when.add_argument("--delay", type=shared.number, metavar="S", help="seconds from now")
+    when.add_argument("--at", type=shared.execute_at, metavar="TIME",
                       help="RFC 3339 date-time with offset, or Unix seconds")
-    base._task_options(publish)
+    shared.task_options(publish)
     publish.set_defaults(url_arg=None)
 
 
@@ -87,7 +87,7 @@ def _list_topics(client: Client, args: argparse.Namespace) -> Any:
 
 def _publish(client: Client, args: argparse.Namespace) -> Any:
     """Printed as the API answers it: ``{"tasks": [...]}``."""
-    fields = base._task_fields(args)
+    fields = shared.task_fields(args)
     del fields["callback_url"]
     for option, field in (("key", "key"), ("delay", "delay"), ("at", "execute_at")):
         if getattr(args, option) is not None:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum, unique
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy
-from timewheel.delivery.retry_policy import NO_DEFAULTS
+from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.domain import TaskStatus, result_parent
 from timewheel.errors import InvalidInput, TaskConflict, TaskNotFound
 from timewheel.metrics import Metrics
 from timewheel.models import TaskCreate, TaskFields, TaskReschedule
 from timewheel.operations.prepare import DEFAULT_TIMEOUT_SECONDS, due_ms, prepare
 from timewheel.store import CancelReply, ReplayReply, RescheduleReply, ScheduleReply, Store
+from timewheel.store.attempts import AttemptRecord
 from timewheel.store.batch import get_many, schedule_many
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.listing import BadCursor, decode_cursor, encode_cursor, list_tasks
@@ -52,6 +54,31 @@ class Created:
 
     created: bool
     record: TaskRecord
+
+
+@unique
+class Stored(Enum):
+    """What became of one task of a batch (``create_many``)."""
+
+    CREATED = "created"
+    EXISTS = "exists"  # an identical task was there
+    CONFLICT = "conflict"  # the key holds a task with other content
+
+
+_STORED = {ScheduleReply.CREATED: Stored.CREATED, ScheduleReply.EXISTS: Stored.EXISTS,
+           ScheduleReply.CONFLICT: Stored.CONFLICT}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCreated:
+    """What ``create_many`` did. ``outcomes``: each task's, in order. ``existing``: the tasks
+    that the ones not created met, by key (None: expired meanwhile, or past the byte budget
+    of get_many: a conflicting task with a large body). ``retry``: the retry defaults in force,
+    by flow, for the flows of the tasks that set no ``max_attempts`` or ``retry_backoff``."""
+
+    outcomes: list[Stored]
+    existing: dict[str, TaskRecord | None]
+    retry: dict[str, RetryDefaults]
 
 
 class TaskOperations:
@@ -140,11 +167,15 @@ class TaskOperations:
 
     # -- one task -----------------------------------------------------------------------------
 
+    def prepare_new(self, fields: TaskCreate, now: int) -> NewTask:
+        """``prepare`` under the request's key, or a new one when it names none."""
+        return self.prepare(fields, fields.key or new_key(), now)
+
     async def create(self, fields: TaskCreate) -> Created:
         """POST: raises TaskConflict when the key holds other content."""
-        key = fields.key or new_key()
         now = self.clock.now_ms()
-        task = self.prepare(fields, key, now)
+        task = self.prepare_new(fields, now)
+        key = task.key
         code = await self.store.schedule(task, replace=False, now_ms=now)
         if code is ScheduleReply.CONFLICT:
             raise TaskConflict(f"task {key!r} exists with other content")
@@ -204,6 +235,13 @@ class TaskOperations:
             raise TaskNotFound(key)
         return await self._one(record)
 
+    async def attempts(self, key: str) -> list[AttemptRecord]:
+        """The task's kept attempts (the last TIMEWHEEL_ATTEMPTS_KEPT), oldest first."""
+        records = await self.store.attempts(key)
+        if records is None:
+            raise TaskNotFound(key)
+        return records
+
     async def page(self, status: TaskStatus, *, key_prefix: str, limit: int,
                    cursor: str | None) -> tuple[list[TaskRecord], str | None]:
         """A page of GET /tasks and the cursor of the next (None: the end)."""
@@ -219,11 +257,9 @@ class TaskOperations:
 
     # -- many tasks (POST /tasks/batch) -------------------------------------------------------
 
-    async def create_many(self, tasks: Sequence[NewTask], now: int
-                          ) -> tuple[list[ScheduleReply], dict[str, TaskRecord | None]]:
-        """Create tasks already prepared (``prepare``), never replacing: each one's reply, and
-        the existing tasks that the ones not created met (None: expired meanwhile, or past
-        the byte budget of get_many: a conflicting task with a large body)."""
+    async def create_many(self, tasks: Sequence[NewTask], now: int) -> BatchCreated:
+        """Create tasks already prepared (``prepare_new``), never replacing, as POSTs in
+        order (a key given twice: the later one exists or conflicts)."""
         codes = await schedule_many(self.store, tasks, now)
         existing = [task.key for task, code in zip(tasks, codes, strict=True)
                     if code is not ScheduleReply.CREATED]
@@ -234,4 +270,7 @@ class TaskOperations:
         for record in await self.resolved(readable):
             records[record.key] = record
         self.metrics.scheduled.inc(codes.count(ScheduleReply.CREATED))
-        return codes, records
+        unset = {task.flow for task in tasks if not (task.max_attempts and task.backoff_ms)}
+        retry = ({} if self.flows is None else
+                 await self.flows.retry_defaults(unset, now_ms=now))
+        return BatchCreated([_STORED[code] for code in codes], records, retry)

@@ -2,6 +2,7 @@
 connection and the embedded redis-server. Nothing here knows HTTP, the API's models or the
 engine."""
 
+from timewheel.store.claims import Outcome
 from timewheel.store.replies import (
     CancelReply,
     CompleteReply,
@@ -11,7 +12,7 @@ from timewheel.store.replies import (
     RescheduleReply,
     ScheduleReply,
 )
-from timewheel.store.task_store import Outcome, Store
+from timewheel.store.task_store import Store
 
 __all__ = ["CancelReply", "CompleteReply", "Outcome", "ParkReply", "ReleaseReply", "ReplayReply",
            "RescheduleReply", "ScheduleReply", "Store"]

@@ -2,7 +2,7 @@
 
 A flow's state never shares a script with a task's: on a Redis Cluster they live in different
 slots. The permit is the only link: the dispatcher takes one (this module) before it starts an
-attempt (task_store), and gives it back after the answer.
+attempt (store/claims.py), and gives it back after the answer.
 """
 
 from __future__ import annotations

@@ -182,7 +182,6 @@ class TopicDeleteReply(IntEnum):
     NOT_FOUND = -1
 
 
-# The script each enum belongs to (tests/test_script_replies.py reads the scripts through it).
 @unique
 class RekeyReply(IntEnum):
     """lua/rekey.lua: a task's request sealed anew (timewheel keys rotate)."""
