@@ -28,6 +28,9 @@ T = TypeVar("T")
 KEYS = Keyspace("tw")
 # Receiver (time.time) and service (Redis TIME through a monotonic offset) read the same host
 # clock; the service's estimate may lag by a round trip. Lower bounds allow this much slack.
+# A lower bound on the spacing of attempts is the contract "never early" (a retry never comes
+# before its backoff has passed): an ordering of two events, not a timing; no test here bounds
+# how late an attempt may come (that is bench/'s).
 CLOCK_SLACK = 0.02
 
 
@@ -118,6 +121,7 @@ def test_retries_with_backoff_until_success(start_service, receiver: ThreadedRec
     assert len(hits) == 3
     assert [a.headers["webhook-id"] for a in hits] == ["retry-1"] * 3
     assert attempt_numbers(hits) == ["1", "2", "3"]
+    # Never early (an ordering, not a timing): each retry after the one before + its backoff.
     assert hits[1].received_at - hits[0].received_at >= 0.5 - CLOCK_SLACK
     assert hits[2].received_at - hits[1].received_at >= 1.0 - CLOCK_SLACK
     assert final["attempts"] == 3
@@ -141,7 +145,8 @@ def test_hanging_receiver_times_out_and_is_retried(start_service,
     hits = receiver.arrivals_for("/hang")
     assert attempt_numbers(hits) == ["1", "2"]
     assert {a.headers["webhook-id"] for a in hits} == {"hang-1"}
-    # The second attempt waited for the first one's timeout (1 s) and the backoff (0.2 s).
+    # Never early (an ordering, not a timing): the second attempt came after the first one's
+    # timeout (1 s) and the backoff (0.2 s) had both passed.
     assert hits[1].received_at - hits[0].received_at >= 1.2 - CLOCK_SLACK
     assert final["attempts"] == 2
     assert final["last_status_code"] is None
