@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import running_app
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 from timewheel.api.app import create_app
 from timewheel.settings import Settings
 
@@ -46,14 +47,14 @@ async def poll(client: httpx.AsyncClient, method: str, path: str, want: int,
                **kwargs: Any) -> list[int]:
     """Repeat a request until it answers ``want``; returns every status seen on the way."""
     seen: list[int] = []
-    deadline = asyncio.get_running_loop().time() + RECOVERY_SECONDS
-    while True:
-        r = await client.request(method, path, **kwargs)
-        seen.append(r.status_code)
-        if r.status_code == want:
-            return seen
-        assert asyncio.get_running_loop().time() < deadline, f"no {want} after {seen[-5:]}"
-        await asyncio.sleep(0.05)
+
+    async def answered() -> bool:
+        seen.append((await client.request(method, path, **kwargs)).status_code)
+        return seen[-1] == want
+
+    await wait_until(answered, lambda: f"{method} {path} to answer {want} (last: {seen[-5:]})",
+                     RECOVERY_SECONDS)
+    return seen
 
 
 DOWN_CALLS: list[tuple[str, str, dict[str, Any]]] = [

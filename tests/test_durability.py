@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from tests.support.redis_server import HOST, RedisServer
+from tests.support.waiting import settle, wait_until
 from timewheel.errors import NotReplicated
 from timewheel.models import ScheduleCreate
 from timewheel.operations.schedules import schedule_store, spec_of
@@ -46,11 +46,9 @@ class Replicated:
         self.master.start()
         self.replica = RedisServer(self.directory / "replica", extra_args=[
             "--replicaof", HOST, str(self.master.port)]).start()
-        deadline = time.monotonic() + 10
         with self.master.client() as conn:
-            while conn.info("replication").get("connected_slaves") != 1 or not self.in_sync():
-                assert time.monotonic() < deadline, "the replica never synchronised"
-                time.sleep(0.02)
+            settle(lambda: conn.info("replication").get("connected_slaves") == 1
+                   and self.in_sync(), 10, "the replica to synchronise")
         return self
 
     def in_sync(self) -> bool:
@@ -156,10 +154,8 @@ async def test_a_replica_that_does_not_confirm_makes_it_not_replicated(
             await store.schedule(new_task("late"), replace=False, now_ms=START_MS)
         assert (caught.value.confirmed, caught.value.wanted) == (0, 1)
         assert await master.exists(store.keys.task("late")) == 1
-    deadline = time.monotonic() + 10
-    while on_replica(replicated, store, ["late"]) != ["late"]:
-        assert time.monotonic() < deadline, "the replica never got the write"
-        time.sleep(0.02)
+    await wait_until(lambda: on_replica(replicated, store, ["late"]) == ["late"],
+                     "the replica to get the write", 10)
 
 
 async def test_a_repeated_create_is_not_acknowledged_before_the_first_write_is_replicated(

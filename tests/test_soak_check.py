@@ -95,8 +95,9 @@ def test_a_duplicate_without_a_fault_is_unexplained() -> None:
 
 
 def test_the_stopped_process_that_sends_after_another_delivered_is_unexplained() -> None:
-    """issue #23's finding: p0 stopped while its attempt was started, p1 re-claims after the
-    lease and delivers, p0 resumes and sends: the first 2xx came from p1, which no fault hit."""
+    """p0 stopped while its attempt was started, p1 re-claims after the lease and delivers,
+    p0 resumes and sends: the duplicate is unexplained, as the first 2xx came from p1, which
+    no fault hit (a process fault explains a duplicate only when it hit the first sender)."""
     summary = run(create("a", T0 + 5), fault("proc_stop", T0 + 5.002, T0 + 13, pid=1),
                   arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2),
                   arrival("a", T0 + 13.01, T0 + 5, pid=1, attempt=1), end(T0 + 60))

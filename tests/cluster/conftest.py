@@ -6,7 +6,6 @@ for the tests that kill or move things, a cluster of the test's own in productio
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
+from tests.support.waiting import settle
 from timewheel.models import parse_execute_at
 from timewheel.store import Store
 from timewheel.store.connection import make_redis
@@ -71,18 +71,17 @@ def wait_finished(service: Service, keys: list[str], timeout: float) -> dict[str
     """Poll GET /tasks/{key} until none is scheduled, delivering or retrying; the views."""
     views: dict[str, dict[str, Any]] = {}
     pending = list(keys)
-    deadline = time.monotonic() + timeout
     with service.client() as http:
-        while pending:
+        def finished() -> bool:
             for key in list(pending):
                 view = http.get(f"/tasks/{key}").json()
                 if view["status"] in ("succeeded", "failed", "cancelled"):
                     views[key] = view
                     pending.remove(key)
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{len(pending)} tasks unfinished after {timeout}s:\n"
-                                   f"{service.log()}")
-            time.sleep(0.1)
+            return not pending
+
+        settle(finished, timeout, lambda: f"{len(pending)} of {len(keys)} tasks to finish "
+               f"(first unfinished: {pending[:3]}); the service's log:\n{service.log()}")
     return views
 
 

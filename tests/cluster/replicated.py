@@ -8,9 +8,9 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -18,6 +18,7 @@ from typing import Self
 import redis
 
 from tests.support.redis_server import CLUSTER_TIMEOUT, HOST, RedisServer, redis_cli_binary
+from tests.support.waiting import settle
 
 # The replica of a dead master takes over whatever the age of its data (the default refuses
 # after node_timeout x 10 without the master; tests stop replicas for a moment on purpose).
@@ -30,6 +31,11 @@ def cluster_info(conn: redis.Redis) -> dict[str, str]:
         return {str(k): str(v) for k, v in text.items()}
     text = text.decode() if isinstance(text, bytes) else str(text)
     return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+
+def knows(conn: redis.Redis, node_id: str) -> bool:
+    """The node behind ``conn`` has ``node_id`` in its table."""
+    return node_id in conn.execute_command("CLUSTER", "NODES").decode()
 
 
 @contextmanager
@@ -103,20 +109,17 @@ class ReplicatedCluster:
             with master.client() as m, replica.client() as r:
                 master_id = m.execute_command("CLUSTER MYID").decode()
                 r.execute_command("CLUSTER MEET", HOST, master.port)
-                deadline = time.monotonic() + CLUSTER_TIMEOUT
-                while master_id not in r.execute_command("CLUSTER", "NODES").decode():
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"replica {replica.port} never met {master.port}")
-                    time.sleep(0.05)
+                settle(partial(knows, r, master_id), CLUSTER_TIMEOUT,
+                       f"replica {replica.port} to meet {master.port}")
                 r.execute_command("CLUSTER REPLICATE", master_id)
 
     def wait_ok(self, timeout: float = CLUSTER_TIMEOUT) -> None:
         """Every live node: state ok, all slots served, every node known; every master that
         has a replica attached sees it online."""
-        deadline = time.monotonic() + timeout
         live = [s for s in self.servers if s.running]
-        while True:
-            states = {}
+        states: dict[int, tuple[str | None, ...]] = {}
+
+        def ready() -> bool:
             for server in live:
                 with server.client() as conn:
                     info = cluster_info(conn)
@@ -124,12 +127,10 @@ class ReplicatedCluster:
                                            info.get("cluster_slots_ok"),
                                            info.get("cluster_known_nodes"))
             linked = all(self.replica_linked(r) for r in live if self.is_replica(r))
-            if linked and all(s == ("ok", "16384", str(len(self.servers)))
-                              for s in states.values()) and self._views_agree(live):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cluster not ready after {timeout}s: {states}")
-            time.sleep(0.05)
+            return (linked and all(s == ("ok", "16384", str(len(self.servers)))
+                                   for s in states.values()) and self._views_agree(live))
+
+        settle(ready, timeout, lambda: f"the cluster to be ready (states: {states})")
 
     def _views_agree(self, live: list[RedisServer]) -> bool:
         """Every live node's table names as masters, among the live nodes, exactly those that
@@ -187,14 +188,15 @@ class ReplicatedCluster:
         """After ``dead_port`` died: wait until its replica serves its slots and the cluster
         is ok again on every live node; the new master's port."""
         replica = self.replica_of(dead_port).port
-        deadline = time.monotonic() + timeout
-        while True:
-            roles = self.roles()
-            if roles.get(replica, 0) is None and self.state_ok():
-                return replica
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replica {replica} never took over from {dead_port}: {roles}")
-            time.sleep(0.1)
+        roles: dict[int, int | None] = {}
+
+        def promoted() -> bool:
+            roles.update(self.roles())
+            return roles.get(replica, 0) is None and self.state_ok()
+
+        settle(promoted, timeout,
+               lambda: f"replica {replica} to take over from {dead_port} (roles: {roles})")
+        return replica
 
     def state_ok(self) -> bool:
         """cluster_state:ok on every live node."""

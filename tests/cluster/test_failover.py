@@ -23,6 +23,7 @@ import pytest
 from tests.cluster.replicated import ReplicatedCluster, stopped
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
+from tests.support.waiting import settle
 from timewheel.store.keys import Keyspace
 
 from .conftest import buckets_of, early_arrivals, keys_in_buckets, post_batch, wait_finished
@@ -107,12 +108,16 @@ def test_failover_with_wait_replicas_1_loses_no_acknowledged_task(
         cluster.server(victim).kill()
         cluster.wait_promoted(victim)
         promoted_at = time.time()
-        deadline = time.monotonic() + 20
-        while not any(a.sent > promoted_at and a.status == 503 and "replicas required" in a.detail
-                      for a in list(answers)):
-            assert time.monotonic() < deadline and creator.is_alive(), (
-                "no create refused by the promoted master's WAIT", answers[-5:])
-            time.sleep(0.1)
+
+        def refused_by_the_promoted_master() -> bool:
+            if any(a.sent > promoted_at and a.status == 503 and "replicas required" in a.detail
+                   for a in list(answers)):
+                return True
+            assert creator.is_alive(), ("the creator stopped", answers[-5:])
+            return False
+
+        settle(refused_by_the_promoted_master, 20,
+               lambda: f"a create refused by the promoted master's WAIT: {answers[-5:]}")
     finally:
         stop.set()
         creator.join()
@@ -192,7 +197,5 @@ def wait_replicated(master: Any, replica: Any, timeout: float = 10) -> None:
     """Until the replica has applied everything the master has written so far."""
     with master, replica:
         target = master.info("replication")["master_repl_offset"]
-        deadline = time.monotonic() + timeout
-        while replica.info("replication").get("slave_repl_offset", -1) < target:
-            assert time.monotonic() < deadline, "the replica never caught up"
-            time.sleep(0.02)
+        settle(lambda: replica.info("replication").get("slave_repl_offset", -1) >= target,
+               timeout, f"the replica to catch up with offset {target}")

@@ -4,12 +4,12 @@ counts there, and a second process carries the job on after the first is SIGKILL
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.cluster.conftest import node_clients, post_batch, slot_owners
 from tests.e2e.conftest import Service
 from tests.support.redis_server import RedisCluster
+from tests.support.waiting import settle
 from timewheel.store.keys import Keyspace
 
 MATCHING = 4_000
@@ -22,13 +22,6 @@ def job(service: Service, job_id: str) -> dict[str, Any]:
     assert reply.status_code == 200, reply.text
     body: dict[str, Any] = reply.json()
     return body
-
-
-def poll(predicate: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def statuses(service: Service, keys: list[str]) -> set[str]:
@@ -57,12 +50,12 @@ def test_a_job_across_slots_survives_a_sigkill(start_cluster_service: Any,
         reply = http.post("/tasks/cancel", json={"key_prefix": "c."})
     assert reply.status_code == 202, reply.text
     job_id = reply.json()["job"]
-    poll(lambda: "taken by" in first.log() or "taken by" in second.log(), "a runner", 20)
+    settle(lambda: "taken by" in first.log() or "taken by" in second.log(), 20, "a runner")
     running, survivor = (first, second) if "taken by" in first.log() else (second, first)
-    poll(lambda: job(survivor, job_id)["done"] >= MATCHING // 4, "a quarter done", 60)
+    settle(lambda: job(survivor, job_id)["done"] >= MATCHING // 4, 60, "a quarter done")
     running.kill()
     assert job(survivor, job_id)["done"] < MATCHING
-    poll(lambda: job(survivor, job_id)["state"] == "done", "the job done", 60)
+    settle(lambda: job(survivor, job_id)["state"] == "done", 60, "the job done")
     final = job(survivor, job_id)
     assert (final["matched"], final["done"], final["skipped"]) == (MATCHING, MATCHING, 0)
     assert statuses(survivor, matching[::37]) == {"cancelled"}
@@ -88,6 +81,6 @@ def test_a_job_across_slots_survives_a_sigkill(start_cluster_service: Any,
     with survivor.client() as http:
         reply = http.post("/tasks/replay", json={"status": "cancelled", "key_prefix": "c."})
     replay_id = reply.json()["job"]
-    poll(lambda: job(survivor, replay_id)["state"] == "done", "the replay done", 60)
+    settle(lambda: job(survivor, replay_id)["state"] == "done", 60, "the replay done")
     assert job(survivor, replay_id)["done"] == MATCHING
     assert statuses(survivor, matching[::37]) <= {"scheduled", "delivering", "retrying"}

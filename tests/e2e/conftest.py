@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -48,17 +48,18 @@ class Service:
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"timewheel serve exited early:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"timewheel serve not healthy in {timeout}s:\n{self.log()}")
+        settle(self._healthy, timeout, lambda: f"timewheel serve healthy; its log:\n{self.log()}")
+        return self
+
+    def _healthy(self) -> bool:
+        """/healthz answers 200; raises if the process has exited (then it never will)."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"timewheel serve exited early:\n{self.log()}")
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]

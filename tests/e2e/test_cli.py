@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -43,14 +43,10 @@ def ok(done: subprocess.CompletedProcess[str]) -> Any:
 
 def wait_status(service: Service, key: str, status: str, timeout: float = 20) -> None:
     """Poll GET /tasks/{key} (plain httpx: faster than a process per poll)."""
-    deadline = time.monotonic() + timeout
     with httpx.Client(base_url=service.base_url, timeout=5,
                       headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-        while time.monotonic() < deadline:
-            if client.get(f"/tasks/{key}").json()["status"] == status:
-                return
-            time.sleep(0.05)
-    raise TimeoutError(f"{key} not {status} after {timeout}s:\n{service.log()}")
+        settle(lambda: client.get(f"/tasks/{key}").json()["status"] == status, timeout,
+               lambda: f"{key} {status}; the service's log:\n{service.log()}")
 
 
 def test_cli_round_trip(start_service: Callable[..., Service],

@@ -28,6 +28,9 @@ T = TypeVar("T")
 KEYS = Keyspace("tw")
 # Receiver (time.time) and service (Redis TIME through a monotonic offset) read the same host
 # clock; the service's estimate may lag by a round trip. Lower bounds allow this much slack.
+# A lower bound on the spacing of attempts is the contract "never early" (a retry never comes
+# before its backoff has passed): an ordering of two events, not a timing; no test here bounds
+# how late an attempt may come (that is bench/'s).
 CLOCK_SLACK = 0.02
 
 
@@ -118,6 +121,7 @@ def test_retries_with_backoff_until_success(start_service, receiver: ThreadedRec
     assert len(hits) == 3
     assert [a.headers["webhook-id"] for a in hits] == ["retry-1"] * 3
     assert attempt_numbers(hits) == ["1", "2", "3"]
+    # Never early (an ordering, not a timing): each retry after the one before + its backoff.
     assert hits[1].received_at - hits[0].received_at >= 0.5 - CLOCK_SLACK
     assert hits[2].received_at - hits[1].received_at >= 1.0 - CLOCK_SLACK
     assert final["attempts"] == 3
@@ -141,7 +145,8 @@ def test_hanging_receiver_times_out_and_is_retried(start_service,
     hits = receiver.arrivals_for("/hang")
     assert attempt_numbers(hits) == ["1", "2"]
     assert {a.headers["webhook-id"] for a in hits} == {"hang-1"}
-    # The second attempt waited for the first one's timeout (1 s) and the backoff (0.2 s).
+    # Never early (an ordering, not a timing): the second attempt came after the first one's
+    # timeout (1 s) and the backoff (0.2 s) had both passed.
     assert hits[1].received_at - hits[0].received_at >= 1.2 - CLOCK_SLACK
     assert final["attempts"] == 2
     assert final["last_status_code"] is None
@@ -188,19 +193,27 @@ def test_permanent_failure_is_dead_lettered_and_replayed(start_service,
 
 def test_exhausted_attempts_fail_with_exactly_max_attempts(start_service,
                                                            receiver: ThreadedReceiver) -> None:
-    """Always 503 with max_attempts=3: exactly three requests, then `failed`."""
+    """Always 503 with max_attempts=3: exactly three requests, then `failed`, and no fourth.
+    Control: the same task allowed four attempts, scheduled alongside, gets its fourth within
+    the same wait (so the wait is long enough for one to come)."""
     service = start_service()
     receiver.respond("/down", [503])
+    receiver.respond("/control", [503])
     with service.client() as client:
         schedule(client, receiver.url("/down"), "down-1", max_attempts=3, retry_backoff=0.1)
+        schedule(client, receiver.url("/control"), "control-1", max_attempts=4,
+                 retry_backoff=0.1)
         final = wait_status(client, ["down-1"], "failed")["down-1"]
         assert final["attempts"] == 3
         assert final["last_status_code"] == 503
         assert final["last_error"] == "HTTP 503"
         listed = client.get("/tasks", params={"status": "failed"}).json()
-        assert [t["key"] for t in listed["tasks"]] == ["down-1"]
-        time.sleep(1.5)  # more than a tick: nothing else may be sent
+        assert final in listed["tasks"]
+        # Both had their third answer; the fourth would be due 0.4 s later (backoff doubled).
+        settle(lambda: receiver.answered("/control") >= 3, 10, "the control's third attempt")
+        time.sleep(2.5)  # a tick (1 s), the backoff (0.4 s) and room: nothing else is sent
         assert view(client, "down-1") == final
+        assert attempt_numbers(receiver.arrivals_for("/control")) == ["1", "2", "3", "4"]
 
     hits = receiver.arrivals_for("/down")
     assert attempt_numbers(hits) == ["1", "2", "3"]
@@ -274,8 +287,14 @@ def test_stopped_process_cannot_overwrite_outcomes(start_service, receiver: Thre
             return dropped_in_log(stalled, keys)
 
         settle(refused, 20, "the stale process to report its outcomes dropped")
-        time.sleep(1.5)  # a tick of both processes: nothing is re-sent or rewritten
+    # The stale process alone from here: what is sent now, it sent.
+    assert finisher.stop() == 0
+    with stalled.client() as client:
+        # Control: a task due now, the same wait: the stale process does send what it may.
+        schedule(client, receiver.url("/stall/control"), "stall-control")
+        time.sleep(2.5)  # a tick (1 s) and room: nothing is re-sent or rewritten
         assert {key: view(client, key) for key in keys} == finished
+        assert len(receiver.arrivals_for("/stall/control")) == 1
 
     assert stalled.process is not None and stalled.process.poll() is None
     for key in keys:

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -53,6 +53,7 @@ from typing import NoReturn
 import pytest
 
 from tests.support.redis_server import free_port
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -213,26 +214,39 @@ class Session:
                 start_new_session=True)
         self.background[step.name] = (process, log)
         host, port = self.localise(step.target).rsplit(":", 1)
-        deadline = time.monotonic() + WAIT_SECONDS
-        while True:
+
+        def listening() -> bool:
             if process.poll() is not None:
                 self.fail(step, f"exited with status {process.returncode} instead of running")
             with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
-                return
-            if time.monotonic() > deadline:
-                self.fail(step, f"nothing listens on {host}:{port} after {WAIT_SECONDS} s")
-            time.sleep(0.1)
+                return True
+            return False
+
+        self.settle_step(step, listening, f"something listening on {host}:{port}")
 
     def wait_for(self, step: Step) -> None:
         if step.name not in self.background:
             self.fail(step, f"no background command named {step.name!r} was started before")
         process, log = self.background[step.name]
-        deadline = time.monotonic() + WAIT_SECONDS
-        while step.target not in log.read_text(errors="replace"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                self.fail(step, f"{step.name} did not print {step.target!r} within "
-                          f"{WAIT_SECONDS} s")
-            time.sleep(0.1)
+
+        def printed() -> bool:
+            exited = process.poll() is not None  # read before the log: it printed all it will
+            if step.target in log.read_text(errors="replace"):
+                return True
+            if exited:
+                self.fail(step, f"{step.name} exited with status {process.returncode} "
+                          f"without printing {step.target!r}")
+            return False
+
+        self.settle_step(step, printed, f"{step.name} to print {step.target!r}")
+
+    def settle_step(self, step: Step, probe: Callable[[], bool], what: str) -> None:
+        """``settle`` for WAIT_SECONDS, failing the way every step fails: with the step's
+        place in the docs and every background command's output."""
+        try:
+            settle(probe, WAIT_SECONDS, what)
+        except AssertionError as timed_out:
+            self.fail(step, str(timed_out))
 
     def fail(self, step: Step, what: str, stdout: bytes | None = None,
              stderr: bytes | None = None) -> NoReturn:

@@ -14,6 +14,7 @@ from redis import Redis
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import settle
 
 MATCHING = 50_000
 DUE_DURING = 300  # other tasks, due while the job runs
@@ -32,13 +33,6 @@ def job(client: httpx.Client, job_id: str) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     return body
-
-
-def poll(predicate: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def holder_of(services: list[Service], job_id: str) -> Service | None:
@@ -70,17 +64,15 @@ def test_bulk_cancel_of_50k_survives_a_sigkill_and_touches_nothing_else(
         assert r.status_code == 202, r.text
         job_id = r.json()["job"]
         # One of the two takes the job; kill that one halfway.
-        poll(lambda: holder_of([first, second], job_id) is not None, "a runner", 20)
-        running = holder_of([first, second], job_id)
-        assert running is not None
+        running = settle(lambda: holder_of([first, second], job_id), 20, "a runner")
         survivor = second if running is first else first
     with survivor.client() as client:
-        poll(lambda: job(client, job_id)["done"] >= MATCHING // 4, "a quarter done", 60)
+        settle(lambda: job(client, job_id)["done"] >= MATCHING // 4, 60, "a quarter done")
         running.kill()
     with survivor.client() as client:
         halfway = job(client, job_id)
         assert halfway["state"] == "running" and halfway["done"] < MATCHING, halfway
-        poll(lambda: job(client, job_id)["state"] == "done", "the job done", 90)
+        settle(lambda: job(client, job_id)["state"] == "done", 90, "the job done")
         final = job(client, job_id)
         assert (final["matched"], final["done"], final["skipped"]) == (MATCHING, MATCHING, 0)
         assert f"bulk job {job_id} " in survivor.log()  # the survivor carried it on
@@ -89,8 +81,8 @@ def test_bulk_cancel_of_50k_survives_a_sigkill_and_touches_nothing_else(
         # Distinct keys, not arrivals: a task the killed process had sent but not recorded is
         # sent again (at-least-once), and one it held unsent only once its lease runs out
         # (its timeout, 30 s by default, plus the lease margin): count keys, wait long enough.
-        poll(lambda: {a.headers["webhook-id"] for a in receiver.arrivals_for("/other")}
-             >= due.keys(), "every other due task delivered", 120)
+        settle(lambda: {a.headers["webhook-id"] for a in receiver.arrivals_for("/other")}
+             >= due.keys(), 120, "every other due task delivered")
         arrivals: dict[str, list[float]] = {}
         for arrival in receiver.arrivals_for("/other"):
             arrivals.setdefault(arrival.headers["webhook-id"], []).append(arrival.received_at)

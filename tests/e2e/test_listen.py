@@ -17,6 +17,7 @@ from standardwebhooks import Webhook
 
 from tests.e2e.conftest import Service
 from tests.support.redis_server import free_port
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -36,28 +37,35 @@ class Listener:
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
         self.wait_for("timewheel listen: on")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the banner comes before the socket is bound
-            try:
-                httpx.get(f"{self.url}/ready", timeout=1)
-                return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise TimeoutError(self.text())
+        # The banner comes before the socket is bound.
+        settle(self._ready, 20, lambda: f"listen to answer /ready; its output:\n{self.text()}")
+
+    def _ready(self) -> bool:
+        self._running()
+        try:
+            httpx.get(f"{self.url}/ready", timeout=1)
+        except httpx.TransportError:
+            return False
+        return True
+
+    def _running(self) -> None:
+        """Ends a wait at once if the process has exited: it will not print anything more."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"listen exited {self.process.returncode}:\n{self.text()}")
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
 
     def wait_for(self, needle: str, count: int = 1, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def printed() -> str | None:
             text = self.text()
             if text.count(needle) >= count:
                 return text
-            if self.process.poll() is not None:
-                raise RuntimeError(f"listen exited {self.process.returncode}:\n{text}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{needle!r} x{count} not printed in {timeout}s:\n{self.text()}")
+            self._running()
+            return None
+
+        return settle(printed, timeout, lambda: f"{needle!r} x{count} printed; printed so far:"
+                      f"\n{self.text()}")
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -105,10 +113,8 @@ def test_a_signed_callback_from_serve_is_printed_and_verified(
     assert "signature INVALID (no webhook-id, webhook-timestamp, webhook-signature header)" \
         in probe
     with service.client() as client:  # it answered 200 (the default): delivered
-        deadline = time.monotonic() + 20
-        while client.get("/tasks/first-callback").json()["status"] != "succeeded":
-            assert time.monotonic() < deadline, service.log()
-            time.sleep(0.05)
+        settle(lambda: client.get("/tasks/first-callback").json()["status"] == "succeeded", 20,
+               lambda: f"first-callback succeeded; the service's log:\n{service.log()}")
     assert listen.stop() == 0
 
 

@@ -65,8 +65,11 @@ def count_after(receiver: ThreadedReceiver, schedule_id: str, after_ms: float) -
 
 def test_every_second_on_two_processes_fires_each_occurrence_once(
         start_service: StartService, receiver: ThreadedReceiver) -> None:
+    """Each occurrence once across two processes, none missing; once deleted, none after.
+    Control: a second schedule, the same but not deleted, fires within the same wait."""
     first, second = start_service(), start_service()
     put(first, receiver, "hb", every=1)
+    put(first, receiver, "control", every=1)
     settle(lambda: len(occurrences(receiver, "hb")) >= 6, 15, "six occurrences")
     assert call(second, "DELETE", "/schedules/hb") == 204
     stopped = time.time() * 1000
@@ -77,6 +80,7 @@ def test_every_second_on_two_processes_fires_each_occurrence_once(
     assert all(occ % 1000 == 0 for occ in seen)
     time.sleep(2.5)  # longer than occurrences are materialized ahead
     assert count_after(receiver, "hb", stopped) == 0
+    assert count_after(receiver, "control", stopped) >= 1
 
 
 def test_six_field_cron_fires_on_even_seconds(start_service: StartService,

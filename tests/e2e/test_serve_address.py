@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.redis_server import RedisServer, free_port
+from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -27,16 +27,14 @@ def _serve(tmp_path: Path, redis_url: str, env: dict[str, str], *argv: str
 
 
 def _healthy(process: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def answers() -> bool:
         assert process.poll() is None, f"serve exited {process.returncode}"
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing healthy on port {port}")
+            return False
+
+    settle(answers, 30, f"serve healthy on port {port}")
 
 
 def test_serve_listens_on_timewheel_port_and_a_flag_wins(

@@ -23,6 +23,8 @@ from typing import Self
 
 from aiohttp import web
 
+from tests.support.waiting import settle, wait_until
+
 HOST = "127.0.0.1"
 
 
@@ -102,21 +104,18 @@ class Receiver:
     def _count(self, path: str | None) -> int:
         return len(self.arrivals if path is None else self.arrivals_for(path))
 
+    def _arrived(self, count: int, path: str | None) -> str:
+        where = "" if path is None else f" to {path}"
+        return f"{count} arrivals{where} (got {self._count(path)})"
+
     async def wait_for(self, count: int, timeout: float, path: str | None = None) -> None:
         """Return once at least `count` requests (to `path`, if given) have arrived."""
-        deadline = time.monotonic() + timeout
-        while self._count(path) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self._count(path)} of {count} arrivals after {timeout}s")
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: self._count(path) >= count,
+                         lambda: self._arrived(count, path), timeout)
 
     def wait_for_sync(self, count: int, timeout: float, path: str | None = None) -> None:
         """Blocking `wait_for`, for sync tests (the server must run in another thread)."""
-        deadline = time.monotonic() + timeout
-        while self._count(path) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self._count(path)} of {count} arrivals after {timeout}s")
-            time.sleep(0.01)
+        settle(lambda: self._count(path) >= count, timeout, lambda: self._arrived(count, path))
 
     # -- server --
 
