@@ -253,6 +253,8 @@ def _print_tail(tail: dict[str, Any]) -> None:
     if tail.get("service_counters"):
         print("  service counters over the run: " + ", ".join(
             f"{k} {v:g}" for k, v in tail["service_counters"].items()))
+    for proc, counters in tail.get("service_counters_by_process", {}).items():  # --processes
+        print(f"    {proc}: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
     st = tail["steal"]
     print(f"  CPU steal: mean {_fmt(st['mean_pct'])} % (due window "
           f"{_fmt(st['due_window_mean_pct'])} %), worst second {_fmt(st['max_1s_pct'])} %, "

@@ -1,14 +1,16 @@
-"""Precision and throughput of one `timewheel serve` process on this machine.
+"""Precision and throughput of `timewheel serve` on this machine (one process, or N on one Redis).
 
     python -m bench.run --workload all            # post, spread, burst, retry
     python -m bench.run --workload spread --tasks 10000
     python -m bench.run --workload sustained --rate 4000 # 4,000 a second for --window s
+    python -m bench.run --workload sustained --rate 4000 --processes 2  # two on one Redis
     python -m bench.run --workload all --fake-service --tasks 2000   # harness self-test
 
 Starts bench/receiver.py (subprocess) and one ``timewheel serve`` (subprocess,
 free port, temporary data dir, embedded Redis unless TIMEWHEEL_REDIS_URL is
 set), waits for ``GET /healthz``, runs the workloads and writes one JSON file
 per workload to bench/results/. See bench/README.md for what each measures.
+``--processes N`` starts N services on one shared Redis instead (bench/services.py).
 
 Lateness is ``arrival - execute_at``: arrival is the receiver's ``time.time()``
 once the callback is fully parsed, execute_at the epoch seconds (ms precision)
@@ -24,6 +26,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +66,7 @@ from bench.service import (
     start_service,
     wait_healthy,
 )
+from bench.services import Fleet, FleetProbe, start_fleet
 
 WORKLOADS = ("post", "spread", "burst", "retry", "sustained")
 DEFAULT_WORKLOADS = ("post", "spread", "burst", "retry")
@@ -85,6 +89,7 @@ class Ctx:
     headers: dict[str, str] = field(default_factory=dict)
     post_rate: float | None = None  # measured by the post workload, sizes the leads
     gc_log: Path | None = None  # the service's GC pauses (bench/gc_log.py)
+    fleet: Fleet | None = None  # --processes N > 1: all of them (the load goes to the first)
 
 
 @dataclass
@@ -296,7 +301,9 @@ async def _fire_and_collect(ctx: Ctx, workload: str, bodies: list[tuple[str, byt
     await recv_reset(ctx)
     meter = CpuMeter(ctx.pids)
     meter.start()
-    probe = RunProbe(ctx.ctl, ctx.base, ctx.gc_log, ctx.pids.get("service"))
+    probe: RunProbe | FleetProbe = (
+        ctx.fleet.probe(ctx.ctl) if ctx.fleet is not None
+        else RunProbe(ctx.ctl, ctx.base, ctx.gc_log, ctx.pids.get("service")))
     await probe.start()
     poller = asyncio.get_running_loop().create_task(prober.run()) if prober else None
     # CPU while the callbacks are due, apart from the creates before: what a callback costs.
@@ -486,8 +493,22 @@ class RetryProber:
 # --------------------------------------------------------------------------- main
 
 
+async def _wait_up(args: argparse.Namespace, svc: Service, fleet: Fleet | None,
+                   ctl: aiohttp.ClientSession) -> tuple[float, dict[str, int]]:
+    """Wait for GET /healthz of the service (of every one of --processes); their pids."""
+    if fleet is None:
+        return await wait_healthy(svc, ctl, args.startup_timeout), svc.pids()
+    return await fleet.wait_healthy(ctl, args.startup_timeout), fleet.pids()
+
+
+def _exited(svc: Service, fleet: Fleet | None) -> str | None:
+    if fleet is not None:
+        return fleet.exited()
+    return None if svc.proc.poll() is None else f"service exited ({svc.proc.returncode})"
+
+
 async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
-                facts: dict[str, Any], stamp: str) -> int:
+                facts: dict[str, Any], stamp: str, fleet: Fleet | None = None) -> int:
     # one connector for the load: --concurrency keep-alive connections, no per-host cap below it
     load = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
         limit=args.concurrency, limit_per_host=args.concurrency, force_close=False))
@@ -499,17 +520,16 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
         headers["authorization"] = "Bearer " + tokens.split(",")[0].strip()
     failures: list[str] = []
     try:
-        started = await wait_healthy(svc, ctl, args.startup_timeout)
-        pids = svc.pids()
+        started, pids = await _wait_up(args, svc, fleet, ctl)
         print(f"service : {svc.base} up in {started:.1f} s; processes "
               + ", ".join(f"{k}" for k in pids) + f"; log {svc.log_path}")
         ctx = Ctx(args, run_id, svc.base, f"http://127.0.0.1:{rport}", load, ctl, pids, headers,
-                  gc_log=svc.gc_log)
+                  gc_log=svc.gc_log, fleet=fleet)
         names = list(DEFAULT_WORKLOADS) if args.workload == "all" else [args.workload]
         for name in names:
             await asyncio.sleep(args.pause)
-            if svc.proc.poll() is not None:
-                failures.append(f"service exited ({svc.proc.returncode}) before {name}")
+            if dead := _exited(svc, fleet):
+                failures.append(f"{dead} before {name}")
                 break
             print(f"\n-- running {name} ({args.tasks} tasks) ...", flush=True)
             w_started = dt.datetime.now(dt.UTC)
@@ -530,7 +550,8 @@ async def _main(args: argparse.Namespace, svc: Service, rport: int, run_id: str,
                 "benchmark": name, "started_at": w_started.isoformat(timespec="seconds"),
                 "command": "python -m bench.run " + " ".join(sys.argv[1:]),
                 "fake_service": args.fake_service, "machine": facts,
-                "service": {"command": svc.command, "env": svc.env, "pids": pids},
+                "service": {"command": svc.command, "env": svc.env, "pids": pids,
+                            **(fleet.describe() if fleet is not None else {})},
                 "loadgen": {"client": f"aiohttp {aiohttp.__version__}",
                             "concurrency": args.concurrency},
                 "results": res, "failures": bad,
@@ -592,6 +613,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="SIGTERM grace before SIGKILL (the batch deadline is 30 s)")
     p.add_argument("--sign", action="store_true", help="set a TIMEWHEEL_SIGNING_SECRET")
     p.add_argument("--service-port", type=int, default=0)
+    p.add_argument("--processes", type=int, default=1,
+                   help="run N services on one Redis (one the bench starts unless "
+                        "TIMEWHEEL_REDIS_URL is set); the load goes to the first")
     p.add_argument("--service-cmd", default=None,
                    help="command template with {python} {host} {port} (default: timewheel.cli "
                         "main() with `serve`)")
@@ -607,9 +631,35 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workload == "sustained":  # --rate a second for --window s, created beforehand
         args.tasks, args.submit = round(args.rate * args.window), "batch"
-    if args.tasks < 1 or args.concurrency < 1:
-        p.error("--tasks and --concurrency must be positive")
+    if args.tasks < 1 or args.concurrency < 1 or args.processes < 1:
+        p.error("--tasks, --concurrency and --processes must be positive")
+    if args.processes > 1 and args.fake_service:
+        p.error("--processes needs the real service (fake services share nothing)")
     return args
+
+
+def _stop_service(args: argparse.Namespace, svc: Service,
+                  recv_proc: subprocess.Popen[bytes], rc: int) -> int:
+    """Stop the one service (SIGTERM), then the receiver; ``rc``, or 1 if the service did not
+    exit 0."""
+    children = proc_children(svc.proc.pid)
+    t0 = time.perf_counter()
+    svc.exit_code = stop_process(svc.proc, args.stop_timeout)
+    print(f"\nservice stopped with exit code {svc.exit_code} after SIGTERM "
+          f"({time.perf_counter() - t0:.1f} s)")
+    for child in children:
+        if Path(f"/proc/{child}").exists():
+            print(f"WARNING: child process {child} ({proc_name(child)}) of the service is "
+                  "still running after it exited; sending SIGTERM")
+            try:
+                os.kill(child, 15)
+            except OSError:
+                pass
+    stop_process(recv_proc, 10.0)
+    if svc.exit_code != 0 and not args.fake_service:
+        print(f"--- {svc.log_path} (tail) ---\n{svc.log_tail()}")
+        rc = rc or 1
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,33 +680,30 @@ def main(argv: list[str] | None = None) -> int:
     recv_proc, rport = start_receiver(
         [f"--fail-suffix={FAIL_SUFFIX}", "--max-seconds", "7200", "--out",
          str(tmp / "arrivals.jsonl")], log_path=tmp / "receiver.log")
-    svc = start_service(args, tmp, run_id)
+    fleet = None
+    if args.processes > 1:
+        try:
+            fleet = start_fleet(args, tmp, run_id)
+        except BaseException:
+            stop_process(recv_proc, 10.0)
+            raise
+    svc = fleet.services[0] if fleet is not None else start_service(args, tmp, run_id)
     print(f"receiver: 127.0.0.1:{rport} (pid {recv_proc.pid}); service pid {svc.proc.pid}: "
           f"{svc.command}")
+    if fleet is not None:
+        fleet.print()
     if os.environ.get("TIMEWHEEL_REDIS_URL"):
         print("redis   : external TIMEWHEEL_REDIS_URL, key prefix "
               f"{svc.env.get('TIMEWHEEL_KEY_PREFIX')}")
     rc = 1
     try:
-        rc = run(_main(args, svc, rport, run_id, facts, stamp))
+        rc = run(_main(args, svc, rport, run_id, facts, stamp, fleet))
     finally:
-        children = proc_children(svc.proc.pid)
-        t0 = time.perf_counter()
-        svc.exit_code = stop_process(svc.proc, args.stop_timeout)
-        print(f"\nservice stopped with exit code {svc.exit_code} after SIGTERM "
-              f"({time.perf_counter() - t0:.1f} s)")
-        for child in children:
-            if Path(f"/proc/{child}").exists():
-                print(f"WARNING: child process {child} ({proc_name(child)}) of the service is "
-                      "still running after it exited; sending SIGTERM")
-                try:
-                    os.kill(child, 15)
-                except OSError:
-                    pass
-        stop_process(recv_proc, 10.0)
-        if svc.exit_code != 0 and not args.fake_service:
-            print(f"--- {svc.log_path} (tail) ---\n{svc.log_tail()}")
-            rc = rc or 1
+        if fleet is not None:
+            stop_process(recv_proc, 10.0)
+            rc = rc if fleet.stop(args.stop_timeout) else rc or 1
+        else:
+            rc = _stop_service(args, svc, recv_proc, rc)
         if args.keep_tmp or rc:
             print(f"kept: {tmp} (service.log, receiver arrivals.jsonl, data/)")
         else:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,11 +88,14 @@ class Service:
         return out
 
 
-def start_service(args: argparse.Namespace, tmp: Path, run_id: str) -> Service:
+def start_service(args: argparse.Namespace, tmp: Path, run_id: str,
+                  base_env: Mapping[str, str] | None = None) -> Service:
+    """Start one service in ``tmp`` with ``base_env`` (default: this process's environment)
+    and the bench's TIMEWHEEL_* settings."""
     port = args.service_port or free_port()
     data_dir = tmp / "data"
     data_dir.mkdir()
-    env = dict(os.environ)
+    env = dict(os.environ if base_env is None else base_env)
     env["TIMEWHEEL_ALLOW_PRIVATE_NETWORKS"] = "true"
     env["TIMEWHEEL_DATA_DIR"] = str(data_dir)
     if env.get("TIMEWHEEL_REDIS_URL") and not env.get("TIMEWHEEL_KEY_PREFIX"):
@@ -159,8 +162,20 @@ class CpuMeter:
             a, b = self.t0.get(k), proc_cpu_seconds(p)
             out[f"{k}_cpu_s"] = None if a is None or b is None else round(b - a, 3)
         out["loadgen_cpu_s"] = round(time.process_time() - (self.t0["loadgen"] or 0.0), 3)
-        out["service_rss_mib"] = proc_rss_mib(self.pids["service"])
+        if "service" in self.pids:
+            out["service_rss_mib"] = proc_rss_mib(self.pids["service"])
+        else:  # --processes N (bench/services.py): service1..serviceN, and their sums
+            self._sum_services(out)
         return out
+
+    def _sum_services(self, out: dict[str, Any]) -> None:
+        names = [k for k in self.pids if re.fullmatch(r"service\d+", k)]
+        cpu = [out[f"{k}_cpu_s"] for k in names]
+        out["services_cpu_s"] = None if None in cpu else round(sum(cpu), 3)
+        rss = {f"{k}_rss_mib": proc_rss_mib(self.pids[k]) for k in names}
+        known = [v for v in rss.values() if v is not None]
+        out["service_rss_mib"] = round(sum(known), 1) if len(known) == len(rss) else None
+        out.update(rss)
 
 
 # --------------------------------------------------------------------------- tail lateness
@@ -291,15 +306,20 @@ class RunProbe:
             },
             "service_preempted": None if switches is None or self.switches0 is None
             else switches - self.switches0,
-            "gc": None if pauses is None else {
-                "collections": len(pauses),
-                "by_generation": {str(g): sum(1 for p in pauses if p[2] == g) for g in (0, 1, 2)},
-                "total_ms": round(sum(p[1] for p in pauses), 3),
-                "max_ms": round(max((p[1] for p in pauses), default=0.0), 3),
-                "over_1ms": sum(1 for p in pauses if p[1] > 1),
-                "pauses": [(round(t, 6), ms, g) for t, ms, g, _ in pauses if ms > 0.5],
-            },
+            "gc": None if pauses is None else gc_summary(pauses),
         }
+
+
+def gc_summary(pauses: list[tuple[float, float, int, int]]) -> dict[str, Any]:
+    """Count, generations, total and longest of GC pauses (bench/gc_log.py's read())."""
+    return {
+        "collections": len(pauses),
+        "by_generation": {str(g): sum(1 for p in pauses if p[2] == g) for g in (0, 1, 2)},
+        "total_ms": round(sum(p[1] for p in pauses), 3),
+        "max_ms": round(max((p[1] for p in pauses), default=0.0), 3),
+        "over_1ms": sum(1 for p in pauses if p[1] > 1),
+        "pauses": [(round(t, 6), ms, g) for t, ms, g, _ in pauses if ms > 0.5],
+    }
 
 
 def add_service_args(p: argparse.ArgumentParser) -> None:
