@@ -119,10 +119,30 @@ def _make_aiohttp(url: str, concurrency: int) -> tuple[Send, Close]:
     return send, session.close
 
 
+def _make_timewheel(url: str, concurrency: int, kind: str) -> tuple[Send, Close]:
+    """The service's own Sender (timewheel/delivery), as the dispatcher calls it: SSRF guard
+    on (private networks allowed), the lease's last check asked, the answer's kept headers
+    and body excerpt read."""
+    from timewheel.delivery.netguard import NetworkPolicy
+    from timewheel.delivery.senders import make_sender
+
+    sender = make_sender(kind, NetworkPolicy(allow_private=True), max_connections=concurrency)
+
+    async def send(i: int) -> int:
+        body, headers = _payload(i)
+        answer = await sender.send("POST", url, list(headers.items()), body, 10.0,
+                                   ready=lambda: True)
+        return answer.status
+
+    return send, sender.aclose
+
+
 CLIENTS = {
     "httpx": "a. httpx.AsyncClient (default httpcore transport)",
     "httpx+aiohttp": "b. httpx.AsyncClient + httpx_aiohttp.AiohttpTransport",
     "aiohttp": "c. aiohttp.ClientSession",
+    "timewheel-aiohttp": "d. timewheel's AiohttpSender (guarded aiohttp)",
+    "timewheel-wire": "e. timewheel's WireSender (delivery/wire.py)",
 }
 
 
@@ -130,6 +150,8 @@ async def _one_run(name: str, url: str, args: argparse.Namespace, recv_pid: int,
                    first: int) -> dict[str, Any]:
     if name == "aiohttp":
         send, close = _make_aiohttp(url, args.concurrency)
+    elif name.startswith("timewheel-"):
+        send, close = _make_timewheel(url, args.concurrency, name.removeprefix("timewheel-"))
     else:
         send, close = _make_httpx(url, args.concurrency,
                                   "aiohttp" if name == "httpx+aiohttp" else "httpcore")

@@ -21,6 +21,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.tls import client_context, self_signed, server_context
 from timewheel.delivery.netguard import (
     BlockedAddress,
     BlockedConnectError,
@@ -34,6 +35,8 @@ from timewheel.delivery.netguard import (
     guarded_socket_factory,
     parse_ip_literal,
 )
+from timewheel.delivery.senders import SendError
+from timewheel.delivery.wire import WireSender
 
 STRICT = NetworkPolicy()
 OPEN = NetworkPolicy(allow_private=True)
@@ -492,6 +495,115 @@ async def test_aiohttp_dials_only_validated_addresses(pair: tuple[Canary, Canary
             await session.get(url)
     assert_blocked(ei.value)
     assert (allowed.connections, canary.connections, resolver.calls) == (1, 0, 2)
+
+
+# ---------------------------------------------------------------- the wire client
+
+
+def wire_sender(policy: NetworkPolicy, **kwargs: Any) -> WireSender:
+    return WireSender(policy, max_connections=10, socket_factory=loopback_tripwire, **kwargs)
+
+
+def scripted_dns(*answers: list[str]) -> Any:
+    """A resolver for the wire client answering the n-th lookup with answers[n] (the last one
+    repeats); ``calls`` counts the lookups."""
+    calls: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[tuple[Any, ...]]:
+        answer = answers[min(len(calls), len(answers) - 1)]
+        calls.append(host)
+        return [(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM,
+                 socket.IPPROTO_TCP, "", (ip, port)) for ip in answer]
+
+    resolve.calls = calls  # type: ignore[attr-defined]
+    return resolve
+
+
+async def test_wire_blocks_before_connecting(canary: Canary, canary6: Canary | None) -> None:
+    sender = wire_sender(STRICT)
+    for url in blocked_urls(canary, canary6):
+        with pytest.raises(SendError) as ei:
+            await sender.send("GET", url, [], None, 5.0)
+        assert ei.value.kind == "blocked", (url, ei.value)
+        assert_blocked(ei.value)
+    await sender.aclose()
+    assert canary.connections == 0
+    assert canary6 is None or canary6.connections == 0
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_wire_allow_private_reaches_canary(canary: Canary, host: str) -> None:
+    sender = wire_sender(OPEN)
+    answer = await sender.send("GET", f"http://{host}:{canary.port}/", [], None, 5.0)
+    await sender.aclose()
+    assert answer.status == 204
+    assert canary.connections == 1
+
+
+async def test_wire_ordinary_error_is_not_blocked(pair: tuple[Canary, Canary]) -> None:
+    allowed, _ = pair
+    await allowed.stop()  # nothing listens there now
+    sender = wire_sender(OPEN)
+    with pytest.raises(SendError) as ei:
+        await sender.send("GET", f"http://127.0.0.2:{allowed.port}/", [], None, 5.0)
+    await sender.aclose()
+    assert ei.value.kind == "connect"
+    assert blocked_cause(ei.value) is None
+
+
+@pytest.mark.parametrize("order", [1, -1])
+async def test_wire_mixed_answer_fails_closed(canary: Canary, order: int) -> None:
+    sender = wire_sender(STRICT, resolve=scripted_dns(["8.8.8.8", "127.0.0.1"][::order]))
+    with pytest.raises(SendError) as ei:
+        await sender.send("GET", f"http://rebind.example:{canary.port}/", [], None, 5.0)
+    await sender.aclose()
+    assert ei.value.kind == "blocked"
+    assert canary.connections == 0
+
+
+async def test_wire_dials_only_validated_addresses(pair: tuple[Canary, Canary]) -> None:
+    """A name that answers an allowed address, then (rebinding) a blocked one: the second
+    look-up is refused, nothing dials the blocked address. The canary answers with
+    Connection: close, so the second send needs a new connection and a new look-up."""
+    allowed, canary = pair
+    policy = NetworkPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.2/32"),))
+    resolve = scripted_dns(["127.0.0.2"], ["127.0.0.1"])
+    sender = wire_sender(policy, resolve=resolve, dns_ttl=0.0)
+    url = f"http://rebind.example:{allowed.port}/"
+    assert (await sender.send("GET", url, [], None, 5.0)).status == 204
+    with pytest.raises(SendError) as ei:
+        await sender.send("GET", url, [], None, 5.0)
+    await sender.aclose()
+    assert ei.value.kind == "blocked"
+    assert (allowed.connections, canary.connections, len(resolve.calls)) == (1, 0, 2)
+
+
+@pytest.mark.parametrize("cert_name", ["rebind.example", "other.example"])
+async def test_wire_tls_verifies_the_name_not_the_ip(canary: Canary, tmp_path: Any,
+                                                     cert_name: str) -> None:
+    """https://name: the socket dials the checked address and TLS verifies the certificate
+    against the name, not the IP: a certificate for the name (and not the IP) is accepted,
+    one for another name refused (the control)."""
+    cert, key = self_signed(tmp_path, names=(cert_name,))
+    tls = Canary()
+    tls.server = await asyncio.start_server(tls.handle, "127.0.0.1", 0,
+                                            ssl=server_context(cert, key))
+    tls.port = tls.server.sockets[0].getsockname()[1]
+    policy = NetworkPolicy(allowed_networks=(ipaddress.ip_network("127.0.0.1/32"),))
+    sender = wire_sender(policy, resolve=scripted_dns(["127.0.0.1"]),
+                         ssl_context=client_context(cert))
+    url = f"https://rebind.example:{tls.port}/"
+    try:
+        if cert_name == "rebind.example":
+            assert (await sender.send("GET", url, [], None, 5.0)).status == 204
+        else:
+            with pytest.raises(SendError) as ei:
+                await sender.send("GET", url, [], None, 5.0)
+            assert ei.value.kind == "connect"
+            assert "rebind.example" in str(ei.value)
+    finally:
+        await sender.aclose()
+        await tls.stop()
 
 
 # ---------------------------------------------------------------- httpx

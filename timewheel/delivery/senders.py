@@ -1,13 +1,12 @@
-"""How callbacks leave the process: a small Sender interface and two implementations.
+"""How callbacks leave the process: a small Sender interface and its implementations.
 
-The dispatcher's hot path uses aiohttp directly: measured on this project's 2-core machine
-(bench/senders.py, figures in bench/README.md), httpx's default transport costs 1.5-6 ms of CPU
-per request and httpx on an aiohttp transport ~0.3 ms, while aiohttp alone ~0.09 ms; only the
-last leaves room for a 10,000-callback burst. ``HttpxSender`` keeps httpx available
-(``TIMEWHEEL_HTTP_CLIENT=httpx``) and is what the dispatcher's unit tests drive with respx.
-Both connect only to addresses the SSRF guard approved (timewheel/delivery/netguard.py), follow no
-redirects and ignore proxy variables.
-"""
+Measured on this project's 2-core machine (bench/senders.py, figures in bench/README.md):
+httpx's default transport costs 1.5-6 ms of CPU per request, httpx on an aiohttp transport
+~0.3 ms, aiohttp alone ~0.1 ms, and the service's own client (timewheel/delivery/wire.py, the
+default) about a quarter of aiohttp's. ``AiohttpSender`` (``TIMEWHEEL_HTTP_CLIENT=aiohttp``) and
+``HttpxSender`` (``TIMEWHEEL_HTTP_CLIENT=httpx``, which the dispatcher's unit tests drive with
+respx) stay available. All connect only to addresses the SSRF guard approved
+(timewheel/delivery/netguard.py), follow no redirects and ignore proxy variables."""
 
 from __future__ import annotations
 
@@ -210,5 +209,10 @@ def make_sender(kind: str, policy: NetworkPolicy, *, max_connections: int,
     if kind == "httpx":
         return HttpxSender(policy, max_connections=max_connections, keep_body=keep_body,
                            result_body=result_body)
+    if kind == "wire":
+        from timewheel.delivery.wire import WireSender  # wire.py imports this module
+
+        return WireSender(policy, max_connections=max_connections, keep_body=keep_body,
+                          result_body=result_body)
     return AiohttpSender(policy, max_connections=max_connections, keep_body=keep_body,
                          result_body=result_body)
