@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     job_step_pause_seconds: float = Field(default=0.002, ge=0, le=10)
     job_busy_share: float = Field(default=0.25, gt=0, le=1)
     job_lease_seconds: float = Field(default=10.0, ge=1, le=3600)
-    http_client: Literal["aiohttp", "httpx"] = "aiohttp"
+    http_client: Literal["wire", "aiohttp", "httpx"] = "wire"
     metrics_public: bool = True
     docs_public: bool = True
     embedded_appendfsync: Literal["always", "everysec"] = "always"
