@@ -18,9 +18,10 @@ import ipaddress
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -254,7 +255,7 @@ async def test_a_post_goes_out_as_request_line_host_headers_in_order_length_and_
         b"POST /hook/x?y=1&z=%20 HTTP/1.1\r\n"
         + f"Host: 127.0.0.1:{server.port}\r\n".encode()
         + b"Content-Type: application/json\r\nX-Zeta: last?\r\nX-Alpha: a b\r\n"
-        b"Content-Length: 7\r\n\r\n")
+        b"Accept: */*\r\nContent-Length: 7\r\n\r\n")
     assert request.body == b'{"a":1}'
 
 
@@ -264,7 +265,7 @@ async def test_a_method_with_a_body_and_none_given_sends_content_length_zero(
     await sender.send(method, server.url("/"), [("X-A", "1")], None, TIMEOUT)
     [request] = server.requests
     assert request.head == (f"{method} / HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-                            "X-A: 1\r\nContent-Length: 0\r\n\r\n").encode()
+                            "X-A: 1\r\nAccept: */*\r\nContent-Length: 0\r\n\r\n").encode()
 
 
 @pytest.mark.parametrize("method", ["GET", "DELETE"])
@@ -273,7 +274,7 @@ async def test_a_request_without_a_body_sends_no_content_length(
     await sender.send(method, server.url("/q?x=1"), [], None, TIMEOUT)
     [request] = server.requests
     assert request.head == (f"{method} /q?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-                            "\r\n").encode()
+                            "Accept: */*\r\n\r\n").encode()
 
 
 async def test_a_url_without_a_path_asks_for_the_root(
@@ -289,7 +290,8 @@ async def test_credentials_in_the_url_become_basic_authorization(
     [request] = server.requests
     expected = "Basic " + base64.b64encode(b"user:p@ss").decode()
     assert request.headers == [("Host", f"127.0.0.1:{server.port}"), ("X-A", "1"),
-                               ("Authorization", expected), ("Content-Length", "2")]
+                               ("Authorization", expected), ("Accept", "*/*"),
+                               ("Content-Length", "2")]
 
 
 async def test_an_authorization_header_given_wins_over_credentials_in_the_url(
@@ -783,3 +785,139 @@ async def test_aclose_closes_idle_and_busy_connections(
     with pytest.raises(SendError) as caught:
         await busy
     assert caught.value.kind == "connect"
+
+
+# ------------------------------------------------------------------ found in review
+
+
+async def test_an_accept_header_given_is_sent_instead_of_the_default(
+        server: ScriptedServer, sender: WireSender) -> None:
+    await sender.send("POST", server.url(), [("accept", "application/json")], b"{}", TIMEOUT)
+    [request] = server.requests
+    assert [(n, v) for n, v in request.headers if n.lower() == "accept"] == [
+        ("accept", "application/json")]
+
+
+@pytest.mark.parametrize("header", [("X-A", "1\r\nX-Injected: 1"), ("X-A", "a\nb"),
+                                    ("X-A", "a\0b"), ("X A", "1"), ("X-A:", "1")])
+async def test_a_header_that_could_split_the_request_is_refused_at_the_wire(
+        server: ScriptedServer, sender: WireSender, header: tuple[str, str]) -> None:
+    with pytest.raises(SendError) as refused:
+        await sender.send("POST", server.url(), [header], b"{}", TIMEOUT)
+    assert refused.value.kind == "error"
+    await sender.send("POST", server.url(), [("X-A", "fine")], b"{}", TIMEOUT)  # control
+    assert [r.headers[1] for r in server.requests] == [("X-A", "fine")]
+
+
+@pytest.mark.parametrize("extra_status", [b"500 Internal Server Error", b"200 OK"])
+async def test_bytes_after_a_complete_answer_keep_its_status_and_drop_the_connection(
+        server: ScriptedServer, sender: WireSender, extra_status: bytes) -> None:
+    """A server that writes a second response after the answer in the same packet: the
+    answer read stands (the second one is never taken for it), the connection goes."""
+    first = b"204 No Content" if extra_status == b"200 OK" else b"200 OK"
+    server.script(replying_in_one_write(
+        b"HTTP/1.1 " + first + b"\r\nContent-Length: 0\r\n\r\n"
+        + b"HTTP/1.1 " + extra_status + b"\r\nRetry-After: 3600\r\nContent-Length: 0\r\n\r\n"))
+    answer = await sender.send("POST", server.url("/a"), [], b"{}", TIMEOUT)
+    assert (answer.status, answer.retry_after) == (int(first[:3]), None)
+    await sender.send("POST", server.url("/b"), [], b"{}", TIMEOUT)
+    assert [[r.target for r in peer.requests] for peer in server.peers] == [["/a"], ["/b"]]
+
+
+async def test_a_101_answer_is_final(server: ScriptedServer, sender: WireSender) -> None:
+    server.script(replying_in_one_write(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade"
+        b"\r\n\r\n\x81\x02hi"))
+    answer = await sender.send("POST", server.url("/a"), [], b"{}", TIMEOUT)
+    assert answer.status == 101
+    await sender.send("POST", server.url("/b"), [], b"{}", TIMEOUT)  # on a new connection
+    assert [[r.target for r in peer.requests] for peer in server.peers] == [["/a"], ["/b"]]
+
+
+async def test_a_non_chunked_transfer_encoding_ended_by_the_close_is_an_answer(
+        server: ScriptedServer, sender: WireSender) -> None:
+    server.script(replying_then_closing(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nall of it"))
+    answer = await sender.send("POST", server.url(), [], b"{}", TIMEOUT)
+    assert (answer.status, answer.body) == (200, b"all of it")
+
+
+async def test_trailers_do_not_join_the_answers_headers(
+        server: ScriptedServer, sender: WireSender) -> None:
+    server.script(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nTrailer: Retry-After"
+                  b"\r\n\r\n4\r\nbusy\r\n0\r\nRetry-After: 3600\r\n\r\n")
+    answer = await sender.send("POST", server.url(), [], b"{}", TIMEOUT)
+    assert (answer.status, answer.body, answer.retry_after) == (503, b"busy", None)
+
+
+async def test_https_to_a_name_with_a_trailing_dot_verifies_the_name_without_it(
+        serve: Callable[..., Awaitable[ScriptedServer]], tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, names=("hook.example",))
+    server = await serve(ssl_context=server_context(cert, key))
+
+    async def resolve(host: str, port: int) -> list[tuple[Any, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                 ("127.0.0.1", port))]
+
+    sender = WireSender(OPEN, max_connections=2, ssl_context=client_context(cert),
+                        resolve=resolve)
+    try:
+        for name in ("hook.example.", "hook.example"):
+            url = f"https://{name}:{server.port}/"
+            assert (await sender.send("POST", url, [], b"{}", TIMEOUT)).status == 200
+    finally:
+        await sender.aclose()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[tuple[str, int]]:
+    """A loopback address whose connects never complete: a listener with a full accept
+    queue (Linux drops the SYNs beyond it, and the client keeps retrying)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.3", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(address)
+        fillers.append(filler)
+    yield address
+    for sock in (*fillers, listener):
+        sock.close()
+
+
+@pytest.mark.parametrize("with_next", [True, False])
+async def test_a_first_address_that_never_connects_falls_back_to_the_next(
+        server: ScriptedServer, black_hole: tuple[str, int], with_next: bool) -> None:
+    """Happy eyeballs: the next address is tried after 0.25 s, within the attempt's timeout.
+    The control (the black hole alone) shows the first address really never connects."""
+
+    async def resolve(host: str, port: int) -> list[tuple[Any, ...]]:
+        infos = [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", black_hole)]
+        if with_next:
+            infos.append((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                          ("127.0.0.1", server.port)))
+        return infos
+
+    sender = WireSender(OPEN, max_connections=2, resolve=resolve)
+    try:
+        url = f"http://hook.example:{server.port}/"
+        if with_next:
+            assert (await sender.send("POST", url, [], b"{}", 5.0)).status == 200
+        else:
+            with pytest.raises(SendError) as failed:
+                await sender.send("POST", url, [], b"{}", 1.0)
+            assert failed.value.kind == "timeout"
+    finally:
+        await sender.aclose()
+
+
+async def test_a_send_after_aclose_is_refused(server: ScriptedServer) -> None:
+    sender = WireSender(OPEN, max_connections=2)
+    assert (await sender.send("POST", server.url(), [], b"{}", TIMEOUT)).status == 200
+    await sender.aclose()
+    with pytest.raises(SendError) as refused:
+        await sender.send("POST", server.url(), [], b"{}", TIMEOUT)
+    assert refused.value.kind == "connect"

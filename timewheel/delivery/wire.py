@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import re
 import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohappyeyeballs
 import httptools
 import yarl
 
@@ -48,6 +50,9 @@ IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's k
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
 MAX_HEAD_BYTES = 64 * 1024  # a response whose status line and headers are longer: an error
 _NO_BODY_STATUS = frozenset({204, 304})
+HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried (aiohttp's)
+_SAFE_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
 
 
 class _Origin:
@@ -73,7 +78,11 @@ class _Origin:
         self.head = f" {target} HTTP/1.1\r\nHost: {host}\r\n".encode("ascii", "strict")
         self.authorization: str | None = None
         if parsed.user is not None:  # as aiohttp does: URL credentials become Basic auth
-            pair = f"{parsed.user}:{parsed.password or ''}".encode()
+            text = f"{parsed.user}:{parsed.password or ''}"
+            try:  # as aiohttp's BasicAuth: latin-1, and UTF-8 only for what it cannot write
+                pair = text.encode("latin-1")
+            except UnicodeEncodeError:
+                pair = text.encode("utf-8")
             self.authorization = "Basic " + base64.b64encode(pair).decode("ascii")
 
 
@@ -125,13 +134,23 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # A 101 is a final answer (on_headers_complete kept it); what follows is not HTTP.
+            self.close()
+            return
         except httptools.HttpParserError as exc:
+            # Also what on_message_begin raises for bytes after a complete answer: the
+            # answer already taken stands, the connection goes.
             self._fail(SendError("error", f"invalid HTTP response: {exc}"))
             return
         if not self._head_done:  # a head still unfinished after this many bytes: refused
             exchange.head_bytes += len(data)
             if exchange.head_bytes > MAX_HEAD_BYTES:
                 self._fail(SendError("error", f"response head over {MAX_HEAD_BYTES} bytes"))
+
+    def eof_received(self) -> bool:
+        self.closed = True  # at once: a send in this loop step must not pick it from the pool
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -147,23 +166,36 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self._head_done:  # a second message after the answer: not ours to read
+            raise ValueError("bytes after a complete answer")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self._exchange is not None
-        self._exchange.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        if not self._head_done:  # trailers of a chunked body do not join the answer's head
+            self._exchange.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         exchange = self._exchange
         assert exchange is not None
         status = self._parser.get_status_code()
-        if status < 200:  # 100 Continue, 103 Early Hints: the answer comes after it
+        if status < 200 and status != 101:  # 100 Continue, 103 Early Hints: the answer follows
             exchange.headers.clear()
             return
         exchange.status = status
         self._head_done = True
-        if status not in _NO_BODY_STATUS:
-            names = {name.lower() for name, _ in exchange.headers}
-            exchange.eof_ends = ("content-length" not in names
-                                 and "transfer-encoding" not in names)
+        if status == 101:  # switching protocols: final (and never retried: docs/api.md)
+            exchange.done.set_result(None)
+        elif status not in _NO_BODY_STATUS:
+            # Neither a length nor a chunked coding last: the body ends with the connection.
+            length, coding = False, ""
+            for name, value in exchange.headers:
+                lower = name.lower()
+                if lower == "content-length":
+                    length = True
+                elif lower == "transfer-encoding":
+                    coding = value
+            exchange.eof_ends = not length and not coding.lower().rstrip().endswith("chunked")
 
     def on_body(self, chunk: bytes) -> None:
         exchange = self._exchange
@@ -252,9 +284,9 @@ class WireSender:
         limit = MAX_RESPONSE_BYTES if keep_body is None else keep
         try:
             origin = _origin(url)
-        except ValueError as exc:
+            request = _request_bytes(method, origin, headers, body)
+        except ValueError as exc:  # UnicodeEncodeError included
             raise SendError("error", str(exc)) from exc
-        request = _request_bytes(method, origin, headers, body)
         loop = asyncio.get_running_loop()
         try:
             async with self._slots, asyncio.timeout(timeout):
@@ -274,7 +306,9 @@ class WireSender:
                     raise
                 finally:
                     reusable = conn.finish()
-                if reusable and not exchange.cut:
+                # An early answer may come while part of the request is still unsent.
+                if (reusable and not exchange.cut
+                        and not conn.transport.get_write_buffer_size()):
                     self._put_back(origin, conn, loop)
                 else:
                     conn.close()
@@ -302,7 +336,8 @@ class WireSender:
         while idle:
             conn = idle.pop()  # the most recently used: the likeliest to be alive
             self._idle_count -= 1
-            if not conn.closed and now - conn.idle_since < IDLE_SECONDS:
+            if (not conn.closed and now - conn.idle_since < IDLE_SECONDS
+                    and conn.transport is not None and not conn.transport.is_closing()):
                 return conn
             conn.close()
             self._open.discard(conn)
@@ -349,34 +384,35 @@ class WireSender:
             self._open.discard(conn)
 
     async def _dial(self, origin: _Origin, loop: asyncio.AbstractEventLoop) -> _Connection:
+        if self._closed:
+            raise OSError("the sender is closed")
         addresses = await self._addresses(origin, loop)
-        last: OSError | None = None
-        for info in addresses:
-            family, type_, proto, _, sockaddr = info
-            self._policy.check_ip(str(sockaddr[0]), host=origin.host)  # what is dialled
-            if self._socket_factory is not None:
-                sock = self._socket_factory(info)
-            else:
-                sock = socket.socket(family, type_, proto)
-            try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, sockaddr)
-            except OSError as exc:
-                sock.close()
-                last = exc
-                continue
-            try:
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self._open), sock=sock,
-                    ssl=self._tls() if origin.tls else None,
-                    server_hostname=origin.host if origin.tls else None)
-            except BaseException:
-                sock.close()
-                raise
-            self._open.add(conn)
-            return conn
-        raise last if last is not None else OSError(f"no address for {origin.host}")
+        # Happy eyeballs over the checked addresses (as aiohttp does, with the same library):
+        # the next one is tried after 0.25 s, so one address that drops packets (a broken
+        # IPv6 route, a dead node among several A records) does not eat the whole timeout.
+        sock = await aiohappyeyeballs.start_connection(
+            addresses, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY, interleave=1,
+            socket_factory=self._guarded_socket)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _, conn = await loop.create_connection(
+                lambda: _Connection(self._open), sock=sock,
+                ssl=self._tls() if origin.tls else None,
+                # The name without a trailing dot: certificates never carry one.
+                server_hostname=origin.host.rstrip(".") if origin.tls else None)
+        except BaseException:  # a TLS failure, the timeout, a cancel: the socket goes too
+            sock.close()
+            raise
+        self._open.add(conn)
+        return conn
+
+    def _guarded_socket(self, info: AddrInfo) -> socket.socket:
+        """Every socket is for an address the policy was asked about just now (the
+        backstop: ``_addresses`` checked the whole answer already)."""
+        self._policy.check_ip(str(info[4][0]))
+        if self._socket_factory is not None:
+            return self._socket_factory(info)
+        return socket.socket(info[0], info[1], info[2])
 
     async def _addresses(self, origin: _Origin, loop: asyncio.AbstractEventLoop) -> list[Any]:
         """Where ``origin`` may be dialled: every address checked by the SSRF policy (one
@@ -400,8 +436,7 @@ class WireSender:
                                                    type=socket.SOCK_STREAM)
             if not addresses:
                 raise OSError(f"{origin.host} resolves to no address")
-            for *_, sockaddr in addresses:
-                self._policy.check_ip(str(sockaddr[0]), host=origin.host)
+            addresses = [_checked(self._policy, info, origin.host) for info in addresses]
         if len(self._resolved) >= 4096:
             self._resolved.clear()
         self._resolved[key] = (now, addresses)
@@ -421,18 +456,35 @@ class WireSender:
         self._idle_count = 0
 
 
+def _checked(policy: NetworkPolicy, info: AddrInfo, host: str) -> AddrInfo:
+    """A resolved address, checked, with the address as the checked IP's own text (so the
+    socket dials exactly what was checked, never a spelling it might look up again)."""
+    family, type_, proto, canonname, sockaddr = info
+    text = str(sockaddr[0])
+    ip = parse_ip_literal(text.split("%", 1)[0])
+    if ip is None:
+        raise BlockedAddress(text, "not an IP address", host=host)
+    policy.check_ip(ip, host=host)
+    scope = "%" + text.split("%", 1)[1] if "%" in text else ""
+    return (family, type_, proto, canonname, (str(ip) + scope, *sockaddr[1:]))
+
+
 def _request_bytes(method: str, origin: _Origin, headers: list[tuple[str, str]],
                    body: bytes | None) -> bytes:
     """The request as it goes on the wire. Header names and values were checked when the
-    task was created (RFC 9110 tokens; no CR, LF or NUL in values: docs/api.md)."""
+    task was created (RFC 9110 tokens; no CR, LF or NUL in values: docs/api.md); they are
+    checked again here, so no stored value can ever split the request."""
     lines = [method, origin.head.decode("ascii")]
-    has_auth = False
+    given = set()
     for name, value in headers:
+        if not _SAFE_HEADER.fullmatch(name) or _UNSAFE_VALUE.search(value):
+            raise ValueError(f"header {name!r} cannot be sent: a bad name or CR, LF or NUL")
         lines.append(f"{name}: {value}\r\n")
-        if not has_auth and len(name) == 13 and name.lower() == "authorization":
-            has_auth = True
-    if origin.authorization is not None and not has_auth:
+        given.add(name.lower())
+    if origin.authorization is not None and "authorization" not in given:
         lines.append(f"Authorization: {origin.authorization}\r\n")
+    if "accept" not in given:  # as aiohttp sent it: some firewalls refuse a request without
+        lines.append("Accept: */*\r\n")
     if body is not None:
         lines.append(f"Content-Length: {len(body)}\r\n\r\n")
         return "".join(lines).encode("utf-8") + body
