@@ -27,7 +27,7 @@ import pytest
 
 from tests.support.tls import client_context, self_signed, server_context
 from tests.support.waiting import wait_until
-from timewheel.delivery import wire
+from timewheel.delivery import http1, wire
 from timewheel.delivery.netguard import NetworkPolicy, NotWritten
 from timewheel.delivery.senders import MAX_RESPONSE_BYTES, SendError
 from timewheel.delivery.wire import WireSender
@@ -497,7 +497,7 @@ async def test_connections_dropped_after_their_answers_are_not_held_by_the_sende
         server: ScriptedServer, sender: WireSender) -> None:
     def live_connections() -> int:
         gc.collect()
-        return sum(isinstance(o, wire._Connection) for o in gc.get_objects())
+        return sum(isinstance(o, http1.Connection) for o in gc.get_objects())
 
     server.script(*[head_of("200 OK", "Connection: close", length=2) + b"ok"] * 5)
     before = live_connections()
