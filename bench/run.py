@@ -48,10 +48,10 @@ from bench.analysis import (
 )
 from bench.common import (
     RESULTS_DIR,
+    end_leftover_children,
     machine_facts,
     print_machine,
     proc_children,
-    proc_name,
     require_loopback,
     run,
     start_receiver,
@@ -647,14 +647,7 @@ def _stop_service(args: argparse.Namespace, svc: Service,
     svc.exit_code = stop_process(svc.proc, args.stop_timeout)
     print(f"\nservice stopped with exit code {svc.exit_code} after SIGTERM "
           f"({time.perf_counter() - t0:.1f} s)")
-    for child in children:
-        if Path(f"/proc/{child}").exists():
-            print(f"WARNING: child process {child} ({proc_name(child)}) of the service is "
-                  "still running after it exited; sending SIGTERM")
-            try:
-                os.kill(child, 15)
-            except OSError:
-                pass
+    end_leftover_children(children, "the service")
     stop_process(recv_proc, 10.0)
     if svc.exit_code != 0 and not args.fake_service:
         print(f"--- {svc.log_path} (tail) ---\n{svc.log_tail()}")

