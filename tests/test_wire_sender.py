@@ -709,9 +709,21 @@ async def test_a_request_whose_lease_ran_short_is_not_written(
         return True
 
     answer = await sender.send("POST", server.url("/in-time"), [], b"{}", TIMEOUT, ready=ready)
-    assert (answer.status, asked) == (200, ["ready"])
-    # The connection dialled for the late request carried nothing before the control's.
+    # Asked before a connection is taken, and again right before the write.
+    assert (answer.status, asked) == (200, ["ready", "ready"])
     assert [[r.target for r in peer.requests] for peer in server.peers] == [["/in-time"]]
+
+
+async def test_a_lease_that_runs_short_while_the_connection_is_made_is_not_written(
+        server: ScriptedServer, sender: WireSender) -> None:
+    """The last check comes after the connection is ready: a request whose lease ran short
+    while it was dialled is not written, and the connection made for it serves the next."""
+    answers = iter([True, False])
+    with pytest.raises(NotWritten):
+        await sender.send("POST", server.url("/late"), [], b"{}", TIMEOUT,
+                          ready=lambda: next(answers))
+    await sender.send("POST", server.url("/next"), [], b"{}", TIMEOUT)
+    assert [[r.target for r in peer.requests] for peer in server.peers] == [["/next"]]
 
 
 async def test_a_pooled_connection_kept_for_a_request_not_written_serves_the_next(

@@ -25,6 +25,7 @@ connection the server closed meanwhile (the attempt is retried with backoff, as 
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import ssl
 from collections import deque
@@ -46,6 +47,7 @@ from timewheel.delivery.senders import (
 IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive)
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
 HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried (aiohttp's)
+_NOT_WRITTEN = "the attempt's lease ran short before its request was written"
 
 
 AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as getaddrinfo gives
@@ -85,38 +87,21 @@ class WireSender:
                    ready: Callable[[], bool] | None = None,
                    keep_body: int | None = None) -> Answer:
         keep = self.keep_body if keep_body is None else keep_body
-        limit = MAX_RESPONSE_BYTES if keep_body is None else keep
         try:
             origin = origin_of(url)
             request = request_bytes(method, origin, headers, body)
         except ValueError as exc:  # UnicodeEncodeError included
             raise SendError("error", str(exc)) from exc
-        loop = asyncio.get_running_loop()
+        if ready is not None and not ready():  # late already: not worth a connection
+            raise NotWritten(_NOT_WRITTEN)
         try:
-            async with self._slots, asyncio.timeout(timeout):
-                conn = await self._connection(origin, loop)
-                if ready is not None and not ready():
-                    self._put_back(origin, conn, loop)  # nothing was written on it
-                    raise NotWritten("the attempt's lease ran short before its request "
-                                     "was written")
-                exchange = Exchange(limit, loop.create_future())
-                conn.begin(exchange)
-                assert conn.transport is not None
-                conn.transport.write(request)
-                try:
-                    await exchange.done
-                except BaseException:
-                    conn.close()  # half an answer, a timeout or a cancel: not reusable
-                    raise
-                finally:
-                    reusable = conn.finish()
-                # An early answer may come while part of the request is still unsent.
-                if (reusable and not exchange.cut
-                        and not conn.transport.get_write_buffer_size()):
-                    self._put_back(origin, conn, loop)
-                else:
-                    conn.close()
+            # The timeout covers the wait for a connection slot too (as aiohttp's total did).
+            async with asyncio.timeout(timeout), self._slots:
+                exchange = await self._exchange(
+                    origin, request, MAX_RESPONSE_BYTES if keep_body is None else keep, ready)
         except TimeoutError as exc:
+            if exc.errno == errno.ETIMEDOUT:  # the connect's own (an OSError), not the deadline
+                raise SendError("connect", f"{type(exc).__name__}: {exc}") from exc
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except BlockedAddress as exc:
             raise SendError("blocked", str(exc)) from exc
@@ -130,6 +115,33 @@ class WireSender:
                 break
         return Answer(exchange.status, retry_after, kept_headers(exchange.headers), data[:keep],
                       exchange.cut or len(data) > keep)
+
+    async def _exchange(self, origin: Origin, request: bytes, limit: int,
+                        ready: Callable[[], bool] | None) -> Exchange:
+        """Write the request on a pooled or new connection and read the answer (its body up to
+        ``limit`` bytes). The lease's last check and the write are in one step of the loop."""
+        loop = asyncio.get_running_loop()
+        conn = await self._connection(origin, loop)
+        if ready is not None and not ready():
+            self._put_back(origin, conn, loop)  # nothing was written on it
+            raise NotWritten(_NOT_WRITTEN)
+        exchange = Exchange(limit, loop.create_future())
+        conn.begin(exchange)
+        assert conn.transport is not None
+        conn.transport.write(request)
+        try:
+            await exchange.done
+        except BaseException:
+            conn.close()  # half an answer, a timeout or a cancel: not reusable
+            raise
+        finally:
+            reusable = conn.finish()
+        # An early answer may come while part of the request is still unsent.
+        if reusable and not exchange.cut and not conn.transport.get_write_buffer_size():
+            self._put_back(origin, conn, loop)
+        else:
+            conn.close()
+        return exchange
 
     # -- connections
 
