@@ -44,8 +44,10 @@ class Origin:
         host = f"[{self.host}]" if ":" in self.host else self.host
         if not parsed.is_default_port():
             host = f"{host}:{port}"
-        # The request line and Host header, as bytes: the same on every attempt.
-        self.head = f" {target} HTTP/1.1\r\nHost: {host}\r\n".encode("ascii", "strict")
+        # The rest of the request line and the Host header: the same on every attempt
+        # (ASCII: yarl keeps the target percent-encoded and the host IDNA-encoded).
+        self.head = f" {target} HTTP/1.1\r\nHost: {host}\r\n"
+        self.head.encode("ascii")  # UnicodeEncodeError (a ValueError) if not
         self.authorization: str | None = None
         if parsed.user is not None:  # as aiohttp does: URL credentials become Basic auth
             text = f"{parsed.user}:{parsed.password or ''}"
@@ -219,7 +221,7 @@ def request_bytes(method: str, origin: Origin, headers: list[tuple[str, str]],
     """The request as it goes on the wire. Header names and values were checked when the
     task was created (RFC 9110 tokens; no CR, LF or NUL in values: docs/api.md); they are
     checked again here, so no stored value can ever split the request."""
-    lines = [method, origin.head.decode("ascii")]
+    lines = [method, origin.head]
     given = set()
     for name, value in headers:
         if not _SAFE_HEADER.fullmatch(name) or _UNSAFE_VALUE.search(value):
