@@ -4,11 +4,13 @@ through another one, before its own text; every script still loads and runs in R
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
 from redis.asyncio import Redis
 
+from timewheel.store import layout
 from timewheel.store.scripts import _names, definitions, lua_dir, source
 
 LIBS = sorted(path.stem for path in (lua_dir() / "lib").glob("*.lua"))
@@ -80,3 +82,26 @@ def test_shaking_drops_definitions_a_script_does_not_use() -> None:
 async def test_every_script_loads_in_redis(redis: Redis, name: str) -> None:
     sha = await redis.script_load(source(name))
     assert await redis.script_exists(sha) == [True]
+
+
+def _digest_inputs() -> list[str]:
+    """Texts whose SHA-1 starts with a zero byte and with 0xff, and a few plain ones: the Lua
+    digest packs its 12 hex digits as a 48-bit number, which must keep leading zeros."""
+    wanted = {"00": None, "0000": None, "ff": None, "ffff": None}
+    n = 0
+    while any(found is None for found in wanted.values()):
+        text = f"token-{n}"
+        hex_digest = hashlib.sha1(text.encode()).hexdigest()
+        for start, found in wanted.items():
+            if found is None and hex_digest.startswith(start):
+                wanted[start] = text
+        n += 1
+    return [text for text in wanted.values() if text is not None] + ["", "tok", "é" * 40]
+
+
+async def test_the_lua_digest_is_the_stores_digest(redis: Redis) -> None:
+    record = (lua_dir() / "lib" / "record.lua").read_text()
+    code = "".join(body for names, body in definitions(record) if "digest" in names)
+    sha = await redis.script_load(code + "return digest(ARGV[1])")
+    for text in _digest_inputs():
+        assert await redis.evalsha(sha, 0, text) == layout.digest(text), text

