@@ -7,9 +7,28 @@ local function emit(out, key, tkey, h)
   out[2] = out[2] + 1
 end
 
+-- The lease index `ls` is kept a skiplist whatever its size. Redis keeps a zset of up to
+-- zset-max-listpack-entries members (512 here, store/redis_settings.py) as one listpack, where
+-- each ZADD and ZREM moves the tail: at 4,000 callbacks/s, with a few hundred leases held, that
+-- cost ~9 us of Redis CPU a callback (bench/README.md). A member longer than the compact limit
+-- (zset-max-listpack-value, 64 bytes) makes it a skiplist, and while this member stays the key
+-- is never emptied (so never deleted, and never made a listpack again). Its score is past any
+-- time, so no lease range returns it; it is no task key ('#' is outside KEY_PATTERN), so
+-- listings and bulk jobs, which read each member's record, pass over it.
+local LEASE_KEEPER = '#keeps-the-lease-index-a-skiplist#' .. string.rep('#', 222)
+local LEASE_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact as a Lua number
+local lease_index_kept = {}  -- bucket prefixes this script call has seen to it
+
+local function keep_lease_index(P)
+  if lease_index_kept[P] then return end
+  redis.call('ZADD', P .. 'ls', 'NX', LEASE_KEEPER_SCORE, LEASE_KEEPER)
+  lease_index_kept[P] = true
+end
+
 -- Lease a task to the call's token until max(due, now) + its timeout + margin, and note it in
 -- the call's record list (so a re-sent call returns the same tasks).
 local function take(P, key, tkey, h, now, margin, claim, record, out)
+  keep_lease_index(P)
   redis.call('ZADD', P .. 'ls', math.max(h[DUE], now) + h[TIMEOUT] + margin, key)
   h[ST], h[CLAIM], h[STARTED] = 'd', claim, 0
   put_head(tkey, h)
