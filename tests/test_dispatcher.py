@@ -35,6 +35,7 @@ from timewheel.models import TaskFields, TaskStatus, TaskView
 from timewheel.operations.prepare import prepare
 from timewheel.store import Store, layout
 from timewheel.store.flow_store import FlowStore
+from timewheel.store.keys import LEASE_KEEPER
 from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask
 
@@ -121,8 +122,10 @@ class Harness:
         return raw
 
     async def lease(self, key: str = "job-1") -> list[bytes]:
-        return await self.store.redis.zrange(
+        """The leases of the key's bucket (its lease index's keeper left out)."""
+        members: list[bytes] = await self.store.redis.zrange(
             self.store.keys.lease(self.store.keys.bucket_of(key)), 0, -1)
+        return [member for member in members if member != LEASE_KEEPER.encode()]
 
     async def dead(self) -> list[str]:
         views, _ = await list_tasks(self.store, TaskStatus.FAILED, key_prefix="", limit=100,

@@ -8,8 +8,6 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from tests.support.bucket_state import (
-    LEASE_KEEPER,
-    LEASE_KEEPER_SCORE,
     M0,
     NOW,
     B,
@@ -20,6 +18,7 @@ from tests.support.bucket_state import (
     seed,
 )
 from timewheel.store import Store
+from timewheel.store.keys import LEASE_KEEPER, LEASE_KEEPER_SCORE
 
 
 def _encoding(raw: bytes) -> str:

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from timewheel.store import Store, layout
+from timewheel.store.keys import LEASE_KEEPER
 
 NOW = START_MS
 MIN = 60_000
@@ -26,10 +27,8 @@ P = "{tw:3}:"
 URL = "http://127.0.0.1:9/cb"
 FLOW = "127.0.0.1:9"
 _LENGTHS = ("fl", "ul", "hl", "bl", "el")
-# The member that keeps the lease index a skiplist (lua/lib/claiming.lua LEASE_KEEPER): ``dump``
-# leaves it out, so a test states the leases it expects; tests/test_lease_index.py checks it.
-LEASE_KEEPER = "#keeps-the-lease-index-a-skiplist#" + "#" * 222
-LEASE_KEEPER_SCORE = 2**53 - 1
+# ``dump`` leaves the lease index's keeper out (store/keys.py LEASE_KEEPER), so a test states
+# the leases it expects; tests/test_lease_index.py checks the keeper itself.
 
 
 def rec(status: str = "scheduled", due: int = NOW, **extra: Any) -> dict[str, Any]:

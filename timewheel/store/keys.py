@@ -14,7 +14,7 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P md:<minute>   set    the minute's delete-set (cancelled or moved away)
     P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
     P cur           string oldest minute that may still hold entries
-    P ls            zset   claimed task key -> lease expiry ms
+    P ls            zset   claimed task key -> lease expiry ms, and LEASE_KEEPER (below)
     P cl:<token>    list   keys one claim call took (lets a retried call return the same)
     P pw:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
     P pf            zset   flows with parked tasks -> due_ms of their earliest
@@ -56,6 +56,13 @@ import zlib
 from timewheel.domain import result_parent
 
 DEFAULT_BUCKETS = 16
+
+# The lease index's one member that is no task ('#' is outside KEY_PATTERN): it keeps ``ls`` a
+# skiplist (lua/lib/claiming.lua keep_lease_index, which must spell it the same; a test reads it
+# back from Redis). Nothing in the service reads it: lease ranges, listings and bulk jobs pass
+# over it. Named here for what reads ``ls`` directly (tests, tools).
+LEASE_KEEPER = "#keeps-the-lease-index-a-skiplist#" + "#" * 222
+LEASE_KEEPER_SCORE = 2**53 - 1
 FINISHED_INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
 
