@@ -58,21 +58,24 @@ else
   redis.call('DEL', starts)
 end
 
+-- Counted once, then by hand: a ZADD of an id not held adds exactly one (a ZCARD per permit
+-- and another after the loop were a Redis call each).
+local in_flight = redis.call('ZCARD', held)
 local granted = 0
 for i = 5 + r, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
   if not redis.call('ZSCORE', held, id) then
-    if paused or redis.call('ZCARD', held) >= parallelism then break end
+    if paused or in_flight >= parallelism then break end
     if rate and redis.call('ZCOUNT', starts, '(' .. (start - window), '+inf') >= limit then
       break
     end
     redis.call('ZADD', held, now + lease, id)
+    in_flight = in_flight + 1
     if rate then redis.call('ZADD', starts, start, id) end
   end
   granted = granted + 1
 end
 
-local in_flight = redis.call('ZCARD', held)
 local room = parallelism - in_flight
 if rate then room = math.min(room, limit - redis.call('ZCOUNT', starts, '(' .. (now - window), '+inf')) end
 if paused then room = math.min(room, 0) end
