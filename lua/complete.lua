@@ -64,8 +64,7 @@ local function create_result(P, key, outcome, rec)
   if redis.call('EXISTS', rtkey) == 1 then return end
   local r = unpack_head(rec)
   r[CREATED] = now
-  redis.call('SET', rtkey,
-    struct.pack(HEAD_FMT, unpack(r, 1, NFIELDS)) .. string.sub(rec, HEAD + 1))
+  redis.call('SET', rtkey, with_head(r, rec))
   into_slice(P, rkey, r[DUE], slice_minute(P, r[DUE], now))
 end
 

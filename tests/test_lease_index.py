@@ -21,10 +21,6 @@ from timewheel.store import Store
 from timewheel.store.keys import LEASE_KEEPER, LEASE_KEEPER_SCORE
 
 
-def _encoding(raw: bytes) -> str:
-    return raw.decode()
-
-
 async def _seed_due(redis: Redis, *keys: str) -> None:
     await seed(redis, {**{f"t:{k}": rec() for k in keys}, f"ms:{M0}": dict.fromkeys(keys, NOW),
                        "mn": {str(M0): M0}, "cur": str(M0)})
@@ -35,14 +31,14 @@ async def test_a_claim_makes_the_lease_index_a_skiplist_with_its_keeper(
     await _seed_due(redis, "a")
     assert await claim(store, NOW) == (False, ["a"])
     assert await redis.zscore(P + "ls", LEASE_KEEPER) == LEASE_KEEPER_SCORE
-    assert _encoding(await redis.object("encoding", P + "ls")) == "skiplist"
+    assert (await redis.object("encoding", P + "ls")).decode() == "skiplist"
 
 
 async def test_a_short_member_alone_would_make_a_compact_zset(redis: Redis) -> None:
     """The control of the test above: without the keeper, Redis keeps a lease index of a few
     entries as a listpack (ziplist before Redis 7)."""
     await redis.zadd(P + "ls", {"a": NOW})
-    assert _encoding(await redis.object("encoding", P + "ls")) in ("listpack", "ziplist")
+    assert (await redis.object("encoding", P + "ls")).decode() in ("listpack", "ziplist")
 
 
 async def test_the_index_outlives_its_last_lease(store: Store, redis: Redis) -> None:
@@ -54,7 +50,7 @@ async def test_the_index_outlives_its_last_lease(store: Store, redis: Redis) -> 
     assert await run(store, "complete", NOW, 60_000, 20,
                      "a", "tok", "ok", 200, "", "", NOW, entry, "") == [1]
     assert await redis.zrange(P + "ls", 0, -1) == [LEASE_KEEPER.encode()]
-    assert _encoding(await redis.object("encoding", P + "ls")) == "skiplist"
+    assert (await redis.object("encoding", P + "ls")).decode() == "skiplist"
 
 
 async def test_no_lease_range_returns_the_keeper(store: Store, redis: Redis) -> None:

@@ -18,10 +18,7 @@ local function write_task(P, key, new, h, now, op, reply, results, replaced)
   local due = h[DUE]
   local minute = slice_minute(P, due, now)
   h[CREATED], h[OP], h[OPR] = now, op, reply
-  -- One write of the record with its head filled in (a SET then a SETRANGE cost a call more);
-  -- a SET also drops a finished record's retention TTL.
-  redis.call('SET', tkey,
-    struct.pack(HEAD_FMT, unpack(h, 1, NFIELDS)) .. string.sub(new, HEAD + 1))
+  redis.call('SET', tkey, with_head(h, new))  -- also drops a finished record's retention TTL
   into_slice(P, key, due, minute)
   if results ~= '' then
     redis.call('SET', results_key(P, key), results)  -- no TTL: the task is pending
