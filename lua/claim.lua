@@ -31,6 +31,7 @@ local budget, retention, kept = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(A
 local record = P .. 'cl:' .. token
 local claim = digest(token)
 local out = {0, 0}
+local taken = {}  -- keys this call claims, for its record list
 
 -- A retry of a call whose reply was lost: hand back what it claimed and still holds.
 if redis.call('EXISTS', record) == 1 then
@@ -47,13 +48,13 @@ local expired = redis.call('ZRANGEBYSCORE', P .. 'ls', '-inf', now, 'LIMIT', 0, 
 if #expired == limit then more = 1 end
 for _, key in ipairs(expired) do
   local tkey = P .. 't:' .. key
-  local h = head(tkey)
+  local h, raw = head_ahead(tkey)
   if h and h[ST] == 'd' then
     if h[STARTED] == 1 then
       add_unanswered(P, key, h[ATT], 'lost',
         'no outcome within its lease: its process died or stalled', kept, nil)
     end
-    take(P, key, tkey, h, now, margin, claim, record, out)
+    take(P, key, tkey, h, raw, now, margin, claim, taken, out)
   else
     redis.call('ZREM', P .. 'ls', key)
   end
@@ -75,11 +76,11 @@ if cursor then
     if #entries == window then more = 1 end
     for _, key in ipairs(entries) do
       local tkey = P .. 't:' .. key
-      local h = head(tkey)
+      local h, raw = head_ahead(tkey)
       redis.call('ZREM', zkey, key)
       if redis.call('SISMEMBER', dkey, key) == 0 and h and PENDING[h[ST]]
         and pending_minute(h[DUE], cursor) == m then
-        take(P, key, tkey, h, now, margin, claim, record, out)
+        take(P, key, tkey, h, raw, now, margin, claim, taken, out)
       end
     end
     -- Only a past minute can be complete: nothing new is ever placed before the cursor.
@@ -96,7 +97,7 @@ if cursor then
     now_minute)))
 end
 
-if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end
+note_claims(record, taken)
 -- Finished-task indexes: entries older than the retention go with their records, at most
 -- 1000 per index and call so that a long outage does not make one call long.
 for _, name in ipairs({'fs', 'ff', 'fc'}) do

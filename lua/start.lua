@@ -2,7 +2,8 @@
 -- start: mark attempts as begun, just before they are sent, and hand over what they send.
 -- Only a caller that still holds the claim may start: a task cancelled or replaced after it
 -- was claimed is not sent. Headers and body are read here, not at claim time, so a claim
--- reply and the tasks a process holds cost a few hundred bytes each whatever the body.
+-- reply and the tasks a process holds cost a few hundred bytes each whatever the body; with
+-- the head, in one GETRANGE when they fit in its read-ahead (lua/lib/record.lua head_ahead).
 --
 -- KEYS[1..n]  bucket prefixes "{<prefix>:<bucket>}:". One on a Redis Cluster (each bucket is its
 --             own slot; the client may add a guard key after it, ignored here); any number on a
@@ -29,7 +30,7 @@ for k = 1, n do
     local tkey = P .. 't:' .. key
     i = i + 2
     tokens[token] = tokens[token] or digest(token)
-    local h = head(tkey)
+    local h, raw = head_ahead(tkey)
     if h and h[ST] == 'd' and h[CLAIM] == tokens[token] then
       if h[STARTED] == 0 then
         h[ATT], h[STARTED] = h[ATT] + 1, 1
@@ -37,8 +38,8 @@ for k = 1, n do
       end
       local at = headers_at(h)
       out[#out + 1] = h[ATT]
-      out[#out + 1] = part(tkey, at, h[HL])
-      out[#out + 1] = part(tkey, at + h[HL], h[BL])
+      out[#out + 1] = part_of(tkey, raw, at, h[HL])
+      out[#out + 1] = part_of(tkey, raw, at + h[HL], h[BL])
       out[#out + 1] = results_of(P, key)
     else
       out[#out + 1] = 0

@@ -16,6 +16,7 @@ local token, margin = ARGV[4], tonumber(ARGV[5])
 local record, wkey = P .. 'cl:' .. token, P .. 'pw:' .. flow
 local claim = digest(token)
 local out = {0, 0}
+local taken = {}
 
 if redis.call('EXISTS', record) == 1 then
   replay_claim(P, record, claim, out)
@@ -25,16 +26,16 @@ end
 local entries = redis.call('ZRANGE', wkey, 0, limit - 1)
 for _, key in ipairs(entries) do
   local tkey = P .. 't:' .. key
-  local h = head(tkey)
+  local h, raw = head_ahead(tkey)
   redis.call('ZREM', wkey, key)
   -- Cancel and replace take a parked task out of pw:<flow> themselves; an entry left behind
   -- by an expired record is dropped here.
   if h and h[ST] == 'w' then
     redis.call('ZREM', P .. 'pa', key)
-    take(P, key, tkey, h, now, margin, claim, record, out)
+    take(P, key, tkey, h, raw, now, margin, claim, taken, out)
   end
 end
 
 if index_parked_flow(P, flow) then out[1] = 1 end
-if out[2] > 0 then redis.call('PEXPIRE', record, 300000) end
+note_claims(record, taken)
 return out

@@ -5,11 +5,14 @@ be decoded is failed with the reason instead of holding back the others."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import pytest
 import respx
 from redis.asyncio import Redis
 
 from tests.support.bucket_state import (
+    FLOW,
     M0,
     MARGIN,
     NOW,
@@ -24,6 +27,7 @@ from tests.test_store import claim_all, task
 from timewheel.models import MAX_BODY_BYTES, TaskStatus
 from timewheel.store import Store
 from timewheel.store.record import NOT_STARTED
+from timewheel.store.scripts import lua_dir
 
 __all__ = ["router", "wheel"]  # fixtures of tests/test_dispatcher.py used here
 
@@ -44,6 +48,35 @@ async def test_claim_replies_carry_no_bodies(store: Store, redis: Redis) -> None
     started = await store.start(B, now_ms=NOW + 100, claims=[(k, "tok") for k in keys])
     assert [(s.attempt, s.headers, s.body) for s in started] == [
         (1, [("X-N", k)], body) for k in keys]
+
+
+# lua/lib/record.lua reads the head and the next READ_AHEAD bytes in one GETRANGE; flow and url
+# (claim) and headers and body (start) come from those bytes when they are in them, else from
+# a GETRANGE of their own. A part that ends just inside, exactly at, or just past the end of
+# the read-ahead, and a url longer than all of it.
+READ_AHEAD = int(re.search(r"local READ_AHEAD = (\d+)",
+                           (lua_dir() / "lib" / "record.lua").read_text())[1])
+
+
+@pytest.mark.parametrize("url_len, headers_len, past_the_read_ahead", [
+    (40, 200, -1), (40, 200, 0), (40, 200, 1), (40, 2000, -900), (1500, 100, 700),
+])
+async def test_claim_and_start_read_parts_across_the_read_ahead(
+        store: Store, redis: Redis, url_len: int, headers_len: int,
+        past_the_read_ahead: int) -> None:
+    url = ("http://127.0.0.1:9/" + "u" * url_len)[:url_len]
+    headers = ("X-Long:" + "h" * headers_len)[:headers_len]
+    # The body ends `past_the_read_ahead` bytes after the read-ahead's last byte.
+    used = len(FLOW) + len(url) + len(headers)
+    body = b"0123456789" * 300
+    body = body[:max(0, READ_AHEAD + past_the_read_ahead - used)]
+    await seed(redis, {"t:k": rec(url=url.encode(), headers=headers.encode(), body=body),
+                       f"ms:{M0}": {"k": NOW}, **minutes(M0), "cur": str(M0)})
+    [claimed] = await claim_all(store, NOW)
+    assert claimed.url == url
+    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("k", claimed.token)])
+    assert (started.attempt, started.headers, started.body) == (
+        1, [("X-Long", headers[len("X-Long:"):])], body)
 
 
 async def test_start_reads_what_is_stored_at_start(store: Store) -> None:

@@ -25,15 +25,29 @@ local function keep_lease_index(P)
   lease_index_kept[P] = true
 end
 
--- Lease a task to the call's token until max(due, now) + its timeout + margin, and note it in
--- the call's record list (so a re-sent call returns the same tasks).
-local function take(P, key, tkey, h, now, margin, claim, record, out)
+-- Lease a task to the call's token until max(due, now) + its timeout + margin, and add it to
+-- the reply and to `taken` (note_claims). h and raw are from head_ahead(tkey): the reply's
+-- flow and url come from raw when they are in it.
+local function take(P, key, tkey, h, raw, now, margin, claim, taken, out)
   keep_lease_index(P)
   redis.call('ZADD', P .. 'ls', math.max(h[DUE], now) + h[TIMEOUT] + margin, key)
   h[ST], h[CLAIM], h[STARTED] = 'd', claim, 0
-  put_head(tkey, h)
-  redis.call('RPUSH', record, key)
-  emit(out, key, tkey, h)
+  local packed = pack_head(h)
+  redis.call('SETRANGE', tkey, 0, packed)
+  taken[#taken + 1] = key
+  out[#out + 1] = key
+  out[#out + 1] = packed .. part_of(tkey, raw, HEAD, h[FL] + h[UL])
+  out[2] = out[2] + 1
+end
+
+-- The call's record list: what it took, so that a re-sent call returns the same tasks. One
+-- RPUSH for the call, not one per task (a Redis call each), in pieces that Lua's stack takes.
+local function note_claims(record, taken)
+  if #taken == 0 then return end
+  for i = 1, #taken, 1000 do
+    redis.call('RPUSH', record, unpack(taken, i, math.min(i + 999, #taken)))
+  end
+  redis.call('PEXPIRE', record, 300000)
 end
 
 -- A call re-sent after its reply was lost: hand back what it took and still holds.
