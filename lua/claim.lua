@@ -31,7 +31,7 @@ local budget, retention, kept = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(A
 local record = P .. 'cl:' .. token
 local claim = digest(token)
 local out = {0, 0}
-local taken = {}  -- keys this call claims, for its record list
+local claims = new_claims()
 
 -- A retry of a call whose reply was lost: hand back what it claimed and still holds.
 if redis.call('EXISTS', record) == 1 then
@@ -54,7 +54,7 @@ for _, key in ipairs(expired) do
       add_unanswered(P, key, h[ATT], 'lost',
         'no outcome within its lease: its process died or stalled', kept, nil)
     end
-    take(P, key, tkey, h, raw, now, margin, claim, taken, out)
+    take(key, tkey, h, raw, now, margin, claim, claims, out)
   else
     redis.call('ZREM', P .. 'ls', key)
   end
@@ -77,12 +77,13 @@ if cursor then
     for _, key in ipairs(entries) do
       local tkey = P .. 't:' .. key
       local h, raw = head_ahead(tkey)
-      redis.call('ZREM', zkey, key)
       if redis.call('SISMEMBER', dkey, key) == 0 and h and PENDING[h[ST]]
         and pending_minute(h[DUE], cursor) == m then
-        take(P, key, tkey, h, raw, now, margin, claim, taken, out)
+        take(key, tkey, h, raw, now, margin, claim, claims, out)
       end
     end
+    -- Every entry read leaves the slice, taken or dropped: they are its lowest ranks.
+    if #entries > 0 then redis.call('ZREMRANGEBYRANK', zkey, 0, #entries - 1) end
     -- Only a past minute can be complete: nothing new is ever placed before the cursor.
     if m < now_minute and redis.call('EXISTS', zkey) == 0 then
       redis.call('DEL', dkey)
@@ -97,7 +98,7 @@ if cursor then
     now_minute)))
 end
 
-note_claims(record, taken)
+write_claims(P, record, claims)
 -- Finished-task indexes: entries older than the retention go with their records, at most
 -- 1000 per index and call so that a long outage does not make one call long.
 for _, name in ipairs({'fs', 'ff', 'fc'}) do

@@ -42,7 +42,8 @@ local parallelism = tonumber(cfg[1]) or default_p
 local rate = tonumber(cfg[2])
 local paused = cfg[3] == '1'
 
-for i = 5, 4 + r do redis.call('ZREM', held, ARGV[i]) end
+-- One ZREM per piece of ids, not one per id (a Redis call each), in pieces Lua's stack takes.
+for i = 5, 4 + r, 1000 do redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 4 + r))) end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 
 -- Rate: at most `limit` starts in any window of `window` ms. A rate of at least 1 allows its
@@ -58,23 +59,28 @@ else
   redis.call('DEL', starts)
 end
 
--- Counted once, then by hand: a ZADD of an id not held adds exactly one (a ZCARD per permit
--- and another after the loop were a Redis call each).
+-- Counted once, then by hand; the new permits are added with one ZADD after the loop (a
+-- ZCARD and a ZADD per permit were a Redis call each). `new` holds them meanwhile, so an id
+-- wanted twice is held once. The rate log is written as it goes: each start counts for the
+-- next one's window.
 local in_flight = redis.call('ZCARD', held)
-local granted = 0
+local granted, new, adds = 0, {}, {}
 for i = 5 + r, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
-  if not redis.call('ZSCORE', held, id) then
+  if not new[id] and not redis.call('ZSCORE', held, id) then
     if paused or in_flight >= parallelism then break end
     if rate and redis.call('ZCOUNT', starts, '(' .. (start - window), '+inf') >= limit then
       break
     end
-    redis.call('ZADD', held, now + lease, id)
+    new[id] = true
+    adds[#adds + 1] = now + lease
+    adds[#adds + 1] = id
     in_flight = in_flight + 1
     if rate then redis.call('ZADD', starts, start, id) end
   end
   granted = granted + 1
 end
+for i = 1, #adds, 1000 do redis.call('ZADD', held, unpack(adds, i, math.min(i + 999, #adds))) end
 
 local room = parallelism - in_flight
 if rate then room = math.min(room, limit - redis.call('ZCOUNT', starts, '(' .. (now - window), '+inf')) end

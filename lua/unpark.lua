@@ -16,7 +16,7 @@ local token, margin = ARGV[4], tonumber(ARGV[5])
 local record, wkey = P .. 'cl:' .. token, P .. 'pw:' .. flow
 local claim = digest(token)
 local out = {0, 0}
-local taken = {}
+local claims = new_claims()
 
 if redis.call('EXISTS', record) == 1 then
   replay_claim(P, record, claim, out)
@@ -32,10 +32,10 @@ for _, key in ipairs(entries) do
   -- by an expired record is dropped here.
   if h and h[ST] == 'w' then
     redis.call('ZREM', P .. 'pa', key)
-    take(P, key, tkey, h, raw, now, margin, claim, taken, out)
+    take(key, tkey, h, raw, now, margin, claim, claims, out)
   end
 end
 
 if index_parked_flow(P, flow) then out[1] = 1 end
-note_claims(record, taken)
+write_claims(P, record, claims)
 return out

@@ -89,6 +89,19 @@ async def test_permits_resent_call_answers_the_same(store: Store, redis: Redis) 
     assert set((await flow_state(redis))["held"]) == {"a", "b"}
 
 
+async def test_permits_many_at_once_and_an_id_wanted_twice(store: Store, redis: Redis) -> None:
+    """A burst's call: 2,500 permits given back and 2,600 wanted (more than one piece of the
+    script's ZREM and ZADD, 1,000 values each), one id wanted twice and held once."""
+    await redis.hset(F + "cfg", "p", 3000)
+    old = [f"old-{i}" for i in range(2500)]
+    await redis.zadd(F + "held", {**dict.fromkeys(old, NOW + 9000), "kept": NOW + 9000})
+    want = [f"new-{i}" for i in range(2600)]
+    assert await permits(store, NOW, old, [*want[:1300], want[0], *want[1300:]]) == [
+        2601, 0, 2601, 399]
+    held = (await flow_state(redis))["held"]
+    assert held == {"kept": NOW + 9000, **dict.fromkeys(want, NOW + 15_000)}
+
+
 async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:
     """rate 2: two starts in any window of 1000 ms; the wait says when the oldest leaves."""
     await redis.hset(F + "cfg", "r", "2")

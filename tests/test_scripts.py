@@ -302,6 +302,26 @@ async def test_claim_limit_and_more(store: Store, redis: Redis) -> None:
     assert await claim(store, now, limit=2, token="t4") == (False, [])
 
 
+async def test_claim_of_more_tasks_than_one_piece_of_its_writes(store: Store,
+                                                                 redis: Redis) -> None:
+    """1,200 due tasks in one call: their leases and the call's record list are written in
+    pieces of 500 and 1,000 (lua/lib/claiming.lua write_claims); every one is leased and
+    listed, in order, and the slice keeps only the task not yet due."""
+    keys = [f"k{i:04d}" for i in range(1200)]
+    later = NOW + 50_000
+    await seed(redis, {**{f"t:{k}": rec(due=NOW + i) for i, k in enumerate(keys)},
+                       "t:later": rec(due=later),
+                       f"ms:{M0}": {**{k: NOW + i for i, k in enumerate(keys)}, "later": later},
+                       **minutes(M0), "cur": str(M0)})
+    now = NOW + 2000
+    assert await claim(store, now, limit=1500) == (False, keys)
+    state = await dump(redis)
+    assert state[f"ms:{M0}"] == {"later": later}
+    assert state["ls"] == {k: max(NOW + i, now) + 10_000 + MARGIN for i, k in enumerate(keys)}
+    assert state["cl:tok"] == keys
+    assert all(state[f"t:{k}"] == delivering(due=NOW + i) for i, k in enumerate(keys))
+
+
 async def test_claim_dropped_entries_do_not_hide_due_tasks(store: Store, redis: Redis) -> None:
     """Three cancelled entries ahead of two due ones, limit 3: the caller must either get the
     due tasks or be told to call again (more=1)."""

@@ -10,42 +10,49 @@ end
 -- The lease index `ls` is kept a skiplist whatever its size. Redis keeps a zset of up to
 -- zset-max-listpack-entries members (512 here, store/redis_settings.py) as one listpack, where
 -- each ZADD and ZREM moves the tail: at 4,000 callbacks/s, with a few hundred leases held, the
--- keeper saves 8 us of Redis CPU a callback (measured end to end, bench/README.md). A member longer than the compact limit
--- (zset-max-listpack-value, 64 bytes) makes it a skiplist, and while this member stays the key
+-- keeper saves 8 us of Redis CPU a callback (measured end to end, bench/README.md). A member
+-- longer than the compact limit (zset-max-listpack-value, 64 bytes) makes it a skiplist, and
+-- while this member stays the key
 -- is never emptied (so never deleted, and never made a listpack again). Its score is past any
 -- time, so no lease range returns it; it is no task key ('#' is outside KEY_PATTERN), so
 -- listings and bulk jobs, which read each member's record, pass over it.
 local LEASE_KEEPER = '#keeps-the-lease-index-a-skiplist#' .. string.rep('#', 222)
 local LEASE_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact as a Lua number
-local lease_index_kept = {}  -- bucket prefixes this script call has seen to it
-
 local function keep_lease_index(P)
-  if lease_index_kept[P] then return end
   redis.call('ZADD', P .. 'ls', 'NX', LEASE_KEEPER_SCORE, LEASE_KEEPER)
-  lease_index_kept[P] = true
 end
 
--- Lease a task to the call's token until max(due, now) + its timeout + margin, and add it to
--- the reply and to `taken` (note_claims). h and raw are from head_ahead(tkey): the reply's
--- flow and url come from raw when they are in it.
-local function take(P, key, tkey, h, raw, now, margin, claim, taken, out)
-  keep_lease_index(P)
-  redis.call('ZADD', P .. 'ls', math.max(h[DUE], now) + h[TIMEOUT] + margin, key)
+-- Lease a task to the call's token until max(due, now) + its timeout + margin: its head now,
+-- its lease and its place in the call's record list in `claims` (written by write_claims),
+-- and the task in the reply. h and raw are from head_ahead(tkey): the reply's flow and url
+-- come from raw when they are in it.
+local function take(key, tkey, h, raw, now, margin, claim, claims, out)
+  local leases = claims.leases
+  leases[#leases + 1] = math.max(h[DUE], now) + h[TIMEOUT] + margin
+  leases[#leases + 1] = key
+  claims.keys[#claims.keys + 1] = key
   h[ST], h[CLAIM], h[STARTED] = 'd', claim, 0
   local packed = pack_head(h)
   redis.call('SETRANGE', tkey, 0, packed)
-  taken[#taken + 1] = key
   out[#out + 1] = key
   out[#out + 1] = packed .. part_of(tkey, raw, HEAD, h[FL] + h[UL])
   out[2] = out[2] + 1
 end
 
--- The call's record list: what it took, so that a re-sent call returns the same tasks. One
--- RPUSH for the call, not one per task (a Redis call each), in pieces that Lua's stack takes.
-local function note_claims(record, taken)
-  if #taken == 0 then return end
-  for i = 1, #taken, 1000 do
-    redis.call('RPUSH', record, unpack(taken, i, math.min(i + 999, #taken)))
+local function new_claims() return {keys = {}, leases = {}} end
+
+-- The leases of a call's claims into `ls`, and their keys into the call's record list (so
+-- that a re-sent call returns the same tasks): one ZADD and one RPUSH for the call rather
+-- than one of each per task (a Redis call each), in pieces that Lua's stack takes.
+local function write_claims(P, record, claims)
+  local keys, leases = claims.keys, claims.leases
+  if #keys == 0 then return end
+  keep_lease_index(P)
+  for i = 1, #leases, 1000 do
+    redis.call('ZADD', P .. 'ls', unpack(leases, i, math.min(i + 999, #leases)))
+  end
+  for i = 1, #keys, 1000 do
+    redis.call('RPUSH', record, unpack(keys, i, math.min(i + 999, #keys)))
   end
   redis.call('PEXPIRE', record, 300000)
 end
