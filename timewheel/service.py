@@ -22,6 +22,7 @@ from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.publish_sweeper import PublishSweeper
+from timewheel.engine.tick_phase import TickPhases
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.jobs.runner import JobRunner
@@ -113,7 +114,8 @@ class Wheel:
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,
-                        max_pending=settings.max_concurrency * 20, tokens=tokens)
+                        max_pending=settings.max_concurrency * 20, tokens=tokens,
+                        phases=TickPhases(store, int(settings.tick_seconds * 1000)))
         wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
                     sender, embedded)
         limits = TaskLimits(max_horizon_seconds=settings.max_horizon_seconds,

@@ -2,7 +2,9 @@
 
 ``tick()`` is one pass (tests call it directly with a fake clock); ``run()`` is the thin loop
 around it. Ticks never overlap: the loop awaits each pass, and a pass that overruns skips the
-ticks it covered. While Redis is down the loop backs off and logs once per outage.
+ticks it covered. While Redis is down the loop backs off and logs once per outage. With
+``phases``, the processes of a wheel spread their ticks over the period, so that they share
+the claims evenly (timewheel/engine/tick_phase.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterator
 
 from timewheel.clock import Clock
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.tick_phase import TickPhases
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
@@ -34,7 +37,8 @@ def claim_tokens() -> Iterator[str]:
 class Ticker:
     def __init__(self, store: Store, clock: Clock, dispatcher: Dispatcher, metrics: Metrics, *,
                  tick_ms: int, claim_batch: int, max_pending: int,
-                 tokens: Iterator[str] | None = None) -> None:
+                 tokens: Iterator[str] | None = None,
+                 phases: TickPhases | None = None) -> None:
         self._store = store
         self._clock = clock
         self._dispatcher = dispatcher
@@ -43,6 +47,7 @@ class Ticker:
         self._claim_batch = claim_batch
         self._max_pending = max_pending
         self._tokens = tokens or claim_tokens()
+        self._phases = phases
         self._stopping = asyncio.Event()
 
     async def tick(self) -> int:
@@ -90,18 +95,26 @@ class Ticker:
         self._metrics.claimed.inc(len(tasks))
         return more, len(tasks)
 
+    async def _pass(self) -> float:
+        """One pass of ``run``: a tick, then the flows' poll; how much earlier the next pass
+        should come (ms)."""
+        if not self._store.ready:
+            await self._store.init()
+        await self._clock.refresh()
+        tick_at = self._clock.now_ms()
+        await self.tick()
+        await self._dispatcher.poll_flows(self._tick_ms)
+        return 0.0 if self._phases is None else await self._phases.note(tick_at)
+
     async def run(self) -> None:
         """Tick every ``tick_ms`` until ``stop()``."""
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         failures = 0
         while not self._stopping.is_set():
+            earlier_ms = 0.0
             try:
-                if not self._store.ready:
-                    await self._store.init()
-                await self._clock.refresh()
-                await self.tick()
-                await self._dispatcher.poll_flows(self._tick_ms)
+                earlier_ms = await self._pass()
             except StoreUnavailable as exc:
                 self._metrics.tick_errors.inc()
                 if failures == 0:
@@ -120,7 +133,7 @@ class Ticker:
             period = self._tick_ms / 1000.0
             if failures:
                 period = min(MAX_BACKOFF_SECONDS, period * 2 ** min(failures - 1, 8))
-            next_at = max(next_at + period, loop.time())
+            next_at = max(next_at + period - earlier_ms / 1000.0, loop.time())
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=next_at - loop.time())
             except TimeoutError:

@@ -200,6 +200,19 @@ class ClaimSide:
                 args=[self.attempts_kept, *(part for claim in claims for part in claim)])
         return [ReleaseReply(int(x)) for x in reply]
 
+    async def note_tick(self, process: str, tick_ms: int, *, stale_ms: int) -> dict[str, int]:
+        """Note a process's tick; every live process's last tick (this one's included), those
+        that have not ticked within ``stale_ms`` dropped (the key goes with the last). Not
+        atomic, on one key: a tick noted meanwhile shows at the next call."""
+        async with redis_errors("note_tick"):
+            pipe: Any = self.redis.pipeline(transaction=False)
+            pipe.zadd(self.keys.ticks, {process: tick_ms})
+            pipe.zremrangebyscore(self.keys.ticks, "-inf", tick_ms - stale_ms)
+            pipe.pexpire(self.keys.ticks, stale_ms)
+            pipe.zrange(self.keys.ticks, 0, -1, withscores=True)
+            *_, rows = await pipe.execute()
+        return {proc.decode(): int(at) for proc, at in rows}
+
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------
 
     async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[ParkReply]:

@@ -37,7 +37,9 @@ Bulk jobs share one hash tag, "{<key_prefix>:jobs}:" (J below; lua/job_create.lu
     J j:<job id>   hash   kind, filter, state, started, finished, the lease holder
     J running      zset   running jobs: job id -> lease expiry ms
 
-and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics).
+and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics);
+``<key_prefix>:ticks`` (zset process id -> its last tick, ms) spreads the processes' ticks
+over the tick period (timewheel/engine/tick_phase.py).
 The processes' counts of attempts waiting in memory for their flow share one hash tag,
 "{<key_prefix>:wl}:" (lua/waiting_report.lua): ``live`` (zset process id -> expiry ms) and
 ``p:<process id>`` (hash flow -> count).
@@ -76,6 +78,11 @@ class Keyspace:
     def buckets_key(self) -> str:
         """Where the wheel's bucket count is stored (outside any bucket)."""
         return f"{self.key_prefix}:buckets"
+
+    @property
+    def ticks(self) -> str:
+        """The processes' last tick times (timewheel/engine/tick_phase.py)."""
+        return f"{self.key_prefix}:ticks"
 
     def bucket_of(self, task_key: str) -> int:
         # A result callback's task shares its parent's slot, so that the script finishing the
