@@ -95,7 +95,7 @@ for _, item in ipairs(items) do
       into_slice(P, key, due, minute)
     else
       h[ST], h[FINISHED] = outcome == 'ok' and 'o' or 'f', now
-      redis.call('ZADD', P .. FINISHED_INDEX[h[ST]], now, key)
+      add_finished(P, h[ST], now, key)
     end
     put_with_err(tkey, h, err)
     local ttl = nil

@@ -55,7 +55,7 @@ for i = 2, #ARGV, 3 do
         h[FINISHED] = now
         put_head(tkey, h)
       end
-      redis.call('ZADD', P .. FINISHED_INDEX[h[ST]], h[FINISHED], key)
+      add_finished(P, h[ST], h[FINISHED], key)
     end
     if ttl > 0 then redis.call('PEXPIRE', tkey, ttl) end
     out[#out + 1] = 1

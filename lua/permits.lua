@@ -1,3 +1,4 @@
+-- lib: record
 -- permits: give back one flow's finished permits, then take new ones, in one atomic step.
 --
 -- A flow's limits hold over every process of the wheel: a counting semaphore whose holders
@@ -29,7 +30,8 @@
 --   max_attempts, backoff_ms, max_backoff_ms: the flow's retry defaults, 0 where none is set
 --
 -- Keys: cfg (hash p, r: the limits set by PUT /flows; x: "1" while paused; ma, rb, mb: the
--- retry defaults, attempts and ms; absent = defaults), held (zset permit -> lease expiry ms),
+-- retry defaults, attempts and ms; absent = defaults), held (zset permit -> lease expiry ms,
+-- and the keeper that keeps it a skiplist, lua/lib/record.lua INDEX_KEEPER),
 -- starts (zset permit -> start ms, only while a rate is set). held and starts expire with the
 -- last lease, so an idle flow leaves only its cfg.
 local P = KEYS[1]
@@ -59,11 +61,11 @@ else
   redis.call('DEL', starts)
 end
 
--- Counted once, then by hand; the new permits are added with one ZADD after the loop (a
--- ZCARD and a ZADD per permit were a Redis call each). `new` holds them meanwhile, so an id
+-- Counted once (all but the keeper), then by hand; the new permits are added with one ZADD
+-- after the loop (a ZCARD and a ZADD per permit were a Redis call each), the keeper with them. `new` holds them meanwhile, so an id
 -- wanted twice is held once. The rate log is written as it goes: each start counts for the
 -- next one's window.
-local in_flight = redis.call('ZCARD', held)
+local in_flight = redis.call('ZCOUNT', held, '-inf', BELOW_KEEPER)
 local granted, new, adds = 0, {}, {}
 for i = 5 + r, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
@@ -79,6 +81,10 @@ for i = 5 + r, #ARGV, 2 do
     if rate then redis.call('ZADD', starts, start, id) end
   end
   granted = granted + 1
+end
+if #adds > 0 then
+  adds[#adds + 1] = INDEX_KEEPER_SCORE
+  adds[#adds + 1] = INDEX_KEEPER
 end
 for i = 1, #adds, 1000 do redis.call('ZADD', held, unpack(adds, i, math.min(i + 999, #adds))) end
 

@@ -27,5 +27,5 @@ h[FP] = string.sub(ARGV[4] .. string.rep('\0', 12), 1, 12)
 redis.call('SET', tkey, ARGV[5])
 put_head(tkey, h)
 redis.call('PEXPIRE', tkey, ARGV[3])
-redis.call('ZADD', P .. 'fc', now, key)
+add_finished(P, 'c', now, key)
 return 1

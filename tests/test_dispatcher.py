@@ -35,7 +35,7 @@ from timewheel.models import TaskFields, TaskStatus, TaskView
 from timewheel.operations.prepare import prepare
 from timewheel.store import Store, layout
 from timewheel.store.flow_store import FlowStore
-from timewheel.store.keys import LEASE_KEEPER
+from timewheel.store.keys import INDEX_KEEPER
 from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask
 
@@ -125,7 +125,7 @@ class Harness:
         """The leases of the key's bucket (its lease index's keeper left out)."""
         members: list[bytes] = await self.store.redis.zrange(
             self.store.keys.lease(self.store.keys.bucket_of(key)), 0, -1)
-        return [member for member in members if member != LEASE_KEEPER.encode()]
+        return [member for member in members if member != INDEX_KEEPER.encode()]
 
     async def dead(self) -> list[str]:
         views, _ = await list_tasks(self.store, TaskStatus.FAILED, key_prefix="", limit=100,

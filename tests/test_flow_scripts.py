@@ -25,6 +25,8 @@ from tests.support.bucket_state import (
     seed,
 )
 from timewheel.store import Store
+from timewheel.store.flow_store import FlowStore
+from timewheel.store.keys import INDEX_KEEPER, INDEX_KEEPER_SCORE
 
 F = "{tw:f:" + FLOW + "}:"
 
@@ -41,8 +43,9 @@ async def flow_state(redis: Redis) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in ("held", "starts"):
         rows = await redis.zrange(F + name, 0, -1, withscores=True)
-        if rows:
-            out[name] = {m.decode(): int(s) for m, s in rows}
+        entries = {m.decode(): int(s) for m, s in rows if m != INDEX_KEEPER.encode()}
+        if entries:
+            out[name] = entries  # the keeper left out (tested on its own below)
     cfg = await redis.hgetall(F + "cfg")
     if cfg:
         out["cfg"] = {k.decode(): v.decode() for k, v in cfg.items()}
@@ -100,6 +103,25 @@ async def test_permits_many_at_once_and_an_id_wanted_twice(store: Store, redis: 
         2601, 0, 2601, 399]
     held = (await flow_state(redis))["held"]
     assert held == {"kept": NOW + 9000, **dict.fromkeys(want, NOW + 15_000)}
+
+
+async def test_the_held_permits_are_a_skiplist_and_counts_leave_its_keeper_out(
+        store: Store, redis: Redis) -> None:
+    """The permits held go into a skiplist (with the keeper, lua/lib/record.lua INDEX_KEEPER:
+    a flow's few dozen permits would otherwise be a listpack, scanned on every permit); the
+    script's count and GET /flows' in-flight count leave the keeper out, and the key still
+    expires with the last lease."""
+    await redis.hset(F + "cfg", "p", 2)
+    assert await permits(store, NOW, [], ["a"], lease=3000) == [1, 0, 1, 1]
+    assert await redis.zscore(F + "held", INDEX_KEEPER) == INDEX_KEEPER_SCORE
+    assert (await redis.object("encoding", F + "held")).decode() == "skiplist"
+    assert await permits(store, NOW + 1, ["a"], ["b", "c"], lease=3000) == [2, -1, 2, 0]
+    assert await FlowStore(redis, store.keys, store.scripts, default_parallelism=100).in_flight(
+        FLOW, now_ms=NOW + 1) == 2
+    assert await permits(store, NOW + 2, ["b", "c"], []) == [0, 0, 0, 2]
+    assert await FlowStore(redis, store.keys, store.scripts, default_parallelism=100).in_flight(
+        FLOW, now_ms=NOW + 2) == 0
+    assert 0 < await redis.pttl(F + "held") <= 3000
 
 
 async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:

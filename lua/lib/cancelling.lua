@@ -25,7 +25,7 @@ local function cancel_task(P, key, h, now, retention, op, kept)
   redis.call('PEXPIRE', tkey, retention)
   redis.call('PEXPIRE', attempts_key(P, key), retention)  -- its history expires with it
   expire_results(P, key, retention)
-  redis.call('ZADD', P .. 'fc', now, key)
+  add_finished(P, 'c', now, key)
   if stopped then
     add_unanswered(P, key, h[ATT] + 1, 'cancelled', 'stopped by a DELETE before it was sent',
       kept, retention)

@@ -7,21 +7,6 @@ local function emit(out, key, tkey, h)
   out[2] = out[2] + 1
 end
 
--- The lease index `ls` is kept a skiplist whatever its size. Redis keeps a zset of up to
--- zset-max-listpack-entries members (512 here, store/redis_settings.py) as one listpack, where
--- each ZADD and ZREM moves the tail: at 4,000 callbacks/s, with a few hundred leases held, the
--- keeper saves 8 us of Redis CPU a callback (measured end to end, bench/README.md). A member
--- longer than the compact limit (zset-max-listpack-value, 64 bytes) makes it a skiplist, and
--- while this member stays the key
--- is never emptied (so never deleted, and never made a listpack again). Its score is past any
--- time, so no lease range returns it; it is no task key ('#' is outside KEY_PATTERN), so
--- listings and bulk jobs, which read each member's record, pass over it.
-local LEASE_KEEPER = '#keeps-the-lease-index-a-skiplist#' .. string.rep('#', 222)
-local LEASE_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact as a Lua number
-local function keep_lease_index(P)
-  redis.call('ZADD', P .. 'ls', 'NX', LEASE_KEEPER_SCORE, LEASE_KEEPER)
-end
-
 -- Lease a task to the call's token until max(due, now) + its timeout + margin: its head now,
 -- its lease and its place in the call's record list in `claims` (written by write_claims),
 -- and the task in the reply. h and raw are from head_ahead(tkey): the reply's flow and url
@@ -47,7 +32,8 @@ local function new_claims() return {keys = {}, leases = {}} end
 local function write_claims(P, record, claims)
   local keys, leases = claims.keys, claims.leases
   if #keys == 0 then return end
-  keep_lease_index(P)
+  leases[#leases + 1] = INDEX_KEEPER_SCORE  -- the keeper rides along (lua/lib/record.lua)
+  leases[#leases + 1] = INDEX_KEEPER
   for i = 1, #leases, 1000 do
     redis.call('ZADD', P .. 'ls', unpack(leases, i, math.min(i + 999, #leases)))
   end

@@ -13,6 +13,28 @@ local NONE = string.rep('\0', 6)
 local PENDING = {s = true, r = true}
 local FINISHED_INDEX = {o = 'fs', f = 'ff', c = 'fc'}
 
+-- The lease index `ls` and the finished indexes `fs`, `ff`, `fc` are kept skiplists whatever
+-- their size. Redis keeps a zset of up to zset-max-listpack-entries members (512 here,
+-- store/redis_settings.py, for the slices' sake) as one listpack, where each insert scans it
+-- and moves its tail: at 4,000 callbacks/s a few hundred leases cost 8 us of Redis CPU a
+-- callback, and a finished index under 512 entries a bucket (any wheel's first hours, or a
+-- quiet one) 7 us more (bench/README.md). A member longer than the compact limit
+-- (zset-max-listpack-value, 64 bytes) makes it a skiplist, and while this member stays the key
+-- is never emptied (so never deleted, and never made a listpack again). Its score is past any
+-- time, so no lease range or retention trim reaches it; it is no task key ('#' is outside
+-- KEY_PATTERN), so listings and bulk jobs, which read each member's record, pass over it. Its
+-- text names the index it was first used for. store/keys.py spells it the same.
+local INDEX_KEEPER = '#keeps-the-lease-index-a-skiplist#' .. string.rep('#', 222)
+local INDEX_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact as a Lua number
+-- A range bound just below it, as text: Lua's own number to text would round it (to 15 digits).
+local BELOW_KEEPER = '(9007199254740991'
+
+-- A finished task into its status's index (fs, ff, fc), at `at` ms, with the keeper in the
+-- same ZADD (its score never changes: re-adding it costs no second Redis call).
+local function add_finished(P, st, at, key)
+  redis.call('ZADD', P .. FINISHED_INDEX[st], at, key, INDEX_KEEPER_SCORE, INDEX_KEEPER)
+end
+
 -- The 6 bytes kept for a claim token or request id: a SHA-1 prefix (layout.digest). Its 12 hex
 -- digits are a 48-bit integer, exact in a Lua number, packed as the head packs its times: a
 -- gsub with a function per byte took 3 us of Redis CPU a call, this 1 (schedule, start and

@@ -30,7 +30,7 @@ from timewheel.metrics import Metrics
 from timewheel.models import TaskStatus
 from timewheel.store import Outcome, ScheduleReply, Store
 from timewheel.store.connection import HiredisPacking, make_redis
-from timewheel.store.keys import DEFAULT_BUCKETS, LEASE_KEEPER, Keyspace
+from timewheel.store.keys import DEFAULT_BUCKETS, INDEX_KEEPER, Keyspace
 from timewheel.store.listing import list_tasks
 from timewheel.store.record import ClaimedTask, NewTask
 
@@ -246,12 +246,12 @@ async def test_every_script_runs_in_its_bucket_slot_with_single_redis_results(
     assert claim_records and all(0 < ttl <= 300_000 for ttl in claim_records.values())
     # No slice, delete-set, lease or dead key: each bucket's cursor, the indexes of succeeded
     # and cancelled tasks (pruned at the retention age), the bucket count, and each lease
-    # index holding its keeper alone (no lease left: store/keys.py LEASE_KEEPER).
+    # index holding its keeper alone (no lease left: store/keys.py INDEX_KEEPER).
     finished = {store.keys.finished(b, "succeeded") for b in range(16)} | {
         store.keys.finished(store.keys.bucket_of(k), "cancelled") for k in cancelled}
     leases = {store.keys.lease(b) for b in range(16)}
     assert rest == {store.keys.cursor(b) for b in range(16)} | finished | leases | {"tw:buckets"}
-    assert all(left[k][0].zrange(k, 0, -1) == [LEASE_KEEPER.encode()] for k in leases)
+    assert all(left[k][0].zrange(k, 0, -1) == [INDEX_KEEPER.encode()] for k in leases)
     cursors = {b: int(left[k][0].get(k)) for b in range(16) if (k := store.keys.cursor(b))}
     assert cursors == dict.fromkeys(range(16), START_MINUTE + 3)  # past minutes all drained
 

@@ -20,7 +20,7 @@ from tests.support.receiver import Arrival, Reply, ThreadedReceiver
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import settle
 from timewheel.store import layout
-from timewheel.store.keys import LEASE_KEEPER, Keyspace
+from timewheel.store.keys import INDEX_KEEPER, Keyspace
 
 pytestmark = pytest.mark.e2e
 
@@ -98,7 +98,7 @@ def leased(server: RedisServer) -> dict[str, float]:
     with server.client() as conn:
         for bucket in range(KEYS.buckets):
             for member, score in conn.zrange(KEYS.lease(bucket), 0, -1, withscores=True):
-                if member != LEASE_KEEPER.encode():
+                if member != INDEX_KEEPER.encode():
                     out[member.decode()] = score
     return out
 

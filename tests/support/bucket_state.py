@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from tests.conftest import START_MS
 from timewheel.store import Store, layout
-from timewheel.store.keys import LEASE_KEEPER
+from timewheel.store.keys import INDEX_KEEPER
 
 NOW = START_MS
 MIN = 60_000
@@ -27,8 +27,10 @@ P = "{tw:3}:"
 URL = "http://127.0.0.1:9/cb"
 FLOW = "127.0.0.1:9"
 _LENGTHS = ("fl", "ul", "hl", "bl", "el")
-# ``dump`` leaves the lease index's keeper out (store/keys.py LEASE_KEEPER), so a test states
-# the leases it expects; tests/test_lease_index.py checks the keeper itself.
+# ``dump`` leaves the keeper of the lease and finished indexes out (store/keys.py
+# INDEX_KEEPER), so a test states the entries it expects; tests/test_lease_index.py checks the
+# keeper itself.
+KEPT_INDEXES = frozenset(P + name for name in ("ls", "fs", "ff", "fc"))
 
 
 def rec(status: str = "scheduled", due: int = NOW, **extra: Any) -> dict[str, Any]:
@@ -93,8 +95,8 @@ async def dump(redis: Redis) -> dict[str, Any]:
         value: Any
         if kind == "zset":
             value = {m.decode(): int(s) for m, s in await redis.zrange(raw, 0, -1, withscores=True)}
-            if name == P + "ls":
-                value.pop(LEASE_KEEPER, None)
+            if name in KEPT_INDEXES:
+                value.pop(INDEX_KEEPER, None)
                 if not value:
                     continue
         elif kind == "set":

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
-from timewheel.store.keys import Keyspace
+from timewheel.store.keys import INDEX_KEEPER_SCORE, Keyspace
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import FlowLimitsReply, FlowPauseReply
 from timewheel.store.scripts import Scripts
@@ -143,7 +143,8 @@ class FlowStore:
     async def in_flight(self, flow: str, *, now_ms: int) -> int:
         """Permits held and not expired, over every process."""
         async with redis_errors("flow in flight"):
-            return int(await self.redis.zcount(self.keys.flow(flow) + "held", now_ms + 1, "+inf"))
+            return int(await self.redis.zcount(self.keys.flow(flow) + "held", now_ms + 1,
+                                               f"({INDEX_KEEPER_SCORE}"))  # not the keeper
 
     async def report_waiting(self, process: str, counts: Mapping[str, int], *, now_ms: int,
                              ttl_ms: int) -> None:

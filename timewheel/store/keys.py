@@ -14,12 +14,13 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P md:<minute>   set    the minute's delete-set (cancelled or moved away)
     P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
     P cur           string oldest minute that may still hold entries
-    P ls            zset   claimed task key -> lease expiry ms, and LEASE_KEEPER (below)
+    P ls            zset   claimed task key -> lease expiry ms, and INDEX_KEEPER (below)
     P cl:<token>    list   keys one claim call took (lets a retried call return the same)
     P pw:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
     P pf            zset   flows with parked tasks -> due_ms of their earliest
     P pa            zset   every parked task of the bucket -> due_ms (listings)
-    P fs, ff, fc    zset   succeeded, failed (the dead letters), cancelled: key -> finished ms
+    P fs, ff, fc    zset   succeeded, failed (the dead letters), cancelled: key -> finished ms,
+                           and INDEX_KEEPER
     P j:<job id>    hash   a bulk job's position and counts in this bucket (lua/job_step.lua)
 
 Layout 1 used other names for every index (m:, d:, cursor, lease, c:, w:, wf, dead) and a hash
@@ -59,12 +60,13 @@ from timewheel.domain import result_parent
 
 DEFAULT_BUCKETS = 16
 
-# The lease index's one member that is no task ('#' is outside KEY_PATTERN): it keeps ``ls`` a
-# skiplist (lua/lib/claiming.lua keep_lease_index, which must spell it the same; a test reads it
-# back from Redis). Nothing in the service reads it: lease ranges, listings and bulk jobs pass
-# over it. Named here for what reads ``ls`` directly (tests, tools).
-LEASE_KEEPER = "#keeps-the-lease-index-a-skiplist#" + "#" * 222
-LEASE_KEEPER_SCORE = 2**53 - 1
+# The one member of the lease and finished indexes that is no task ('#' is outside
+# KEY_PATTERN): it keeps ``ls``, ``fs``, ``ff`` and ``fc`` skiplists (lua/lib/record.lua
+# INDEX_KEEPER, which must spell it the same; a test reads it back from Redis). Nothing in the
+# service lists it: lease ranges, listings and bulk jobs pass over it, and counts leave it out.
+# Named here for what reads those indexes directly (counts, tests, tools).
+INDEX_KEEPER = "#keeps-the-lease-index-a-skiplist#" + "#" * 222
+INDEX_KEEPER_SCORE = 2**53 - 1
 FINISHED_INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from timewheel.store.keys import INDEX_KEEPER_SCORE
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.task_store import Store
 
@@ -61,12 +62,13 @@ async def _rounds(store: Store, commands: list[tuple[str | int, ...]]) -> list[A
 
 
 async def dead_letter_count(store: Store) -> int:
-    """Tasks in the dead letters over every bucket (one ZCARD per bucket, pipelined). Entries
-    past the retention period count until the claimer next prunes their bucket."""
+    """Tasks in the dead letters over every bucket (one ZCOUNT per bucket, pipelined: all but
+    the index's keeper, store/keys.py INDEX_KEEPER). Entries past the retention period count
+    until the claimer next prunes their bucket."""
     keys = store.keys
     pipe: Any = store.redis.pipeline(transaction=False)
     for bucket in range(keys.buckets):
-        pipe.zcard(keys.dead(bucket))
+        pipe.zcount(keys.dead(bucket), "-inf", f"({INDEX_KEEPER_SCORE}")
     async with redis_errors("dead_letter_count"):
         replies: list[Any] = await pipe.execute()
     return sum(int(n) for n in replies)
