@@ -69,6 +69,7 @@ local function create_result(P, key, outcome, rec)
 end
 
 local out = {}
+local claims = {}  -- token -> its digest: a call's outcomes mostly share a few claim calls
 for _, item in ipairs(items) do
   local P, i = item[1], item[2]
   local key, token, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -76,7 +77,8 @@ for _, item in ipairs(items) do
   local entry, rec = ARGV[i + 7], ARGV[i + 8] or ''
   local tkey = P .. 't:' .. key
   local h = head(tkey)
-  local ours = h and h[CLAIM] == digest(token)
+  claims[token] = claims[token] or digest(token)
+  local ours = h and h[CLAIM] == claims[token]
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
     h[CLAIM], h[STARTED] = NONE, 0
