@@ -244,14 +244,17 @@ async def test_every_script_runs_in_its_bucket_slot_with_single_redis_results(
                               for k in keys if k != s["cancel"]}
     assert all(0 < ttl <= RETENTION_MS for ttl in histories.values())
     assert claim_records and all(0 < ttl <= 300_000 for ttl in claim_records.values())
-    # No slice, delete-set, lease or dead key: each bucket's cursor, the indexes of succeeded
-    # and cancelled tasks (pruned at the retention age), the bucket count, and each lease
-    # index holding its keeper alone (no lease left: store/keys.py INDEX_KEEPER).
+    # No slice or delete-set, no lease and no dead letter: each bucket's cursor, the indexes
+    # of succeeded and cancelled tasks (pruned at the retention age), the bucket count, and
+    # each lease index holding its keeper alone (no lease left: store/keys.py INDEX_KEEPER).
     finished = {store.keys.finished(b, "succeeded") for b in range(16)} | {
         store.keys.finished(store.keys.bucket_of(k), "cancelled") for k in cancelled}
+    # A dead-letter index whose task left it (replayed) stays too, holding its keeper alone.
     leases = {store.keys.lease(b) for b in range(16)}
-    assert rest == {store.keys.cursor(b) for b in range(16)} | finished | leases | {"tw:buckets"}
-    assert all(left[k][0].zrange(k, 0, -1) == [INDEX_KEEPER.encode()] for k in leases)
+    dead = rest & {store.keys.dead(b) for b in range(16)}
+    assert rest == ({store.keys.cursor(b) for b in range(16)} | finished | leases | dead
+                    | {"tw:buckets"})
+    assert all(left[k][0].zrange(k, 0, -1) == [INDEX_KEEPER.encode()] for k in leases | dead)
     cursors = {b: int(left[k][0].get(k)) for b in range(16) if (k := store.keys.cursor(b))}
     assert cursors == dict.fromkeys(range(16), START_MINUTE + 3)  # past minutes all drained
 
