@@ -10,7 +10,8 @@ else: 200). ``fastapi``: one FastAPI route with a pydantic body model and a
 ``response_model``, nothing else. Neither stores anything; their figures are floors.
 """
 
-
+# No `from __future__ import annotations`: FastAPI reads the route's annotations when it is
+# declared, and the models here are local to fastapi_app.
 import argparse
 import json
 from typing import Any
