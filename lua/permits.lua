@@ -62,9 +62,9 @@ else
 end
 
 -- Counted once (all but the keeper), then by hand; the new permits are added with one ZADD
--- after the loop (a ZCARD and a ZADD per permit were a Redis call each), the keeper with them. `new` holds them meanwhile, so an id
--- wanted twice is held once. The rate log is written as it goes: each start counts for the
--- next one's window.
+-- after the loop, the keeper with them (a ZCARD and a ZADD per permit were a Redis call
+-- each). `new` holds them meanwhile, so an id wanted twice is held once. The rate log is
+-- written as it goes: each start counts for the next one's window.
 local in_flight = redis.call('ZCOUNT', held, '-inf', BELOW_KEEPER)
 local granted, new, adds = 0, {}, {}
 for i = 5 + r, #ARGV, 2 do

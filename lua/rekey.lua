@@ -37,6 +37,5 @@ end
 local front = part(tkey, HEAD, h[FL] + h[UL])
 local err = err_of(tkey, h)
 h[FP], h[HL], h[BL] = ARGV[6], #ARGV[5], 0
-redis.call('SET', tkey, pack_head(h) .. front .. ARGV[5] .. err,
-  'KEEPTTL')
+redis.call('SET', tkey, pack_head(h) .. front .. ARGV[5] .. err, 'KEEPTTL')
 return 1
