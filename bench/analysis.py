@@ -240,6 +240,13 @@ def print_result(name: str, res: dict[str, Any]) -> None:
                if k.endswith("_us_per_callback")]
         print(f"  CPU while due ({window['wall_s']} s, {window['callbacks']} callbacks): "
               + ", ".join(per) + " us per callback")
+    if window and window.get("redis_commands"):
+        rc = window["redis_commands"]
+        top = ", ".join(f"{name} {row['us_per_callback']} ({row['us_per_call']} a call)"
+                        for name, row in list(rc["by_command"].items())[:6])
+        print(f"  Redis while due (INFO, us per callback): CPU {rc['redis_cpu_us']}, scripts "
+              f"{rc['scripts_us']} ({rc['callbacks_per_script_call']} callbacks a call), "
+              f"commands {rc['commands_us']}: {top}")
 
 
 def _print_tail(tail: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import redis_commands
 from bench.analysis import (
     FAIL_SUFFIX,
     analyse,
@@ -344,16 +345,22 @@ async def _meter_window(ctx: Ctx, start: float, end: float) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, start - time.time()))
     meter.start()
     began = time.time()
+    redis_before = await redis_commands.snapshot()
     await asyncio.sleep(max(0.0, end - time.time()))
     out = meter.stop()
     out["from"], out["to"] = began, time.time()
+    if redis_before is not None:
+        out["_redis"] = (redis_before, await redis_commands.snapshot())
     return out
 
 
 def _per_callback(cpu: dict[str, Any], first: dict[str, float]) -> dict[str, Any]:
     """The due window's CPU per callback that arrived in it, in microseconds."""
     arrived = sum(1 for t in first.values() if cpu["from"] <= t <= cpu["to"])
+    redis = cpu.pop("_redis", None)
     out = dict(cpu, callbacks=arrived)
+    if redis is not None:
+        out["redis_commands"] = redis_commands.per_callback(*redis, arrived)
     for key, value in cpu.items():
         if key.endswith("_cpu_s") and value is not None and arrived:
             out[key.removesuffix("_cpu_s") + "_us_per_callback"] = round(
