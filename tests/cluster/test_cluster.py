@@ -24,6 +24,7 @@ from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster, RedisServer
 from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock, RedisClock
+from timewheel.engine.tick_phase import MAX_SHIFT_MS, TickPhases
 from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
@@ -319,6 +320,18 @@ async def test_init_and_clock_on_a_cluster(cluster: RedisCluster, cluster_redis:
     # TIME, which no process can see coming (docs/design.md, "one clock").
     sample = clock.last_sample
     assert sample is not None and before <= sample.redis_ms <= after
+
+
+async def test_tick_phases_through_the_cluster_client(cluster_redis: Any) -> None:
+    """Processes note their ticks through the cluster client too (one key, its own slot): a
+    failure here would only be logged at debug level and leave the ticks unspread."""
+    store = Store(cluster_redis, "tw", retention_ms=RETENTION_MS, lease_margin_ms=5000)
+    await store.init()
+    a, b = TickPhases(store, 1000), TickPhases(store, 1000)
+    assert await a.note(START_MS) == 0.0
+    assert await b.note(START_MS + 100) == 0.0
+    assert await a.note(START_MS + 1000) == MAX_SHIFT_MS  # 900 ms after b: it moves earlier
+    assert 0 < await cluster_redis.pttl(store.keys.ticks) <= 3000
 
 
 async def test_eviction_warning_covers_every_master(cluster: RedisCluster, cluster_redis: Any,
