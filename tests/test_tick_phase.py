@@ -4,10 +4,14 @@ the period, only ever by ticking earlier; what they note in Redis, and the ticke
 from __future__ import annotations
 
 import itertools
+import logging
 import random
+import socket
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from tests.conftest import START_MS
 from tests.test_ticker import FakeDispatcher, make_ticker
@@ -105,9 +109,18 @@ async def test_the_ticker_notes_each_pass_and_takes_its_shift(store: Store,
     assert phases.ticks == [START_MS, START_MS + PERIOD]
 
 
-async def test_without_redis_it_ticks_on_its_own_period(store: Store) -> None:
-    """Noting the tick fails (Redis away): no shift, and no error for the ticker."""
+async def test_without_redis_it_ticks_on_its_own_period(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Noting the tick fails (nothing listens where Redis should be): no shift, no error for
+    the ticker, and one warning however many ticks fail."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    redis = Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))  # fail at once
+    store = Store(redis, "tw", retention_ms=60_000, lease_margin_ms=5000)
     phases = TickPhases(store, PERIOD)
-    await store.redis.aclose()  # type: ignore[attr-defined]
-    store.redis.connection_pool.connection_kwargs["port"] = 1  # type: ignore[union-attr]
+    caplog.set_level(logging.WARNING, logger="timewheel.engine.tick_phase")
     assert await phases.note(START_MS) == 0.0
+    assert await phases.note(START_MS + PERIOD) == 0.0
+    assert [r.getMessage()[:16] for r in caplog.records] == ["tick not noted ("]
+    await redis.aclose()

@@ -324,7 +324,7 @@ async def test_init_and_clock_on_a_cluster(cluster: RedisCluster, cluster_redis:
 
 async def test_tick_phases_through_the_cluster_client(cluster_redis: Any) -> None:
     """Processes note their ticks through the cluster client too (one key, its own slot): a
-    failure here would only be logged at debug level and leave the ticks unspread."""
+    failure here would only be logged and leave the ticks unspread."""
     store = Store(cluster_redis, "tw", retention_ms=RETENTION_MS, lease_margin_ms=5000)
     await store.init()
     a, b = TickPhases(store, 1000), TickPhases(store, 1000)

@@ -63,9 +63,10 @@ class TickPhases:
         try:
             ticks = await self._store.note_tick(self.me, tick_ms,
                                                 stale_ms=STALE_TICKS * self._period_ms)
-        except Exception as exc:  # the ticker itself reports Redis trouble
+        except Exception as exc:  # noted after a tick that worked: rare, so said once
             if not self._failing:
-                log.debug("tick phase not noted: %s: %s", type(exc).__name__, exc)
+                log.warning("tick not noted (%s: %s): this process ticks on its own period, "
+                            "not spread from the others', until it is", type(exc).__name__, exc)
             self._failing = True
             return 0.0
         self._failing = False
