@@ -30,7 +30,7 @@ A flow's own keys share the flow's hash tag, "{<key_prefix>:f:<flow key>}:" (F b
 
     F cfg          hash   set by PUT /flows: p parallelism, r rate, x paused ("1"), ma, rb,
                           mb retry defaults (attempts, backoff ms, max backoff ms)
-    F held         zset   permits in use: permit id -> lease expiry ms
+    F held         zset   permits in use: permit id -> lease expiry ms, and INDEX_KEEPER
     F starts       zset   starts within the rate window: permit id -> ms (only with a rate)
 
 Bulk jobs share one hash tag, "{<key_prefix>:jobs}:" (J below; lua/job_create.lua):
@@ -60,8 +60,9 @@ from timewheel.domain import result_parent
 
 DEFAULT_BUCKETS = 16
 
-# The one member of the lease and finished indexes that is no task ('#' is outside
-# KEY_PATTERN): it keeps ``ls``, ``fs``, ``ff`` and ``fc`` skiplists (lua/lib/record.lua
+# The one member of the lease, finished and permit indexes that is no task or permit ('#' is
+# outside KEY_PATTERN): it keeps ``ls``, ``fs``, ``ff``, ``fc`` and a flow's ``held`` skiplists
+# (lua/lib/record.lua
 # INDEX_KEEPER, which must spell it the same; a test reads it back from Redis). Nothing in the
 # service lists it: lease ranges, listings and bulk jobs pass over it, and counts leave it out.
 # Named here for what reads those indexes directly (counts, tests, tools).
