@@ -98,9 +98,10 @@ class Harness:
         return tasks
 
     async def settle(self) -> None:
-        """Wait until every submitted task has been sent and its outcome recorded (or dropped)."""
+        """Wait until every submitted task has been sent and its outcome recorded (or dropped),
+        and every permit given back has reached Redis."""
         async def idle() -> bool:
-            return self.dispatcher.in_flight == 0
+            return self.dispatcher.in_flight == 0 and self.dispatcher.returning_permits == 0
         await wait_until(idle, "the dispatcher to go idle")
 
     async def view(self, key: str = "job-1") -> TaskView:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ import respx
 from tests.support.waiting import wait_until
 from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router
 from timewheel.clock import FakeClock
+from timewheel.engine import flow_gate
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
@@ -209,6 +211,84 @@ async def test_rate_spreads_starts_over_windows(gated: Harness,
     assert await statuses(gated, keys) == [("succeeded", 1)] * 5
 
 
+class PermitsCalls:
+    """Every permits call of the harness's gate: the permits each gave back, each asked for."""
+
+    def __init__(self, wheel: Harness) -> None:
+        self.calls: list[tuple[int, int]] = []
+        flows = wheel.dispatcher._gate._flows
+        permits = flows.permits
+
+        async def counted(flow: str, **kwargs: Any) -> Any:
+            self.calls.append((len(kwargs.get("release") or ()), len(kwargs.get("want") or ())))
+            return await permits(flow, **kwargs)
+
+        flows.permits = counted  # type: ignore[method-assign]
+
+    @property
+    def releasing(self) -> list[int]:
+        return [released for released, _ in self.calls if released]
+
+
+async def test_permits_nobody_waits_for_go_back_together(
+        gated: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers that come close together give their permits back in one permits call (not
+    one each, nor one plus one for those given back while it was out), after the linger."""
+    monkeypatch.setattr(flow_gate, "RELEASE_LINGER_S", 0.5)
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=5)
+    keys = [f"k{i}" for i in range(5)]
+    await due_now(gated, keys)
+    await wait_until(lambda: _true(receiver.now == 5), "all five in flight")
+    calls = PermitsCalls(gated)
+    receiver.open.set()
+    await wait_until(lambda: _true(gated.dispatcher.returning_permits == 5),
+                     "five permits given back here")
+    assert calls.calls == []  # lingering: nothing sent yet
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 5
+    await gated.settle()
+    assert calls.releasing == [5]
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 0
+    assert await statuses(gated, keys) == [("succeeded", 1)] * 5
+
+
+async def test_a_permit_goes_back_at_once_when_its_flow_has_a_waiter(
+        gated: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rated flow's permit is never handed on here, so the waiter needs it back in Redis:
+    it goes at once (with the waiter's ask), not after the linger. The clock stands still,
+    so nothing else (a park deadline, a rate window) could let the waiter through."""
+    monkeypatch.setattr(flow_gate, "RELEASE_LINGER_S", 60.0)
+    receiver = Receiver(router)
+    await limit(gated.store, FLOW, parallelism=1, rate=100)
+    await due_now(gated, ["a", "b"])
+    await wait_until(lambda: _true(receiver.now == 1), "one in flight, one waiting")
+    receiver.open.set()
+    await wait_until(lambda: _true(len(receiver.attempts) == 2), "the waiter sent")
+
+    async def delivered() -> bool:
+        return await statuses(gated, ["a", "b"]) == [("succeeded", 1)] * 2
+    await wait_until(delivered, "both recorded")
+    assert gated.dispatcher.returning_permits == 1  # the last one's: nobody waits for it
+
+
+async def test_stop_sends_the_permits_still_lingering(
+        gated: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A permit given back with nobody waiting is in Redis after stop(), whatever the
+    linger."""
+    monkeypatch.setattr(flow_gate, "RELEASE_LINGER_S", 60.0)
+    router.post(URL).respond(200)
+    await limit(gated.store, FLOW, parallelism=5)
+    await due_now(gated, ["a"])
+
+    async def delivered() -> bool:
+        return await statuses(gated, ["a"]) == [("succeeded", 1)]
+    await wait_until(delivered, "the attempt answered and recorded")
+    assert gated.dispatcher.returning_permits == 1
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 1
+    await gated.dispatcher.stop(0.1)
+    assert await flow_store(gated.store).in_flight(FLOW, now_ms=gated.clock.now_ms()) == 0
+
+
 async def test_cancelled_while_parked_is_never_sent(gated: Harness,
                                                     router: respx.MockRouter) -> None:
     receiver = Receiver(router)
@@ -317,7 +397,8 @@ def _still(wheel: Harness) -> bool:
     something did not happen needs no wait."""
     gate, held = wheel.dispatcher._gate, _held(wheel)
     return (not (gate._to_park or gate._park_calls)
-            and all(state.exchange is None for state in gate._states.values())
+            and all(state.exchange is None and state.linger is None
+                    for state in gate._states.values())
             and not held.keys() & {Stage.CLAIMED, Stage.ADMITTED, Stage.STARTED,
                                    Stage.ANSWERED})
 

@@ -93,6 +93,11 @@ class Dispatcher:
         return len(self._lifecycle) + self._recorder.busy
 
     @property
+    def returning_permits(self) -> int:
+        """Permits given back by attempts of this process, not yet back in Redis."""
+        return self._gate.returning
+
+    @property
     def holding(self) -> int:
         """Claims that count against the ticker's budget: all but those waiting for a permit
         of their flow (bounded on their own, per flow and in all), so a flow that floods

@@ -18,7 +18,8 @@ Each tick (``poll``) the process reports how many attempts wait here per flow
 (timewheel/engine/waiting_report.py), so GET /flows counts them with the parked ones.
 
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
-to Redis as one permits call. A permit of a flow without a rate is handed straight to the
+to Redis as one permits call, and a permit nobody here waits for waits for the flow's next
+call (RELEASE_LINGER_S at most). A permit of a flow without a rate is handed straight to the
 next waiter of its flow here while its lease leaves room for that attempt, so a saturated
 flow does not pay a round trip per attempt. A flow in trouble only makes its own tasks wait.
 
@@ -58,6 +59,12 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
+# A permit nobody here waits for goes back to Redis with the flow's next permits call (the
+# due attempts of the next 5 ms grid point ask in one), or alone after this long: one permits
+# call per flow and grid point, not one per answered callback as well (bench/README.md,
+# "Permits given back together"). Held that much longer, it only delays attempts waiting in
+# other processes, which learn of room at their own next call.
+RELEASE_LINGER_S = 0.05
 
 
 class FlowGate:
@@ -91,6 +98,11 @@ class FlowGate:
     def waiting(self) -> int:
         """Attempts waiting in this process for a permit of their flow."""
         return self._lifecycle.counts[Stage.WAITING_FOR_FLOW]
+
+    @property
+    def returning(self) -> int:
+        """Permits given back here that are not yet back in Redis."""
+        return sum(len(state.releases) for state in self._states.values())
 
     def rated(self, flow: str) -> bool:
         """Whether the flow had a rate at its last permits call (True when not known)."""
@@ -152,8 +164,20 @@ class FlowGate:
         self._ready.put_nowait(attempt)
 
     def _release(self, state: FlowState, permits: list[str]) -> None:
+        """Give permits back to Redis: at once when attempts of the flow wait for room (here
+        or parked), else within RELEASE_LINGER_S, together with whatever else comes back or
+        is asked for meanwhile."""
         state.releases.extend(permits)
-        self._kick(state)
+        if state.queue or state.parked_buckets or self._stopping:
+            self._kick(state)
+        elif state.linger is None:
+            state.linger = asyncio.get_running_loop().call_later(
+                RELEASE_LINGER_S, self._linger_over, state)
+
+    def _linger_over(self, state: FlowState) -> None:
+        state.linger = None
+        if state.releases:  # not taken along by a permits call meanwhile
+            self._kick(state)
 
     def parked(self, flow: str, bucket: int, due_ms: float = float("inf")) -> None:
         """A task of ``flow`` due at ``due_ms`` was parked in ``bucket``: take it back when
@@ -198,6 +222,10 @@ class FlowGate:
             await asyncio.gather(*late, return_exceptions=True)
         self._closed = True  # from now on a permit given back waits for its lease
         await self._alarms.close()
+        for state in self._states.values():
+            if state.linger is not None:  # its releases are sent below
+                state.linger.cancel()
+                state.linger = None
         await self._report.clear()  # drained: nothing waits here any more
         running = [s.exchange for s in self._states.values() if s.exchange is not None]
         for task in running:
@@ -300,18 +328,20 @@ class FlowGate:
     def _granted(self, state: FlowState, waiters: list[Attempt],
                  granted: list[tuple[str, int]], lease: Lease) -> None:
         """Admit the waiters whose permits were granted (the first ones asked for)."""
+        unneeded = []
         for attempt, (permit, start) in zip(waiters, granted, strict=False):
             if attempt.stage is not Stage.WAITING_FOR_FLOW or attempt.permit != permit:
                 # Left the queue while the call was out (parked, or admitted on a permit
                 # handed on): this one is not needed.
-                state.releases.append(permit)
-                state.again = True
+                unneeded.append(permit)
                 continue
             if state.queue[0] is attempt:  # still waiting, so at the head (in due order)
                 state.queue.popleft()
             else:
                 state.queue.remove(attempt)
             self._admit(state, attempt, permit, lease, start)
+        if unneeded:
+            self._release(state, unneeded)
         self._metrics.flow_waiting.set(self.waiting)
 
     async def _unpark(self, state: FlowState, held: list[str], start: int, *,

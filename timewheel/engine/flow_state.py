@@ -28,6 +28,7 @@ class FlowState:
     parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
     exchange: asyncio.Task[None] | None = None  # the permits call under way
     again: bool = False  # something changed while it was under way: call once more
+    linger: asyncio.TimerHandle | None = None  # releases wait for company until it fires
     alarm_ms: float | None = None  # the earliest alarm set for this flow
     # The flow had a rate at the last permits call. True until a call says otherwise: a
     # permit is handed on without Redis only for a flow known to have no rate.
