@@ -59,12 +59,13 @@ UNPARK_START_MS = 50
 # can be handed to the next waiter of its flow here without asking Redis. A process that dies
 # holds its permits that much longer.
 PERMIT_REUSE_MS = 10_000
-# A permit nobody here waits for goes back to Redis with the flow's next permits call (the
-# due attempts of the next 5 ms grid point ask in one), or alone after this long: one permits
-# call per flow and grid point, not one per answered callback as well (bench/README.md,
-# "Permits given back together"). Held that much longer, it only delays attempts waiting in
-# other processes, which learn of room at their own next call.
-RELEASE_LINGER_S = 0.05
+# A permit nobody here waits for goes back to Redis with the flow's next permits call, or
+# alone after this long: longer than the 5 ms between grid points (the due attempts of one ask
+# in one call), so while a flow has attempts due every grid point its permits all ride along,
+# one permits call per grid point instead of one more per answered callback (bench/README.md,
+# "Permits given back together"). Short, because attempts of the flow in other processes may
+# be refused meanwhile, and then wait for their process's next call (a tick at most).
+RELEASE_LINGER_S = 0.01
 
 
 class FlowGate:
