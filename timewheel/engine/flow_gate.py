@@ -18,10 +18,11 @@ Each tick (``poll``) the process reports how many attempts wait here per flow
 (timewheel/engine/waiting_report.py), so GET /flows counts them with the parked ones.
 
 Redis calls are batched per flow: what one event-loop iteration gives back and asks for goes
-to Redis as one permits call, and a permit nobody here waits for waits for the flow's next
-call (RELEASE_LINGER_S at most). A permit of a flow without a rate is handed straight to the
-next waiter of its flow here while its lease leaves room for that attempt, so a saturated
-flow does not pay a round trip per attempt. A flow in trouble only makes its own tasks wait.
+to Redis as one permits call, and a permit that no attempt here needs goes back with the
+flow's next call (RELEASE_LINGER_S at most). A permit of a flow without a rate is handed
+straight to the next waiter of its flow here while its lease leaves room for that attempt,
+so a saturated flow does not pay a round trip per attempt. A flow in trouble only makes its
+own tasks wait.
 
 Which attempts wait: those in a flow's ``queue``, in stage WAITING_FOR_FLOW, each with the
 permit id it asked for in ``attempt.permit``. An attempt leaves the queue admitted (its
