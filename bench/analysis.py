@@ -211,6 +211,7 @@ def print_result(name: str, res: dict[str, Any]) -> None:
         print(f"  arrived {res['arrived']}/{res['tasks']}  lost {res['lost']}  early {res['early']}"
               f"  duplicates {res['duplicates']}  later attempts {res['later_attempts']}  "
               f"scheduled-at mismatches {res['scheduled_at_header_mismatch']}")
+        _warn_if_behind_by_the_grace(res)
         if res["submitted_after_due"]:
             print(f"  WARNING: {res['submitted_after_due']} tasks were accepted only after their "
                   "due time (raise --lead); see lateness_excluding_submitted_after_due")
@@ -247,6 +248,18 @@ def print_result(name: str, res: dict[str, Any]) -> None:
         print(f"  Redis while due (INFO, us per callback): CPU {rc['redis_cpu_us']}, scripts "
               f"{rc['scripts_us']} ({rc['callbacks_per_script_call']} callbacks a call), "
               f"commands {rc['commands_us']}: {top}")
+
+
+def _warn_if_behind_by_the_grace(res: dict[str, Any]) -> None:
+    """'lost' counts what had not arrived when the bench stopped waiting (--grace after the
+    last due time); a run that fell behind by about that much may have lost nothing (session
+    6: 1,238 "lost" at 4,000/s, all 40,000 arrived with --grace 60)."""
+    grace = res.get("config", {}).get("grace_s")
+    latest_ms = res["lateness"]["max_ms"] or 0
+    if res["lost"] and grace and latest_ms >= (grace - 1) * 1000:
+        print(f"  WARNING: the latest arrival came {latest_ms / 1000:.1f} s after its due time, "
+              f"about --grace ({grace:g} s): 'lost' counts what had not arrived by then; run "
+              "again with a longer --grace to tell late from lost")
 
 
 def _print_tail(tail: dict[str, Any]) -> None:

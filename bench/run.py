@@ -395,7 +395,8 @@ async def wl_spread(ctx: Ctx, *, workload: str = "spread", fail_every: int = 0) 
     _sub, res, records, due = await _fire_and_collect(ctx, workload, bodies, due, n_fail,
                                                       wait_until, prober)
     res["config"] = {"tasks": n, "window_s": window, "rate_per_s": n / window, "lead_s": lead,
-                     "first_due_after_submit_start_s": round(start - t0, 3)}
+                     "first_due_after_submit_start_s": round(start - t0, 3),
+                     "grace_s": a.grace}
     if fail_every:
         assert prober is not None
         res["retry"] = analyse_retries(records, due, prober.probes, a.retry_backoff)
