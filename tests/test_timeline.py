@@ -50,3 +50,19 @@ async def test_a_failing_item_does_not_stop_the_others(fake_clock: FakeClock) ->
     fake_clock.advance(20)
     await _until(lambda: fired == ["same tick", "later"], "the items after the bad one")
     await line.close()
+
+
+async def test_an_earlier_item_wakes_a_line_asleep_for_a_later_one(fake_clock: FakeClock) -> None:
+    """The line sleeps until its first item; one added for sooner fires at its own time, not
+    when the sleep for the later one ends."""
+    fired: list[str] = []
+    line: Timeline[str] = Timeline(fake_clock, fired.append)
+    now = fake_clock.now_ms()
+    line.add(now + 100, "later")
+    await asyncio.sleep(0.01)  # the runner is asleep until now + 100
+    line.add(now + 10, "sooner")
+    fake_clock.advance(10)
+    await _until(lambda: fired == ["sooner"], "the sooner item")
+    fake_clock.advance(90)
+    await _until(lambda: fired == ["sooner", "later"], "the later item")
+    await line.close()

@@ -71,8 +71,8 @@ class Timeline(Generic[Item]):
                         log.exception("timeline: an item failed to fire; the others go on")
                 continue
             # One task a wake, which sets the same event as an earlier item does (a task for
-            # each of the two, asyncio.wait and a gather cost ~75 us more a wake: 200 wakes
-            # a second at the 5 ms grid; bench/README.md, "Permits given back together").
+            # each of the two, asyncio.wait and a gather cost 60-75 us more a wake, at 200
+            # wakes a second at the 5 ms grid; bench/README.md, "Permits given back together").
             sleeper = asyncio.ensure_future(self._wake_at(when))
             try:
                 await self._wake.wait()
