@@ -27,6 +27,11 @@ pack every argument in Python (its sync client uses hiredis when it is installed
 one cannot be told to), ~4.8 µs per complete outcome of nine arguments against ~0.6 in C
 (bench/README.md, "Packing, encoding and script text").
 
+The single-Redis client's pool (``WheelPool``) is redis-py's blocking pool with a fast path
+while no caller waits for a connection: redis-py's takes an ``asyncio.Condition`` and a timeout
+and records observability events on every get and release: ~30 of the ~85 µs of CPU a script
+call cost the caller here (bench/README.md, "The Redis pool's fast path").
+
 Two redis-py defaults are changed for the same reasons: ``reinitialize_steps=0`` (a MOVED
 patches the slot map; redis-py's default closes every connection of the client on every fifth
 MOVED, under the feet of concurrent commands, and a migration produces MOVED in bursts), and a
@@ -118,6 +123,41 @@ def hiredis_packing(connection_class: type[AbstractConnection]) -> type[Abstract
     return packing
 
 
+class WheelPool(BlockingConnectionPool):
+    """redis-py's blocking pool, with a fast path for the usual case: an idle connection and no
+    caller queued for one. Then a get pops it and a release pushes it back, both without the
+    pool's Condition, timeout and observability events (redis-py records them for its
+    OpenTelemetry integration, which the wheel does not use). While anyone waits (the pool
+    exhausted), in maintenance mode (Redis Enterprise notifications), or for a connection that
+    must reconnect, redis-py's own path runs, so queued callers are served in their order and
+    woken as before. A fast get still checks the connection as redis-py does
+    (``ensure_connection``: connected, no unread data)."""
+
+    def _uncontended(self) -> bool:
+        """Nobody is queued for a connection, and the pool is not in maintenance mode."""
+        return not self._condition._waiters and not self._in_maintenance
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        idle = self._available_connections
+        if idle and self._uncontended():
+            connection = idle.pop()
+            self._in_use_connections.add(connection)
+            try:
+                await self.ensure_connection(connection)
+            except BaseException:
+                await self.release(connection)
+                raise
+            return connection
+        return await super().get_connection()  # type: ignore[no-any-return,no-untyped-call]
+
+    async def release(self, connection: AbstractConnection) -> None:
+        if not self._uncontended() or connection.should_reconnect():  # type: ignore[no-untyped-call]
+            await super().release(connection)
+            return
+        self._in_use_connections.remove(connection)
+        self._available_connections.append(connection)
+
+
 def _closed_transport(exc: RuntimeError) -> ConnectionError:
     return ConnectionError(f"connection closed during the command: {exc}")
 
@@ -206,7 +246,7 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
             retry=_retry(), decode_responses=False)
     # A blocking pool: under a burst, callers queue for a connection instead of failing with
     # "Too many connections" (the default pool's behaviour at its 100-connection cap).
-    pool = BlockingConnectionPool.from_url(
+    pool = WheelPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT,
         socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
         retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,

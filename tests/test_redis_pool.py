@@ -1,0 +1,90 @@
+"""The single-Redis client's pool (timewheel/store/connection.py ``WheelPool``): redis-py's
+blocking pool with a fast path while nobody waits. Checked on a real redis-server: the fast
+path is taken when it may be and only then, an exhausted pool still queues its callers and
+serves every one within its bound, and a connection the server dropped is made again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from tests.support.redis_server import RedisServer
+from timewheel.store.connection import WheelPool, make_redis
+
+
+@pytest.fixture
+def slow_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    counts = {"get": 0, "release": 0}
+    get, release = BlockingConnectionPool.get_connection, BlockingConnectionPool.release
+
+    async def counted_get(self: BlockingConnectionPool, *args: Any, **kwargs: Any) -> Any:
+        counts["get"] += 1
+        return await get(self, *args, **kwargs)
+
+    async def counted_release(self: BlockingConnectionPool, connection: Any) -> None:
+        counts["release"] += 1
+        await release(self, connection)
+
+    monkeypatch.setattr(BlockingConnectionPool, "get_connection", counted_get)
+    monkeypatch.setattr(BlockingConnectionPool, "release", counted_release)
+    return counts
+
+
+@pytest.fixture
+async def small_pool(redis_server: RedisServer) -> AsyncIterator[tuple[Redis, WheelPool]]:
+    pool = WheelPool.from_url(redis_server.url, max_connections=2, timeout=10)
+    client = Redis.from_pool(pool)
+    yield client, pool
+    await client.aclose()
+
+
+def test_the_service_client_uses_the_pool() -> None:
+    assert isinstance(make_redis("redis://127.0.0.1:1").connection_pool, WheelPool)
+
+
+async def test_an_idle_connection_is_taken_and_given_back_on_the_fast_path(
+        small_pool: tuple[Redis, WheelPool], slow_paths: dict[str, int]) -> None:
+    client, pool = small_pool
+    await client.ping()  # the first call makes the connection: redis-py's path
+    assert slow_paths == {"get": 1, "release": 0}
+    for _ in range(5):
+        assert await client.ping()
+    assert slow_paths == {"get": 1, "release": 0}
+    assert (len(pool._available_connections), len(pool._in_use_connections)) == (1, 0)
+
+
+async def test_an_exhausted_pool_queues_its_callers_and_serves_them_all(
+        small_pool: tuple[Redis, WheelPool], slow_paths: dict[str, int]) -> None:
+    """Ten 50 ms commands over two connections: eight wait on redis-py's path, and every
+    release while someone waits goes that way too, so each waiter is woken."""
+    client, pool = small_pool
+    async with asyncio.timeout(10):
+        replies = await asyncio.gather(*[client.blpop([f"pool:empty:{i}"], timeout=0.05)
+                                         for i in range(10)])
+    assert replies == [None] * 10
+    assert len(pool._in_use_connections) == 0 and len(pool._available_connections) == 2
+    assert slow_paths["get"] >= 8 and slow_paths["release"] >= 8
+    assert not pool._condition._waiters  # type: ignore[attr-defined]
+
+
+async def test_a_connection_the_server_dropped_is_made_again(
+        redis_server: RedisServer) -> None:
+    """The service's client: its idle connection, closed by the server, is not handed out as
+    if alive; the call succeeds on a new one (redis-py's retry, as with its own pool)."""
+    client = make_redis(redis_server.url)
+    try:
+        assert await client.ping()
+        killer = Redis.from_url(redis_server.url)
+        try:
+            assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
+        finally:
+            await killer.aclose()
+        await asyncio.sleep(0.05)  # the close reaches the idle connection's reader
+        assert await client.ping()
+        assert await client.set("pool:after", "1") and await client.get("pool:after") == b"1"
+    finally:
+        await client.aclose()
