@@ -29,6 +29,7 @@ EDGES = {
     (S.STARTED, S.SENT), (S.STARTED, S.HANDED_BACK),
     (S.STARTED, S.WAITING_FOR_FLOW),  # late for the start its rated flow logged: asks again
     (S.SENT, S.ANSWERED), (S.SENT, S.HANDED_BACK), (S.SENT, S.UNRECORDED),
+    (S.SENT, S.WAITING_FOR_FLOW),  # held back at the write (not written): asks again, once
     (S.ANSWERED, S.RECORDED), (S.ANSWERED, S.UNRECORDED),
 }
 ENDS = {S.RECORDED, S.UNRECORDED, S.PARKED, S.SKIPPED, S.HANDED_BACK}
@@ -75,18 +76,39 @@ def test_every_stage_is_reached_and_every_attempt_can_end() -> None:
         assert any(b in ENDS for a, b in EDGES if a is stage), stage
 
 
-def test_sent_at_most_once() -> None:
-    """STARTED may come round again (asking the flow again), SENT never: nothing reachable
-    from SENT leads back to it or to a stage before it."""
-    reached, todo = set(), [S.SENT]
-    while todo:
-        here = todo.pop()
-        for a, b in EDGES:
-            if a is here and b not in reached:
-                reached.add(b)
-                todo.append(b)
-    assert reached == {S.ANSWERED, S.RECORDED, S.UNRECORDED, S.HANDED_BACK}
+def test_sent_again_only_through_waiting_for_its_flow() -> None:
+    """Past SENT, the only way back is SENT -> WAITING_FOR_FLOW (held back before the write);
+    from ANSWERED on (an answer came: it was written), nothing leads back to SENT or before."""
+    def reachable(start: Stage, edges: set[tuple[Stage, Stage]]) -> set[Stage]:
+        reached, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            for a, b in edges:
+                if a is here and b not in reached:
+                    reached.add(b)
+                    todo.append(b)
+        return reached
+
+    assert reachable(S.ANSWERED, EDGES) == {S.RECORDED, S.UNRECORDED}
+    assert reachable(S.SENT, EDGES - {(S.SENT, S.WAITING_FOR_FLOW)}) == {
+        S.ANSWERED, S.RECORDED, S.UNRECORDED, S.HANDED_BACK}
     assert [a for a, b in EDGES if b is S.SENT] == [S.STARTED]
+
+
+def test_an_attempt_is_held_back_at_the_write_once() -> None:
+    """Lifecycle.wait_again from SENT marks the attempt; a second time is refused (it would be
+    written then however long its connection takes). From STARTED it may ask again freely."""
+    lifecycle, attempt = brought_to(S.SENT)
+    lifecycle.wait_again(attempt)
+    assert (attempt.stage, attempt.held_at_write) == (S.WAITING_FOR_FLOW, True)
+    for step in (S.ADMITTED, S.STARTED):
+        lifecycle.move(attempt, step)
+    lifecycle.wait_again(attempt)  # late before the write: not a hold at the write
+    for step in (S.ADMITTED, S.STARTED, S.SENT):
+        lifecycle.move(attempt, step)
+    with pytest.raises(IllegalTransition, match="held back at the write twice"):
+        lifecycle.wait_again(attempt)
+    assert attempt.stage is S.SENT
 
 
 @pytest.mark.parametrize("stage", sorted(set(Stage) - ENDS, key=lambda s: s.name))

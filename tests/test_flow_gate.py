@@ -5,7 +5,8 @@ lease could run out and come back when there is room, other flows are not held u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -14,7 +15,10 @@ import respx
 
 from tests.support.waiting import wait_until
 from tests.test_dispatcher import DUE_MS, URL, Harness, flow_store, router
+from tests.test_lateness import first_attempt_lateness
 from timewheel.clock import FakeClock
+from timewheel.delivery.netguard import NotWritten
+from timewheel.delivery.senders import Answer, HttpxSender
 from timewheel.engine import flow_gate
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
@@ -188,6 +192,105 @@ async def test_a_rated_attempt_late_for_its_logged_start_asks_again(
     assert await statuses(gated, ["r"]) == [("succeeded", 1)]
     logged = await gated.store.redis.zcard(gated.store.keys.flow(FLOW) + "starts")
     assert logged == (2 if late_ms > 20 else 1)
+
+
+class Dialling:
+    """The harness's sender behind connections that take ``dial_ms`` of the fake clock to
+    come: for the first request only, or for every one (a receiver that closes each
+    connection). As the default client does, it asks ``ready`` once the connection is there."""
+
+    def __init__(self, inner: HttpxSender, clock: FakeClock, dial_ms: int, *,
+                 every: bool) -> None:
+        self.inner, self.clock, self.dial_ms, self.every = inner, clock, dial_ms, every
+        self.keep_body, self.result_body = inner.keep_body, inner.result_body
+        self.dials = self.not_written = 0
+
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+                   body: bytes | None, timeout: float, ready: Callable[[], bool] | None = None,
+                   keep_body: int | None = None) -> Answer:
+        if self.every or not self.dials:
+            self.dials += 1
+            self.clock.advance(self.dial_ms)
+        try:
+            return await self.inner.send(method, url, headers, body, timeout, ready=ready,
+                                         keep_body=keep_body)
+        except NotWritten:
+            self.not_written += 1
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@contextlib.asynccontextmanager
+async def dialling(store: Store, clock: FakeClock, dial_ms: int, *, every: bool = False
+                   ) -> AsyncIterator[tuple[Harness, Dialling]]:
+    harness = Harness(store, clock)
+    sender = Dialling(harness.sender, clock, dial_ms, every=every)
+    harness.dispatcher = Dispatcher(
+        store, flow_store(store), clock, sender, harness.metrics, signer=None,
+        max_concurrency=10, batch_deadline_ms=30_000, tokens=claim_tokens())
+    try:
+        yield harness, sender
+    finally:
+        await harness.dispatcher.stop(0.1)
+        await sender.aclose()
+
+
+async def logged_starts(store: Store) -> int:
+    return int(await store.redis.zcard(store.keys.flow(FLOW) + "starts"))
+
+
+@pytest.mark.parametrize("dial_ms", [15, 30])
+async def test_a_rated_attempt_whose_connection_came_late_asks_again_unwritten(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter, dial_ms: int) -> None:
+    """Its connection came more than RATE_SLACK_MS (20 ms) after the start its rated flow
+    logged (a dial): the request is not written, the attempt asks its flow again and is
+    written on its next try, on the connection now pooled: once, as attempt 1, two starts
+    logged. Sent on a dialled connection, it would reach the receiver late, bunched with
+    the next window's attempts. Control (15 ms): written on its first try, one start."""
+    route = router.post(URL).respond(200)
+    async with dialling(store, fake_clock, dial_ms) as (wheel, sender):
+        await limit(store, FLOW, rate=10)
+        await due_now(wheel, ["r"])
+        await wait_until(lambda: _true(route.call_count == 1), "the attempt written")
+        await wheel.settle()
+        assert sender.not_written == (1 if dial_ms > 20 else 0)
+        assert route.call_count == 1
+        assert first_attempt_lateness(wheel)[0] == 1  # the try held back is not counted
+        assert route.calls.last.request.headers["timewheel-attempt"] == "1"
+        assert await statuses(wheel, ["r"]) == [("succeeded", 1)]
+        assert await logged_starts(store) == (2 if dial_ms > 20 else 1)
+
+
+async def test_an_attempt_is_held_back_at_the_write_once_then_written_however_late(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """A receiver that closes every connection: each try dials (30 ms). Held back once, the
+    attempt is written on its second try although its connection came late again, rather
+    than asking its flow for ever."""
+    route = router.post(URL).respond(200)
+    async with dialling(store, fake_clock, 30, every=True) as (wheel, sender):
+        await limit(store, FLOW, rate=10)
+        await due_now(wheel, ["r"])
+        await wait_until(lambda: _true(route.call_count == 1), "the attempt written")
+        await wheel.settle()
+        assert (sender.dials, sender.not_written, route.call_count) == (2, 1, 1)
+        assert await statuses(wheel, ["r"]) == [("succeeded", 1)]
+        assert await logged_starts(store) == 2
+
+
+async def test_an_unrated_attempt_is_written_however_long_its_connection_takes(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """Only a rate logs starts: a flow with a parallelism alone writes on a late connection
+    (its lease still has room)."""
+    route = router.post(URL).respond(200)
+    async with dialling(store, fake_clock, 30, every=True) as (wheel, sender):
+        await limit(store, FLOW, parallelism=5)
+        await due_now(wheel, ["p"])
+        await wait_until(lambda: _true(route.call_count == 1), "the attempt written")
+        await wheel.settle()
+        assert (sender.dials, sender.not_written) == (1, 0)
+        assert await statuses(wheel, ["p"]) == [("succeeded", 1)]
 
 
 async def test_rate_spreads_starts_over_windows(gated: Harness,

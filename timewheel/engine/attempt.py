@@ -13,10 +13,10 @@ attempt asking its flow again), out to the right (``──► A, B`` is an edge 
     ├───── ADMITTED ──────────────► SKIPPED, HANDED_BACK
     │          │
     │          ▼
-    └───── STARTED ───────────────► HANDED_BACK
-               │
-               ▼
-              SENT ───────────────► HANDED_BACK, UNRECORDED
+    ├───── STARTED ───────────────► HANDED_BACK
+    │          │
+    │          ▼
+    └───── SENT ──────────────────► HANDED_BACK, UNRECORDED
                │
                ▼
             ANSWERED ─────────────► RECORDED, UNRECORDED
@@ -26,7 +26,8 @@ attempt asking its flow again), out to the right (``──► A, B`` is an edge 
 - ADMITTED: holds a permit of its flow; a worker takes it.
 - STARTED: Redis counted the attempt (lua/start.lua) and handed over headers and body.
 - SENT: the request is on its way (waiting for its connection, then written). Only from here
-  on can the receiver have seen it; the lease is asked once more just before the write.
+  on can the receiver have seen it; the lease (and a rated flow's logged start) is asked once
+  more just before the write.
 - ANSWERED: its outcome is decided (an answer, an error or a timeout), being recorded.
 - Terminal: RECORDED (outcome and history written), UNRECORDED (sent, but its outcome not
   written: Redis did not take it within the lease, the send failed in a way no outcome
@@ -37,9 +38,11 @@ attempt asking its flow again), out to the right (``──► A, B`` is an edge 
 ``Lifecycle`` is the one owner of the attempts this process holds: every stage change goes
 through ``move``, which refuses a transition that the picture above does not have. An attempt
 may be STARTED more than once (after asking its flow again; lua/start.lua answers the same
-attempt number), but it is SENT at most once: nothing after SENT leads back to it. A claim
-has one attempt (a task taken back from Redis is a new claim, with a new attempt), so a task
-is sent at most once per claim.
+attempt number). It is written at most once: SENT leads back only from the sender's last
+check before the write (NotWritten), once per attempt (``held_at_write``), when a rated
+flow's attempt got its connection too late for its logged start. A claim has one attempt (a
+task taken back from Redis is a new claim, with a new attempt), so a task is sent at most
+once per claim.
 """
 
 from __future__ import annotations
@@ -89,9 +92,12 @@ NEXT: dict[Stage, frozenset[Stage]] = {
     Stage.STARTED: frozenset({Stage.SENT, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW}),
     # SENT -> HANDED_BACK: its connection came only after its lease ran short, so the
     # request was never written (timewheel/delivery/netguard.py NotWritten).
+    # SENT -> WAITING_FOR_FLOW: not written either, its connection came too late for its
+    # rated flow's logged start (a dial): it asks its flow again, once (Lifecycle.wait_again).
     # SENT -> UNRECORDED: the send failed in a way no outcome describes (a bug, a library
     # error): what the receiver saw is unknown, so the lease re-sends it.
-    Stage.SENT: frozenset({Stage.ANSWERED, Stage.HANDED_BACK, Stage.UNRECORDED}),
+    Stage.SENT: frozenset({Stage.ANSWERED, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW,
+                           Stage.UNRECORDED}),
     Stage.ANSWERED: frozenset({Stage.RECORDED, Stage.UNRECORDED}),
 }
 TERMINAL = frozenset(Stage) - NEXT.keys()
@@ -120,6 +126,7 @@ class Attempt:
     started: Started | None = None  # what lua/start.lua handed over (STARTED on)
     park_by_ms: float = 0.0  # waiting for its flow this long at most, then parked
     retry: RetryDefaults = NO_DEFAULTS  # its flow's retry defaults, as of its permit
+    held_at_write: bool = False  # held back once at the write, late for its logged start
 
     @classmethod
     def claimed(cls, task: ClaimedTask, claimed_at_ms: int, *, batch_deadline_ms: int,
@@ -191,6 +198,17 @@ class Lifecycle:
         sent before), and the flow's retry defaults as of that permit."""
         self.move(attempt, Stage.ADMITTED)
         attempt.permit, attempt.start_ms, attempt.retry = permit, start_ms, retry
+
+    def wait_again(self, attempt: Attempt) -> None:
+        """A rated flow's attempt, late for the start its flow logged, waits for its flow
+        again. From SENT (its request held back at the write) only once: from then on it is
+        written however long its connection takes, so a receiver that closes every
+        connection still gets it."""
+        held = attempt.stage is Stage.SENT
+        if held and attempt.held_at_write:
+            raise IllegalTransition(f"{attempt.task.key}: held back at the write twice")
+        self.move(attempt, Stage.WAITING_FOR_FLOW)
+        attempt.held_at_write = attempt.held_at_write or held
 
     def start(self, attempt: Attempt, started: Started) -> None:
         """Redis counted it (lua/start.lua) and handed over what to send."""

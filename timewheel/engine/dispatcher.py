@@ -13,7 +13,8 @@ Redis (batched per bucket). The ``Lifecycle`` holds every attempt of this proces
 Deadlines: an attempt is sent only while its lease leaves room for all of it
 (``Attempt.may_send``, checked before its start and again just before the request goes
 out), and within the batch deadline of the tick that claimed it. One that cannot be is
-handed back unsent, for any process to claim at once.
+handed back unsent, for any process to claim at once. A rated flow's attempt is sent within
+RATE_SLACK_MS of the start its flow logged, or asks its flow again (``_late_for_its_rate``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import NotWritten
@@ -169,8 +170,11 @@ class Dispatcher:
             return
         self._lifecycle.move(attempt, Stage.SENT)
         try:
-            outcome = await self._executor.send(attempt, timeout_ms)
-        except NotWritten:  # stalled while it waited for its connection
+            outcome = await self._executor.send(attempt, timeout_ms, self._may_write(attempt))
+        except NotWritten:  # its connection came too late: nothing was written
+            now = self._clock.now_ms()
+            if attempt.may_send(now) and self._late_for_its_rate(attempt, now):
+                return
             self._hand_back(attempt, "its lease ran short before its request was written")
             return
         self._lifecycle.move(attempt, Stage.ANSWERED)
@@ -203,9 +207,22 @@ class Dispatcher:
         if now <= attempt.start_ms + RATE_SLACK_MS or not self._gate.rated(attempt.task.flow):
             return False
         self._gate.give_back(attempt)
-        self._lifecycle.move(attempt, Stage.WAITING_FOR_FLOW)
+        self._lifecycle.wait_again(attempt)
         self._gate.admit(attempt)
         return True
+
+    def _may_write(self, attempt: Attempt) -> Callable[[], bool]:
+        """The sender's last check, once the attempt's connection is ready: its lease still has
+        room and, for a rated flow's attempt, it is still within RATE_SLACK_MS of its logged
+        start. A new connection can take longer than that (a TLS dial: 100 ms and more), and
+        the attempts that dialled would reach the receiver bunched with the next window's,
+        sent on pooled connections. Held back once, an attempt is written however long its
+        connection takes then (a receiver may close every connection)."""
+        write_by = attempt.send_by_ms
+        if not attempt.held_at_write and self._gate.rated(attempt.task.flow):
+            write_by = min(write_by, attempt.start_ms + RATE_SLACK_MS)
+        clock = self._clock
+        return lambda: clock.now_ms() <= write_by
 
     def _hand_back(self, attempt: Attempt, why: str) -> None:
         """Give an unsent attempt's claim back to the wheel (and its permit to its flow)."""

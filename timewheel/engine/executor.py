@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from timewheel import __version__
 from timewheel.clock import Clock
@@ -51,24 +52,20 @@ class Executor:
                                   "retry": metrics.outcomes["retried"],
                                   "fail": metrics.outcomes["failed"]}
 
-    async def send(self, attempt: Attempt, timeout_ms: int) -> Outcome:
+    async def send(self, attempt: Attempt, timeout_ms: int, ready: Callable[[], bool]) -> Outcome:
         """Send the started attempt with the headers and body that lua/start.lua read (a claim
         carries no body: what is sent is what is stored at start), and decide its outcome.
-        Raises NotWritten when its lease ran short while it waited for its connection (the
-        lease is asked once more then, just before the request is written)."""
+        ``ready`` is asked once its connection is ready, just before the request is written;
+        False raises NotWritten (nothing was written)."""
         task, started = attempt.task, attempt.started
         assert started is not None
         started_ms = self._clock.wall_ms()
-        (self._metrics.lateness_first if started.attempt == 1
-         else self._metrics.lateness_retry).observe(
-            (started_ms - max(task.due_ms, task.created_ms)) / 1000.0)
         headers = self.headers(attempt, started, int(started_ms // 1000))
         answer: Answer | None = None
         error: SendError | None = None
         with self._tracing.callback_span(task.key, started.attempt, task.method,
                                          task.url) as span:
             self._metrics.inflight.inc()
-            ready = lambda: attempt.may_send(self._clock.now_ms())  # noqa: E731
             try:
                 if started.on_success or started.on_failure:
                     # Only a task with a result callback keeps its answer's body whole (up to
@@ -85,6 +82,10 @@ class Executor:
                 error = exc
             finally:
                 self._metrics.inflight.dec()
+            # Only once written (NotWritten passed by): an attempt held back counts once.
+            (self._metrics.lateness_first if started.attempt == 1
+             else self._metrics.lateness_retry).observe(
+                (started_ms - max(task.due_ms, task.created_ms)) / 1000.0)
             took_ms = self._clock.wall_ms() - started_ms
             self._metrics.duration.observe(took_ms / 1000.0)
             outcome = self.decide(attempt, answer, error, int(started_ms), took_ms)
