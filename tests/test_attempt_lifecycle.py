@@ -153,16 +153,16 @@ def test_the_transitions_with_data_set_their_fields_with_the_stage() -> None:
     attempt = lifecycle.add(new_attempt())
     retry, started = RetryDefaults(max_attempts=3), Started(1, [], b"")
     with pytest.raises(IllegalTransition):
-        lifecycle.admit(attempt, "p", 7, retry)  # not waiting for its flow: nothing changes
+        lifecycle.admit(attempt, "p", 7, retry, rated=True)  # not waiting: nothing changes
     assert (attempt.stage, attempt.permit, attempt.start_ms) == (S.CLAIMED, None, 0)
 
     lifecycle.wait_for_flow(attempt, park_by_ms=900)
     attempt.ask_for("asked")
     assert (attempt.stage, attempt.park_by_ms, attempt.permit) == (
         S.WAITING_FOR_FLOW, 900, "asked")
-    lifecycle.admit(attempt, "granted", 7, retry)
-    assert (attempt.stage, attempt.permit, attempt.start_ms, attempt.retry) == (
-        S.ADMITTED, "granted", 7, retry)
+    lifecycle.admit(attempt, "granted", 7, retry, rated=True)
+    assert (attempt.stage, attempt.permit, attempt.start_ms, attempt.retry, attempt.rated) == (
+        S.ADMITTED, "granted", 7, retry, True)
     lifecycle.start(attempt, started)
     assert (attempt.stage, attempt.started) == (S.STARTED, started)
     assert attempt.drop_permit() == "granted" and attempt.drop_permit() is None
@@ -170,9 +170,9 @@ def test_the_transitions_with_data_set_their_fields_with_the_stage() -> None:
 
 # -- no code elsewhere sets an attempt's fields --------------------------------------------------
 
-# The fields of Attempt that change after its claim. Not ``retry``: FlowState has a field of that
-# name, which flow_gate.py sets (an attempt's is set in Lifecycle.admit).
-CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms"}
+# The fields of Attempt that change after its claim. Not ``retry`` nor ``rated``: FlowState has
+# fields of those names, which flow_gate.py sets (an attempt's are set in Lifecycle.admit).
+CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms", "held_at_write"}
 
 
 def assignments(source: str) -> list[str]:

@@ -197,19 +197,27 @@ async def test_a_rated_attempt_late_for_its_logged_start_asks_again(
 class Dialling:
     """The harness's sender behind connections that take ``dial_ms`` of the fake clock to
     come: for the first request only, or for every one (a receiver that closes each
-    connection). As the default client does, it asks ``ready`` once the connection is there."""
+    connection). ``ready`` is asked after the dial, where the default client asks it once its
+    connection is there (HttpxSender asks it before any connection: here that is after the
+    simulated dial). The wire client's own tests check that a connection dialled for a
+    request not written serves the next (tests/test_wire_sender.py). While ``hold`` is clear,
+    a dial does not end: ``dialling`` is set meanwhile."""
 
     def __init__(self, inner: HttpxSender, clock: FakeClock, dial_ms: int, *,
                  every: bool) -> None:
         self.inner, self.clock, self.dial_ms, self.every = inner, clock, dial_ms, every
         self.keep_body, self.result_body = inner.keep_body, inner.result_body
         self.dials = self.not_written = 0
+        self.hold, self.dialling = asyncio.Event(), asyncio.Event()
+        self.hold.set()
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float, ready: Callable[[], bool] | None = None,
                    keep_body: int | None = None) -> Answer:
         if self.every or not self.dials:
             self.dials += 1
+            self.dialling.set()
+            await self.hold.wait()
             self.clock.advance(self.dial_ms)
         try:
             return await self.inner.send(method, url, headers, body, timeout, ready=ready,
@@ -282,15 +290,49 @@ async def test_an_attempt_is_held_back_at_the_write_once_then_written_however_la
 async def test_an_unrated_attempt_is_written_however_long_its_connection_takes(
         store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
     """Only a rate logs starts: a flow with a parallelism alone writes on a late connection
-    (its lease still has room)."""
+    (its lease still has room), even when the gate forgot the flow after its permit (a
+    tick's poll drops the state of a flow that looks idle, and a started attempt does not
+    count there). Whether it is rated is the attempt's own, as of its permit."""
     route = router.post(URL).respond(200)
     async with dialling(store, fake_clock, 30, every=True) as (wheel, sender):
         await limit(store, FLOW, parallelism=5)
-        await due_now(wheel, ["p"])
+        await wheel.add("p")
+        [task] = await wheel.claim("p")
+        wheel.dispatcher.submit([task], wheel.clock.now_ms())
+        wheel.clock.set(task.due_ms - 5)  # permit, then the start call
+
+        async def started() -> bool:
+            return (await wheel.raw("p")).get("started") == "1"
+        await wait_until(started, "the attempt to start")
+        await wheel.dispatcher.poll_flows()
+        assert FLOW not in wheel.dispatcher._gate._states
+        wheel.clock.set(task.due_ms)
         await wait_until(lambda: _true(route.call_count == 1), "the attempt written")
         await wheel.settle()
         assert (sender.dials, sender.not_written) == (1, 0)
         assert await statuses(wheel, ["p"]) == [("succeeded", 1)]
+
+
+async def test_an_attempt_held_back_while_stopping_is_handed_back(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """Its connection comes late while the dispatcher stops: no worker would send it again,
+    so it is handed back (claimable at once by any process), not put back in the drained
+    gate."""
+    route = router.post(URL).respond(200)
+    async with dialling(store, fake_clock, 30) as (wheel, sender):
+        await limit(store, FLOW, rate=10)
+        sender.hold.clear()
+        await due_now(wheel, ["r"])
+        await wait_until(lambda: _true(sender.dialling.is_set()), "the dial")
+        stopping = asyncio.create_task(wheel.dispatcher.stop(5.0))
+        await asyncio.sleep(0.05)  # stop() has drained the gate; the sending worker is kept
+        assert not stopping.done()
+        sender.hold.set()
+        await stopping
+        assert (sender.not_written, route.call_count) == (1, 0)
+        assert wheel.dispatcher.in_flight == 0
+        assert await wheel.raw("r") == {"status": "scheduled", "attempts": "0",
+                                        "due": str(DUE_MS)}
 
 
 async def test_rate_spreads_starts_over_windows(gated: Harness,

@@ -1,7 +1,8 @@
 """The single-Redis client's pool (timewheel/store/connection.py ``WheelPool``): redis-py's
 blocking pool with a fast path while nobody waits. Checked on a real redis-server: the fast
 path is taken when it may be and only then, an exhausted pool still queues its callers and
-serves every one within its bound, and a connection the server dropped is made again."""
+serves every one within its bound, and the calls after the server dropped a connection
+succeed."""
 
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ async def test_an_exhausted_pool_queues_its_callers_and_serves_them_all(
 
 async def test_a_connection_the_server_dropped_is_made_again(
         redis_server: RedisServer) -> None:
-    """The service's client: its idle connection, closed by the server, is not handed out as
-    if alive; the call succeeds on a new one (redis-py's retry, as with its own pool)."""
+    """The service's client, its idle connection closed by the server: the next calls
+    succeed. redis-py's retry makes the new connection, with its own pool as with this one
+    (neither notices the close before the call); this guards the fast path against handing
+    out a connection that no retry can recover."""
     client = make_redis(redis_server.url)
     try:
         assert await client.ping()

@@ -293,7 +293,9 @@ def guarded_socket_factory(
 
 class NotWritten(TimeWheelError):
     """The request was not written: when its connection was ready, ``may_write`` said no
-    (the attempt's lease had run short while it waited: a stalled process)."""
+    (the attempt's lease had run short while it waited: a stalled process; or a rated flow's
+    attempt came too late for the start its flow logged: timewheel/engine/dispatcher.py
+    ``_may_write``)."""
 
 
 # Set by the sender around one request: asked once the connection is ready, just before the
@@ -303,10 +305,13 @@ may_write: ContextVar[Callable[[], bool] | None] = ContextVar("timewheel_may_wri
                                                                default=None)
 
 
+NOT_WRITTEN = "the attempt's last check before the write said no (its lease, or its flow's rate)"
+
+
 def _ask_may_write() -> None:
     check = may_write.get()
     if check is not None and not check():
-        raise NotWritten("the attempt's lease ran short before its request was written")
+        raise NotWritten(NOT_WRITTEN)
 
 
 class LastCheckRequest(aiohttp.ClientRequest):

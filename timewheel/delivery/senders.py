@@ -19,6 +19,7 @@ import aiohttp
 import httpx
 
 from timewheel.delivery.netguard import (
+    NOT_WRITTEN,
     BlockedAddress,
     LastCheckRequest,
     NetworkPolicy,
@@ -174,7 +175,7 @@ class HttpxSender:
         limit = max(MAX_RESPONSE_BYTES, keep + 1)
         # httpx has no public hook between getting a connection and writing: asked here.
         if ready is not None and not ready():
-            raise NotWritten("the attempt's lease ran short before its request was written")
+            raise NotWritten(NOT_WRITTEN)
         try:
             async with self._client.stream(method, url, headers=headers, content=body,
                                            timeout=timeout) as response:

@@ -35,7 +35,13 @@ from typing import Any
 import aiohappyeyeballs
 
 from timewheel.delivery.http1 import Connection, Exchange, Origin, origin_of, request_bytes
-from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy, NotWritten, parse_ip_literal
+from timewheel.delivery.netguard import (
+    NOT_WRITTEN,
+    BlockedAddress,
+    NetworkPolicy,
+    NotWritten,
+    parse_ip_literal,
+)
 from timewheel.delivery.senders import (
     MAX_RESPONSE_BYTES,
     RESULT_BODY_BYTES,
@@ -47,7 +53,6 @@ from timewheel.delivery.senders import (
 IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive)
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
 HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried (aiohttp's)
-_NOT_WRITTEN = "the attempt's lease ran short before its request was written"
 
 
 AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as getaddrinfo gives
@@ -93,7 +98,7 @@ class WireSender:
         except ValueError as exc:  # UnicodeEncodeError included
             raise SendError("error", str(exc)) from exc
         if ready is not None and not ready():  # late already: not worth a connection
-            raise NotWritten(_NOT_WRITTEN)
+            raise NotWritten(NOT_WRITTEN)
         try:
             # The timeout covers the wait for a connection slot too (as aiohttp's total did).
             async with asyncio.timeout(timeout), self._slots:
@@ -124,7 +129,7 @@ class WireSender:
         conn = await self._connection(origin, loop)
         if ready is not None and not ready():
             self._put_back(origin, conn, loop)  # nothing was written on it
-            raise NotWritten(_NOT_WRITTEN)
+            raise NotWritten(NOT_WRITTEN)
         exchange = Exchange(limit, loop.create_future())
         conn.begin(exchange)
         assert conn.transport is not None

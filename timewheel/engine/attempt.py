@@ -126,6 +126,7 @@ class Attempt:
     started: Started | None = None  # what lua/start.lua handed over (STARTED on)
     park_by_ms: float = 0.0  # waiting for its flow this long at most, then parked
     retry: RetryDefaults = NO_DEFAULTS  # its flow's retry defaults, as of its permit
+    rated: bool = False  # its flow had a rate as of its permit: its start is logged there
     held_at_write: bool = False  # held back once at the write, late for its logged start
 
     @classmethod
@@ -192,12 +193,13 @@ class Lifecycle:
         self.move(attempt, Stage.WAITING_FOR_FLOW)
         attempt.park_by_ms = park_by_ms
 
-    def admit(self, attempt: Attempt, permit: str, start_ms: int,
-              retry: RetryDefaults) -> None:
-        """It holds ``permit`` of its flow, which logged its start for ``start_ms`` (it is not
-        sent before), and the flow's retry defaults as of that permit."""
+    def admit(self, attempt: Attempt, permit: str, start_ms: int, retry: RetryDefaults, *,
+              rated: bool) -> None:
+        """It holds ``permit`` of its flow, which logged its start for ``start_ms`` if
+        ``rated`` (it is not sent before), and the flow's retry defaults as of that permit."""
         self.move(attempt, Stage.ADMITTED)
         attempt.permit, attempt.start_ms, attempt.retry = permit, start_ms, retry
+        attempt.rated = rated
 
     def wait_again(self, attempt: Attempt) -> None:
         """A rated flow's attempt, late for the start its flow logged, waits for its flow

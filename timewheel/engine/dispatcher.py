@@ -172,10 +172,7 @@ class Dispatcher:
         try:
             outcome = await self._executor.send(attempt, timeout_ms, self._may_write(attempt))
         except NotWritten:  # its connection came too late: nothing was written
-            now = self._clock.now_ms()
-            if attempt.may_send(now) and self._late_for_its_rate(attempt, now):
-                return
-            self._hand_back(attempt, "its lease ran short before its request was written")
+            self._not_written(attempt)
             return
         self._lifecycle.move(attempt, Stage.ANSWERED)
         self._gate.give_back(attempt)
@@ -204,12 +201,24 @@ class Dispatcher:
         """A rated flow logged this attempt's start for ``start_ms``; sent much later, it
         could overrun the rate (starts logged since would bunch up behind it). Then it asks
         its flow again (and is started again: lua/start.lua answers the same attempt)."""
-        if now <= attempt.start_ms + RATE_SLACK_MS or not self._gate.rated(attempt.task.flow):
+        if now <= attempt.start_ms + RATE_SLACK_MS or not attempt.rated:
             return False
         self._gate.give_back(attempt)
         self._lifecycle.wait_again(attempt)
         self._gate.admit(attempt)
         return True
+
+    def _not_written(self, attempt: Attempt) -> None:
+        """The sender's last check held its request back (nothing was written). Past its lease
+        it is handed back; a rated flow's attempt late for its logged start asks its flow
+        again, once (``_may_write``), and not while stopping: no worker would send it then."""
+        now = self._clock.now_ms()
+        if not attempt.may_send(now):
+            self._hand_back(attempt, "its lease ran short before its request was written")
+        elif self._stopping or attempt.held_at_write:  # (held once: a clock stepped back)
+            self._hand_back(attempt, "its connection came too late for its flow's rate")
+        elif not self._late_for_its_rate(attempt, now):  # in time after all (a clock step)
+            self._hand_back(attempt, "its request was not written")
 
     def _may_write(self, attempt: Attempt) -> Callable[[], bool]:
         """The sender's last check, once the attempt's connection is ready: its lease still has
@@ -219,7 +228,7 @@ class Dispatcher:
         sent on pooled connections. Held back once, an attempt is written however long its
         connection takes then (a receiver may close every connection)."""
         write_by = attempt.send_by_ms
-        if not attempt.held_at_write and self._gate.rated(attempt.task.flow):
+        if attempt.rated and not attempt.held_at_write:
             write_by = min(write_by, attempt.start_ms + RATE_SLACK_MS)
         clock = self._clock
         return lambda: clock.now_ms() <= write_by

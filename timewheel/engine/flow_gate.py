@@ -106,11 +106,6 @@ class FlowGate:
         """Permits given back here that are not yet back in Redis."""
         return sum(len(state.releases) for state in self._states.values())
 
-    def rated(self, flow: str) -> bool:
-        """Whether the flow had a rate at its last permits call (True when not known)."""
-        state = self._states.get(flow)
-        return state is None or state.rated
-
     def _flow(self, key: str) -> FlowState:
         state = self._states.get(key)
         if state is None:
@@ -162,7 +157,8 @@ class FlowGate:
         """The attempt (out of its queue now) holds ``permit``: to the workers. The permit
         it asked for, if a call under way grants it, is given back then (_granted)."""
         self._leases[permit] = lease
-        self._lifecycle.admit(attempt, permit, max(start_ms, attempt.task.due_ms), state.retry)
+        self._lifecycle.admit(attempt, permit, max(start_ms, attempt.task.due_ms), state.retry,
+                              rated=state.rated)
         self._ready.put_nowait(attempt)
 
     def _release(self, state: FlowState, permits: list[str]) -> None:

@@ -126,12 +126,13 @@ def hiredis_packing(connection_class: type[AbstractConnection]) -> type[Abstract
 class WheelPool(BlockingConnectionPool):
     """redis-py's blocking pool, with a fast path for the usual case: an idle connection and no
     caller queued for one. Then a get pops it and a release pushes it back, both without the
-    pool's Condition, timeout and observability events (redis-py records them for its
-    OpenTelemetry integration, which the wheel does not use). While anyone waits (the pool
-    exhausted), in maintenance mode (Redis Enterprise notifications), or for a connection that
-    must reconnect, redis-py's own path runs, so queued callers are served in their order and
-    woken as before. A fast get still checks the connection as redis-py does
-    (``ensure_connection``: connected, no unread data)."""
+    pool's Condition, timeout and events: the observability records (for redis-py's
+    OpenTelemetry integration) and the after-release event (for streaming credential
+    providers' re-authentication), neither of which the wheel configures. While anyone waits
+    (the pool exhausted), in maintenance mode (Redis Enterprise notifications), or for a
+    connection that must reconnect, redis-py's own path runs, so queued callers are served in
+    their order and woken as before. A fast get still runs ``ensure_connection``, as redis-py's
+    own get does."""
 
     def _uncontended(self) -> bool:
         """Nobody is queued for a connection, and the pool is not in maintenance mode."""
