@@ -6,8 +6,11 @@ mode); 80 % of callbacks answer 200, 10 % answer 503 twice first, 10 % hang past
 once. Schedules with ``every`` (2 s and 3 s from the start, 5 s from the middle; the 3 s one is
 deleted at two thirds, all at the end). Before each fault, a *burst* of 20 tasks in one
 bucket: 3 scouts due 60-40 ms before the fault's instant, one a ms within 8 ms of it.
-Requests go to a random serve process that is not being faulted; each runs as its own
-asyncio task, so a hung answer never slows the load.
+A quarter of the tasks (by key) belong to a flow with a rate that never binds at this load
+(``RATED_FLOW``), so their attempts take the rated path under the faults: every start logged
+in Redis, a late attempt asking its flow again, the hold at the write. Requests go to a random
+serve process that is not being faulted; each runs as its own asyncio task, so a hung answer
+never slows the load.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -37,6 +41,7 @@ CLIENT_TIMEOUT_S = 15.0  # past the service's own Redis timeouts (5 s socket, 1 
 BURST = (-0.06, -0.05, -0.04, *(ms / 1000 for ms in range(-8, 9)))
 BURST_BUCKET = 5
 BEHAVIOURS = (("ok", 0.8), ("fail", 0.1), ("hang", 0.1))
+RATED_FLOW, RATED_RATE = "soak-rated", 50.0  # ~3 tasks a second and 5 of a burst's 20 in it
 
 
 class Load:
@@ -81,11 +86,13 @@ class Load:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return t0, time.time(), None, None, f"{type(exc).__name__}: {exc}"[:200]
 
-    def _task_body(self, behaviour: str, at: float | None, delay: float | None
+    def _task_body(self, key: str, behaviour: str, at: float | None, delay: float | None
                    ) -> dict[str, Any]:
         body: dict[str, Any] = {"callback_url": self.wheel.callback_url(behaviour),
                                 "timeout": self.timeout, "max_attempts": 8, "retry_backoff": 0.5,
                                 "body": {"n": self.n}}
+        if zlib.crc32(key.encode()) % 4 == 0:  # by key, not by the seeded draws: same load
+            body["flow_key"] = RATED_FLOW
         if at is not None:
             body["execute_at"] = at
         else:
@@ -130,13 +137,13 @@ class Load:
     async def post(self) -> None:
         key, behaviour = self._new_key(), self._behaviour()
         at, delay = self._when()
-        body = {"key": key, **self._task_body(behaviour, at, delay)}
+        body = {"key": key, **self._task_body(key, behaviour, at, delay)}
         t0, t1, status, data, err = await self._call("POST", "/tasks", body)
         self._note("create", key, t0, t1, status, data, err, at, via="post", behaviour=behaviour)
 
     async def batch(self, items: list[tuple[str, str, float | None, float | None]],
                     via: str = "batch") -> None:
-        bodies = [{"key": k, **self._task_body(b, at, d)} for k, b, at, d in items]
+        bodies = [{"key": k, **self._task_body(k, b, at, d)} for k, b, at, d in items]
         t0, t1, status, data, err = await self._call("POST", "/tasks/batch", {"tasks": bodies})
         results = data.get("results") if status == 200 and isinstance(data, dict) else None
         for i, (key, behaviour, at, _) in enumerate(items):
@@ -148,7 +155,7 @@ class Load:
         key, behaviour = self._new_key("p"), self._behaviour()
         at, delay = self._when()
         t0, t1, status, data, err = await self._call("PUT", f"/tasks/{key}",
-                                                      self._task_body(behaviour, at, delay))
+                                                      self._task_body(key, behaviour, at, delay))
         self._note("create", key, t0, t1, status, data, err, at, via="put", behaviour=behaviour)
 
     def _target(self, lead: float) -> str | None:
@@ -167,7 +174,7 @@ class Load:
         self.movable.pop(key)
         at = round(self.expect.get(key, time.time()) + self.rng.uniform(0.5, 6), 6)
         t0, t1, status, data, err = await self._call("PUT", f"/tasks/{key}",
-                                                      self._task_body("ok", at, None))
+                                                      self._task_body(key, "ok", at, None))
         self._note("replace", key, t0, t1, status, data, err, at, via="put", behaviour="ok")
 
     async def cancel(self) -> None:
@@ -188,6 +195,16 @@ class Load:
         t0, t1, status, _, err = await self._call("PUT", f"/schedules/{sid}", body)
         self._note("schedule_put", sid, t0, t1, status, None, err, None, every=every)
 
+    async def _rate_flow(self) -> None:
+        """Set RATED_FLOW's rate before the first task (no fault runs yet)."""
+        for _ in range(10):
+            _, _, status, _, err = await self._call("PUT", f"/flows/{RATED_FLOW}",
+                                                    {"rate": RATED_RATE})
+            if status == 200:
+                return
+            await asyncio.sleep(0.5)
+        raise RuntimeError(f"PUT /flows/{RATED_FLOW}: {status} {err}")
+
     def burst(self, n: int, fault: Fault) -> None:
         at = self.t0 + fault.at
         keys = (key for j in range(10_000) if self.keys.bucket_of(key := f"b{n}-{j}")
@@ -200,6 +217,7 @@ class Load:
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as self.session:
+            await self._rate_flow()
             self._spawn(self.schedule("every2", 2))
             self._spawn(self.schedule("every3", 3))
             bursts = sorted(enumerate(self.faults), key=lambda f: f[1].at)
