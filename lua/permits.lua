@@ -9,7 +9,8 @@
 -- ARGV[1]  now_ms
 -- ARGV[2]  default parallelism, for a flow with none set (TIMEWHEEL_FLOW_PARALLELISM)
 -- ARGV[3]  lease_ms: a new permit is held at most this long unless given back
--- ARGV[4]  r, how many permit ids follow to give back: ARGV[5 .. 4+r]
+-- ARGV[4]  r, how many permit ids follow to give back: ARGV[5 .. 4+r] (a start logged for
+--          one of them that has not come yet is struck from the rate log: it never happened)
 -- ARGV[5+r ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
 --          will start (the rate log counts starts when they happen, not when they are let
 --          through). A permit id that is already held counts as granted, so a call re-sent
@@ -57,6 +58,14 @@ if rate then
   if rate >= 1 then limit, window = math.floor(rate), 1000
   else limit, window = 1, math.ceil(1000 / rate) end
   redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
+  -- A permit given back before the start it was logged for never started anything (an
+  -- attempt is not sent before its logged start): that start is struck from the log, so
+  -- permits taken and given back unused (more taken for parked tasks than were left to take
+  -- back) do not fill the window. One given back at or after its start keeps it.
+  for i = 5, 4 + r do
+    local logged = redis.call('ZSCORE', starts, ARGV[i])
+    if logged and tonumber(logged) > now then redis.call('ZREM', starts, ARGV[i]) end
+  end
 else
   redis.call('DEL', starts)
 end

@@ -135,6 +135,24 @@ async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:
     assert (await flow_state(redis))["starts"] == {"c": NOW + 1000}
 
 
+async def test_permits_given_back_before_their_start_give_the_rate_back(
+        store: Store, redis: Redis) -> None:
+    """rate 2: two permits logged for NOW + 50 (parked tasks to take back) and given back
+    unused at NOW + 10 never started anything: their starts leave the log, and two more may
+    start at once. Control: given back at or after the start (NOW + 50), a start stays."""
+    await redis.hset(F + "cfg", "r", "2")
+    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0,
+                                                        "a", NOW + 50, "b", NOW + 50])
+    assert [int(x) for x in reply][:4] == [2, 1050, 2, 0]
+    assert await permits(store, NOW + 10, ["a", "b"], ["c", "d"]) == [2, 1000, 2, 0]
+    assert (await flow_state(redis))["starts"] == {"c": NOW + 10, "d": NOW + 10}
+    reply = await store.scripts.permits(keys=[F], args=[NOW + 10, 100, 15_000, 2, "c", "d",
+                                                        "e", NOW + 1010, "f", NOW + 1010])
+    assert [int(x) for x in reply][:4] == [2, 2000, 2, -2]  # c and d (started) count too
+    assert await permits(store, NOW + 1010, ["e"], ["g"]) == [0, 1000, 1, 0]
+    assert (await flow_state(redis))["starts"] == {"e": NOW + 1010, "f": NOW + 1010}
+
+
 async def test_permits_rate_below_one(store: Store, redis: Redis) -> None:
     """rate 0.5: one start every two seconds."""
     await redis.hset(F + "cfg", "r", "0.5")
