@@ -9,9 +9,13 @@
 -- ARGV[1]  now_ms
 -- ARGV[2]  default parallelism, for a flow with none set (TIMEWHEEL_FLOW_PARALLELISM)
 -- ARGV[3]  lease_ms: a new permit is held at most this long unless given back
--- ARGV[4]  r, how many permit ids follow to give back: ARGV[5 .. 4+r] (a start logged for
---          one of them that has not come yet is struck from the rate log: it never happened)
--- ARGV[5+r ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
+-- ARGV[4]  r, how many permit ids follow to give back whose attempts were (or may have been)
+--          sent: ARGV[5 .. 4+r]
+-- ARGV[5+r] u, how many permit ids follow to give back whose attempts were never sent:
+--          ARGV[6+r .. 5+r+u]. The starts logged for these never happened: they are struck
+--          from the rate log (permits taken for parked tasks and given back unused would
+--          otherwise fill the window)
+-- ARGV[6+r+u ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
 --          will start (the rate log counts starts when they happen, not when they are let
 --          through). A permit id that is already held counts as granted, so a call re-sent
 --          after a lost reply answers the same.
@@ -38,6 +42,7 @@
 local P = KEYS[1]
 local now, default_p, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local r = tonumber(ARGV[4])
+local u = tonumber(ARGV[5 + r])
 local held, starts = P .. 'held', P .. 'starts'
 
 local cfg = redis.call('HMGET', P .. 'cfg', 'p', 'r', 'x', 'ma', 'rb', 'mb')
@@ -47,6 +52,9 @@ local paused = cfg[3] == '1'
 
 -- One ZREM per piece of ids, not one per id (a Redis call each), in pieces Lua's stack takes.
 for i = 5, 4 + r, 1000 do redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 4 + r))) end
+for i = 6 + r, 5 + r + u, 1000 do
+  redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 5 + r + u)))
+end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 
 -- Rate: at most `limit` starts in any window of `window` ms. A rate of at least 1 allows its
@@ -58,13 +66,8 @@ if rate then
   if rate >= 1 then limit, window = math.floor(rate), 1000
   else limit, window = 1, math.ceil(1000 / rate) end
   redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
-  -- A permit given back before the start it was logged for never started anything (an
-  -- attempt is not sent before its logged start): that start is struck from the log, so
-  -- permits taken and given back unused (more taken for parked tasks than were left to take
-  -- back) do not fill the window. One given back at or after its start keeps it.
-  for i = 5, 4 + r do
-    local logged = redis.call('ZSCORE', starts, ARGV[i])
-    if logged and tonumber(logged) > now then redis.call('ZREM', starts, ARGV[i]) end
+  for i = 6 + r, 5 + r + u, 1000 do  -- never sent: their starts never happened
+    redis.call('ZREM', starts, unpack(ARGV, i, math.min(i + 999, 5 + r + u)))
   end
 else
   redis.call('DEL', starts)
@@ -76,7 +79,7 @@ end
 -- written as it goes: each start counts for the next one's window.
 local in_flight = redis.call('ZCOUNT', held, '-inf', BELOW_KEEPER)
 local granted, new, adds = 0, {}, {}
-for i = 5 + r, #ARGV, 2 do
+for i = 6 + r + u, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
   if not new[id] and not redis.call('ZSCORE', held, id) then
     if paused or in_flight >= parallelism then break end

@@ -23,7 +23,7 @@ from timewheel.engine import flow_gate
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.flow_gate import UNPARK_START_MS, FlowGate
-from timewheel.engine.flow_state import FlowState, Lease
+from timewheel.engine.flow_state import FlowState, Lease, Release
 from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
@@ -173,8 +173,9 @@ async def test_a_rated_attempt_late_for_its_logged_start_asks_again(
     """A rated flow logs each start for the moment it was granted; an attempt that could only
     be sent more than RATE_SLACK_MS (20 ms) after that (here its process stalled between its
     start call and its send) asks its flow again instead, so starts logged since cannot
-    bunch up behind it. It is sent once, as attempt 1 (started again, counted once).
-    Control (20 ms): sent on the permit it has, one start logged."""
+    bunch up behind it. It is sent once, as attempt 1 (started again, counted once); the
+    start logged for due goes (never sent then), the one for its new permit stays.
+    Control (20 ms): sent on the permit it has, its start logged for due."""
     route = router.post(URL).respond(200)
     await limit(gated.store, FLOW, rate=10)
     await gated.add("r")
@@ -190,8 +191,7 @@ async def test_a_rated_attempt_late_for_its_logged_start_asks_again(
     await gated.settle()
     assert route.calls.last.request.headers["timewheel-attempt"] == "1"
     assert await statuses(gated, ["r"]) == [("succeeded", 1)]
-    logged = await gated.store.redis.zcard(gated.store.keys.flow(FLOW) + "starts")
-    assert logged == (2 if late_ms > 20 else 1)
+    assert await logged_starts(gated.store) == [task.due_ms + (late_ms if late_ms > 20 else 0)]
 
 
 class Dialling:
@@ -245,8 +245,10 @@ async def dialling(store: Store, clock: FakeClock, dial_ms: int, *, every: bool 
         await sender.aclose()
 
 
-async def logged_starts(store: Store) -> int:
-    return int(await store.redis.zcard(store.keys.flow(FLOW) + "starts"))
+async def logged_starts(store: Store) -> list[int]:
+    """The times of the starts the flow's rate log holds."""
+    rows = await store.redis.zrange(store.keys.flow(FLOW) + "starts", 0, -1, withscores=True)
+    return sorted(int(score) for _, score in rows)
 
 
 @pytest.mark.parametrize("dial_ms", [15, 30])
@@ -254,9 +256,10 @@ async def test_a_rated_attempt_whose_connection_came_late_asks_again_unwritten(
         store: Store, fake_clock: FakeClock, router: respx.MockRouter, dial_ms: int) -> None:
     """Its connection came more than RATE_SLACK_MS (20 ms) after the start its rated flow
     logged (a dial): the request is not written, the attempt asks its flow again and is
-    written on its next try, on the connection now pooled: once, as attempt 1, two starts
-    logged. Sent on a dialled connection, it would reach the receiver late, bunched with
-    the next window's attempts. Control (15 ms): written on its first try, one start."""
+    written on its next try, on the connection now pooled: once, as attempt 1, its start
+    logged for when it asked again (the one logged for due goes: never sent then). Sent on a
+    dialled connection, it would reach the receiver late, bunched with the next window's
+    attempts. Control (15 ms): written on its first try, its start logged for due."""
     route = router.post(URL).respond(200)
     async with dialling(store, fake_clock, dial_ms) as (wheel, sender):
         await limit(store, FLOW, rate=10)
@@ -268,7 +271,7 @@ async def test_a_rated_attempt_whose_connection_came_late_asks_again_unwritten(
         assert first_attempt_lateness(wheel)[0] == 1  # the try held back is not counted
         assert route.calls.last.request.headers["timewheel-attempt"] == "1"
         assert await statuses(wheel, ["r"]) == [("succeeded", 1)]
-        assert await logged_starts(store) == (2 if dial_ms > 20 else 1)
+        assert await logged_starts(store) == [DUE_MS + (dial_ms if dial_ms > 20 else 0)]
 
 
 async def test_an_attempt_is_held_back_at_the_write_once_then_written_however_late(
@@ -284,7 +287,7 @@ async def test_an_attempt_is_held_back_at_the_write_once_then_written_however_la
         await wheel.settle()
         assert (sender.dials, sender.not_written, route.call_count) == (2, 1, 1)
         assert await statuses(wheel, ["r"]) == [("succeeded", 1)]
-        assert await logged_starts(store) == 2
+        assert await logged_starts(store) == [DUE_MS + 30]  # asked again after one dial
 
 
 async def test_an_unrated_attempt_is_written_however_long_its_connection_takes(
@@ -365,7 +368,8 @@ class PermitsCalls:
         permits = flows.permits
 
         async def counted(flow: str, **kwargs: Any) -> Any:
-            self.calls.append((len(kwargs.get("release") or ()), len(kwargs.get("want") or ())))
+            given_back = len(kwargs.get("release") or ()) + len(kwargs.get("unused") or ())
+            self.calls.append((given_back, len(kwargs.get("want") or ())))
             return await permits(flow, **kwargs)
 
         flows.permits = counted  # type: ignore[method-assign]
@@ -471,6 +475,32 @@ async def test_beyond_the_local_cap_tasks_park_at_once(
         receiver.open.set()
         await wait_until(lambda: _true(len(receiver.attempts) == 4), "all four sent")
         assert receiver.peak == 1
+    finally:
+        await harness.dispatcher.stop(0.1)
+        await harness.sender.aclose()
+
+
+async def test_permits_taken_back_unused_leave_no_start_in_a_rated_flows_log(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter) -> None:
+    """Taking parked tasks back asks for permits without knowing how many are parked (the
+    room left plus one); for a rated flow each one granted logs a start. Those given back
+    unused (more than were parked) take their starts back: the log holds one start per task
+    sent, so the window is not filled by starts that never happened."""
+    route = router.post(URL).respond(200)
+    harness = Harness(store, fake_clock)
+    harness.dispatcher = Dispatcher(
+        store, flow_store(store), fake_clock, harness.sender, harness.metrics, signer=None,
+        max_concurrency=10, batch_deadline_ms=30_000, tokens=claim_tokens(), flow_local_cap=1)
+    try:
+        await limit(store, FLOW, rate=10)
+        await due_now(harness, ["a", "b", "c"])  # one waits here, two park at once
+        await wait_until(lambda: _true(route.call_count == 1), "the one waiting here")
+        await harness.dispatcher.poll_flows()
+        fake_clock.set(DUE_MS + UNPARK_START_MS)  # the parked ones start 50 ms after
+        await wait_until(lambda: _true(route.call_count == 3), "the two taken back")
+        await harness.settle()
+        assert len(await logged_starts(store)) == 3
+        assert await statuses(harness, ["a", "b", "c"]) == [("succeeded", 1)] * 3
     finally:
         await harness.dispatcher.stop(0.1)
         await harness.sender.aclose()
@@ -585,7 +615,7 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
     assert ready.get_nowait() is waiters[1] and ready.empty()
     assert (waiters[1].stage, waiters[1].permit) == (Stage.ADMITTED, "p-b")
     assert list(state.queue) == [waiters[2]]
-    assert state.releases == ["p-a"]
+    assert state.releases == [Release("p-a", sent=False)]
 
 
 async def test_a_waiter_admitted_on_a_handed_on_permit_gives_its_own_back(
@@ -600,7 +630,7 @@ async def test_a_waiter_admitted_on_a_handed_on_permit_gives_its_own_back(
     gate._admit(state, waiter, "handed", Lease(1e15), 0)
     gate._granted(state, [waiter], [("p-a", 1)], Lease(1e15))
     assert ready.get_nowait() is waiter and ready.empty()
-    assert waiter.permit == "handed" and state.releases == ["p-a"]
+    assert waiter.permit == "handed" and state.releases == [Release("p-a", sent=False)]
 
 
 async def test_a_lowered_parallelism_holds_from_the_next_permit_on(

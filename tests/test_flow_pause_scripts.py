@@ -18,7 +18,7 @@ W = "{tw:wl}:"
 async def permits(store: Store, now: int, release: list[str], want: list[str]) -> list[int]:
     pairs = [part for permit in want for part in (permit, now)]
     reply = await store.scripts.permits(keys=[F], args=[now, 100, 15_000, len(release),
-                                                        *release, *pairs])
+                                                        *release, 0, *pairs])
     return [int(x) for x in reply]
 
 

@@ -32,10 +32,12 @@ F = "{tw:f:" + FLOW + "}:"
 
 
 async def permits(store: Store, now: int, release: list[str], want: list[str],
-                  lease: int = 15_000, default_p: int = 100) -> list[int]:
+                  lease: int = 15_000, default_p: int = 100, unused: tuple[str, ...] = ()
+                  ) -> list[int]:
     pairs = [part for permit in want for part in (permit, now)]
     reply = await store.scripts.permits(keys=[F], args=[now, default_p, lease, len(release),
-                                                        *release, *pairs])
+                                                        *release, len(unused), *unused,
+                                                        *pairs])
     return [int(x) for x in reply][:4]
 
 
@@ -135,22 +137,25 @@ async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:
     assert (await flow_state(redis))["starts"] == {"c": NOW + 1000}
 
 
-async def test_permits_given_back_before_their_start_give_the_rate_back(
+async def test_permits_given_back_unused_give_their_starts_back(
         store: Store, redis: Redis) -> None:
     """rate 2: two permits logged for NOW + 50 (parked tasks to take back) and given back
     unused at NOW + 10 never started anything: their starts leave the log, and two more may
-    start at once. Control: given back at or after the start (NOW + 50), a start stays."""
+    start at once. Control: the same two given back as sent keep their starts."""
     await redis.hset(F + "cfg", "r", "2")
-    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0,
-                                                        "a", NOW + 50, "b", NOW + 50])
-    assert [int(x) for x in reply][:4] == [2, 1050, 2, 0]
-    assert await permits(store, NOW + 10, ["a", "b"], ["c", "d"]) == [2, 1000, 2, 0]
-    assert (await flow_state(redis))["starts"] == {"c": NOW + 10, "d": NOW + 10}
-    reply = await store.scripts.permits(keys=[F], args=[NOW + 10, 100, 15_000, 2, "c", "d",
-                                                        "e", NOW + 1010, "f", NOW + 1010])
-    assert [int(x) for x in reply][:4] == [2, 2000, 2, -2]  # c and d (started) count too
-    assert await permits(store, NOW + 1010, ["e"], ["g"]) == [0, 1000, 1, 0]
-    assert (await flow_state(redis))["starts"] == {"e": NOW + 1010, "f": NOW + 1010}
+    for name, sent in (("unused", False), ("control", True)):
+        await redis.delete(F + "held", F + "starts")
+        reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0, 0,
+                                                            "a", NOW + 50, "b", NOW + 50])
+        assert [int(x) for x in reply][:4] == [2, 1050, 2, 0], name
+        if sent:
+            got = await permits(store, NOW + 10, ["a", "b"], ["c", "d"])
+            assert got == [0, 1040, 0, 0], name
+            assert (await flow_state(redis))["starts"] == {"a": NOW + 50, "b": NOW + 50}
+        else:
+            got = await permits(store, NOW + 10, [], ["c", "d"], unused=("a", "b"))
+            assert got == [2, 1000, 2, 0], name
+            assert (await flow_state(redis))["starts"] == {"c": NOW + 10, "d": NOW + 10}
 
 
 async def test_permits_rate_below_one(store: Store, redis: Redis) -> None:
@@ -299,11 +304,11 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
     """Each permit carries its start time: a start logged ahead of the call (a task let
     through before its due time) still counts in every window it falls in."""
     await redis.hset(F + "cfg", "r", "2")
-    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0,
+    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0, 0,
                                                         "a", NOW + 500, "b", NOW + 500])
     assert [int(x) for x in reply][:5] == [2, 500 + 1000, 2, 0, 1]
     reply = await store.scripts.permits(keys=[F], args=[NOW + 1000, 100, 15_000, 2, "a", "b",
-                                                        "c", NOW + 1000])
+                                                        0, "c", NOW + 1000])
     assert [int(x) for x in reply][:5] == [0, 500, 0, 0, 1]
     assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}
 

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 from timewheel.clock import Clock
 from timewheel.engine.attempt import Attempt, Lifecycle, Stage
-from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease
+from timewheel.engine.flow_state import MAX_WANT, FlowState, Lease, Release
 from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
@@ -67,6 +67,9 @@ PERMIT_REUSE_MS = 10_000
 # "Permits given back together"). Short, because attempts of the flow in other processes may
 # be refused meanwhile, and then wait for their process's next call (a tick at most).
 RELEASE_LINGER_S = 0.01
+# An attempt that gives its permit back in one of these stages was (or may have been) sent;
+# in any other it never was, and a rated flow's log takes back the start it logged for it.
+_SENT = frozenset({Stage.ANSWERED, Stage.UNRECORDED})
 
 
 class FlowGate:
@@ -136,7 +139,7 @@ class FlowGate:
         if lease is not None and self._may_hand_on(state, lease):
             self._admit(state, state.queue.popleft(), permit, lease, self._clock.now_ms())
             return
-        self._release(state, [permit])
+        self._release(state, [permit], sent=attempt.stage in _SENT)
 
     def _may_hand_on(self, state: FlowState, lease: Lease) -> bool:
         """Not for a rated or paused flow (every start of a rated flow must be logged in Redis;
@@ -161,11 +164,11 @@ class FlowGate:
                               rated=state.rated)
         self._ready.put_nowait(attempt)
 
-    def _release(self, state: FlowState, permits: list[str]) -> None:
+    def _release(self, state: FlowState, permits: list[str], *, sent: bool = False) -> None:
         """Give permits back to Redis: at once when attempts of the flow wait for room (here
         or parked), else within RELEASE_LINGER_S, together with whatever else comes back or
-        is asked for meanwhile."""
-        state.releases.extend(permits)
+        is asked for meanwhile. ``sent``: their attempts were (or may have been) sent."""
+        state.releases.extend(Release(permit, sent) for permit in permits)
         if state.queue or state.parked_buckets or self._stopping:
             self._kick(state)
         elif state.linger is None:
@@ -206,7 +209,7 @@ class FlowGate:
         waiting = []
         for state in self._states.values():
             for attempt in state.queue:
-                state.releases.append(attempt.drop_permit() or "")
+                state.releases.append(Release(attempt.drop_permit() or "", sent=False))
                 waiting.append(attempt)
             state.queue.clear()
         return waiting
@@ -231,9 +234,10 @@ class FlowGate:
         await asyncio.gather(*running, return_exceptions=True)
         for state in self._states.values():
             if state.releases:
+                sent, unused = _split(state.releases)
                 try:
                     await self._flows.permits(state.key, now_ms=self._clock.now_ms(),
-                                              lease_ms=1, release=state.releases)
+                                              lease_ms=1, release=sent, unused=unused)
                 except StoreUnavailable:
                     pass  # Redis (or its clock) unreachable: their leases give them back
         self._states.clear()
@@ -272,9 +276,10 @@ class FlowGate:
         if not releases and not want:
             return
         now = self._clock.now_ms()
+        sent, unused = _split(releases)
         try:
             reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease_ms,
-                                              release=releases, want=want)
+                                              release=sent, unused=unused, want=want)
         except BaseException:  # unavailable, or cancelled by close(), which sends them
             state.releases[:0] = releases  # try again; their leases bound the damage
             raise
@@ -351,7 +356,7 @@ class FlowGate:
         for attempt, permit in zip(adopted, held, strict=False):
             self._admit(state, attempt, permit, lease, start)
         if len(adopted) < len(held):  # taken by another process meanwhile: give the rest back
-            state.releases.extend(held[len(adopted):])
+            state.releases.extend(Release(permit, sent=False) for permit in held[len(adopted):])
             state.again = True
         elif state.parked_buckets:
             state.again = True  # more may fit: ask again
@@ -382,7 +387,7 @@ class FlowGate:
         for attempt in waiters:
             state.queue.popleft()
             # Not granted as far as this process knows; a reply lost on the way may have.
-            state.releases.append(attempt.drop_permit() or "")
+            state.releases.append(Release(attempt.drop_permit() or "", sent=False))
         self._park_soon(waiters)
 
     def _park_soon(self, attempts: list[Attempt]) -> None:
@@ -402,3 +407,8 @@ class FlowGate:
         for attempt in await self._parking.park(attempts):
             self.parked(attempt.task.flow, attempt.task.bucket, attempt.task.due_ms)
         self._metrics.flow_waiting.set(self.waiting)
+
+
+def _split(releases: list[Release]) -> tuple[list[str], list[str]]:
+    """The permits call's two lists: given back after a send, and never sent."""
+    return [r.permit for r in releases if r.sent], [r.permit for r in releases if not r.sent]

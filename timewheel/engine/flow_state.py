@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.engine.attempt import Attempt
 
 MAX_WANT = 256  # permit ids asked for in one call
+
+
+class Release(NamedTuple):
+    """A permit to give back; ``sent``: its attempt was (or may have been) sent, so the start
+    a rated flow logged for it happened. One never sent takes its logged start back."""
+
+    permit: str
+    sent: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +32,7 @@ class Lease:
 class FlowState:
     key: str
     queue: deque[Attempt] = field(default_factory=deque)
-    releases: list[str] = field(default_factory=list)
+    releases: list[Release] = field(default_factory=list)  # to give back to Redis
     parked_buckets: set[int] = field(default_factory=set)
     parked_due: float = float("inf")  # due time of the earliest task parked (a hint)
     exchange: asyncio.Task[None] | None = None  # the permits call under way

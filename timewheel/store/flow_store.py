@@ -69,15 +69,16 @@ class FlowStore:
         self._defaults: dict[str, tuple[int, RetryDefaults]] = {}  # flow -> (read at, value)
 
     async def permits(self, flow: str, *, now_ms: int, lease_ms: int,
-                      release: Sequence[str] = (), want: Sequence[tuple[str, int]] = ()
-                      ) -> PermitReply:
-        """Give back ``release``, then take permits for ``want``, (permit id, start ms) pairs
-        in order, atomically."""
+                      release: Sequence[str] = (), unused: Sequence[str] = (),
+                      want: Sequence[tuple[str, int]] = ()) -> PermitReply:
+        """Give back ``release`` (their attempts were or may have been sent) and ``unused``
+        (never sent: the starts logged for them leave a rated flow's log), then take permits
+        for ``want``, (permit id, start ms) pairs in order, atomically."""
         async with redis_errors("permits"):
             reply = await self.scripts.permits(
                 keys=[self.keys.flow(flow)],
                 args=[now_ms, self.default_parallelism, lease_ms, len(release), *release,
-                      *(part for pair in want for part in pair)])
+                      len(unused), *unused, *(part for pair in want for part in pair)])
         return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            bool(reply[4]), bool(reply[5]),
                            RetryDefaults(int(reply[6]), int(reply[7]), int(reply[8])))
