@@ -172,7 +172,7 @@ def test_the_transitions_with_data_set_their_fields_with_the_stage() -> None:
 
 # The fields of Attempt that change after its claim. Not ``retry`` nor ``rated``: FlowState has
 # fields of those names, which flow_gate.py sets (an attempt's are set in Lifecycle.admit).
-CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms", "held_at_write"}
+CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms", "held_at_write", "sent"}
 
 
 def assignments(source: str) -> list[str]:

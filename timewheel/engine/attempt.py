@@ -128,6 +128,7 @@ class Attempt:
     retry: RetryDefaults = NO_DEFAULTS  # its flow's retry defaults, as of its permit
     rated: bool = False  # its flow had a rate as of its permit: its start is logged there
     held_at_write: bool = False  # held back once at the write, late for its logged start
+    sent: bool = False  # it reached SENT: its request may have been written from then on
 
     @classmethod
     def claimed(cls, task: ClaimedTask, claimed_at_ms: int, *, batch_deadline_ms: int,
@@ -216,6 +217,13 @@ class Lifecycle:
         """Redis counted it (lua/start.lua) and handed over what to send."""
         self.move(attempt, Stage.STARTED)
         attempt.started = started
+
+    def send(self, attempt: Attempt) -> None:
+        """Its request goes out: from now on the receiver may have it, whatever follows (a
+        sender's NotWritten included: aiohttp re-sends an idempotent request after a
+        disconnect and may refuse the second try, the first written)."""
+        self.move(attempt, Stage.SENT)
+        attempt.sent = True
 
     def __len__(self) -> int:
         return len(self.live)

@@ -67,9 +67,6 @@ PERMIT_REUSE_MS = 10_000
 # "Permits given back together"). Short, because attempts of the flow in other processes may
 # be refused meanwhile, and then wait for their process's next call (a tick at most).
 RELEASE_LINGER_S = 0.01
-# An attempt that gives its permit back in one of these stages was (or may have been) sent;
-# in any other it never was, and a rated flow's log takes back the start it logged for it.
-_SENT = frozenset({Stage.ANSWERED, Stage.UNRECORDED})
 
 
 class FlowGate:
@@ -139,7 +136,7 @@ class FlowGate:
         if lease is not None and self._may_hand_on(state, lease):
             self._admit(state, state.queue.popleft(), permit, lease, self._clock.now_ms())
             return
-        self._release(state, [permit], sent=attempt.stage in _SENT)
+        self._release(state, [permit], sent=attempt.sent)
 
     def _may_hand_on(self, state: FlowState, lease: Lease) -> bool:
         """Not for a rated or paused flow (every start of a rated flow must be logged in Redis;
@@ -164,7 +161,7 @@ class FlowGate:
                               rated=state.rated)
         self._ready.put_nowait(attempt)
 
-    def _release(self, state: FlowState, permits: list[str], *, sent: bool = False) -> None:
+    def _release(self, state: FlowState, permits: list[str], *, sent: bool) -> None:
         """Give permits back to Redis: at once when attempts of the flow wait for room (here
         or parked), else within RELEASE_LINGER_S, together with whatever else comes back or
         is asked for meanwhile. ``sent``: their attempts were (or may have been) sent."""
@@ -344,7 +341,7 @@ class FlowGate:
                 state.queue.remove(attempt)
             self._admit(state, attempt, permit, lease, start)
         if unneeded:
-            self._release(state, unneeded)
+            self._release(state, unneeded, sent=False)  # never used by any attempt
         self._metrics.flow_waiting.set(self.waiting)
 
     async def _unpark(self, state: FlowState, held: list[str], start: int, *,
