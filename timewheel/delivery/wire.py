@@ -19,7 +19,8 @@ aiohttp's private hooks (timewheel/delivery/netguard.py):
 
 What it does not do, on purpose: follow redirects (the contract), use proxies or the
 environment, decompress (no ``Accept-Encoding`` is sent), pipeline, or retry a request on a
-connection the server closed meanwhile (the attempt is retried with backoff, as with aiohttp).
+connection the server closed meanwhile (the attempt is retried with backoff instead; aiohttp
+re-sends an idempotent request once after a disconnect, which may deliver it twice).
 """
 
 from __future__ import annotations
