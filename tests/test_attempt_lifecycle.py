@@ -96,16 +96,19 @@ def test_sent_again_only_through_waiting_for_its_flow() -> None:
 
 
 def test_an_attempt_is_held_back_at_the_write_once() -> None:
-    """Lifecycle.wait_again from SENT marks the attempt; a second time is refused (it would be
-    written then however long its connection takes). From STARTED it may ask again freely."""
+    """``move`` counts an attempt's SENTs; Lifecycle.wait_again from a second SENT is refused
+    (it is written then however long its connection takes). From STARTED it may ask again
+    freely. Once in SENT, it counts as sent for good (its request may have been written)."""
     lifecycle, attempt = brought_to(S.SENT)
+    assert (attempt.sends, attempt.sent, attempt.held_at_write) == (1, True, False)
     lifecycle.wait_again(attempt)
-    assert (attempt.stage, attempt.held_at_write) == (S.WAITING_FOR_FLOW, True)
+    assert (attempt.stage, attempt.sends, attempt.sent) == (S.WAITING_FOR_FLOW, 1, True)
     for step in (S.ADMITTED, S.STARTED):
         lifecycle.move(attempt, step)
     lifecycle.wait_again(attempt)  # late before the write: not a hold at the write
     for step in (S.ADMITTED, S.STARTED, S.SENT):
         lifecycle.move(attempt, step)
+    assert (attempt.sends, attempt.held_at_write) == (2, True)
     with pytest.raises(IllegalTransition, match="held back at the write twice"):
         lifecycle.wait_again(attempt)
     assert attempt.stage is S.SENT
@@ -172,7 +175,7 @@ def test_the_transitions_with_data_set_their_fields_with_the_stage() -> None:
 
 # The fields of Attempt that change after its claim. Not ``retry`` nor ``rated``: FlowState has
 # fields of those names, which flow_gate.py sets (an attempt's are set in Lifecycle.admit).
-CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms", "held_at_write", "sent"}
+CHANGING = {"stage", "permit", "start_ms", "started", "park_by_ms", "sends"}
 
 
 def assignments(source: str) -> list[str]:

@@ -39,10 +39,10 @@ attempt asking its flow again), out to the right (``──► A, B`` is an edge 
 through ``move``, which refuses a transition that the picture above does not have. An attempt
 may be STARTED more than once (after asking its flow again; lua/start.lua answers the same
 attempt number). It is written at most once: SENT leads back only from the sender's last
-check before the write (NotWritten), once per attempt (``held_at_write``), when a rated
-flow's attempt got its connection too late for its logged start. A claim has one attempt (a
-task taken back from Redis is a new claim, with a new attempt), so a task is sent at most
-once per claim.
+check before the write (NotWritten), once per attempt (``Attempt.sends``, counted by
+``move``), when a rated flow's attempt got its connection too late for its logged start. A
+claim has one attempt (a task taken back from Redis is a new claim, with a new attempt), so a
+task is sent at most once per claim.
 """
 
 from __future__ import annotations
@@ -127,8 +127,7 @@ class Attempt:
     park_by_ms: float = 0.0  # waiting for its flow this long at most, then parked
     retry: RetryDefaults = NO_DEFAULTS  # its flow's retry defaults, as of its permit
     rated: bool = False  # its flow had a rate as of its permit: its start is logged there
-    held_at_write: bool = False  # held back once at the write, late for its logged start
-    sent: bool = False  # it reached SENT: its request may have been written from then on
+    sends: int = 0  # times it reached SENT (twice only after a hold at the write, see NEXT)
 
     @classmethod
     def claimed(cls, task: ClaimedTask, claimed_at_ms: int, *, batch_deadline_ms: int,
@@ -139,6 +138,18 @@ class Attempt:
         lease_from = max(task.due_ms, claimed_at_ms)
         room = max(lease_margin_ms // 2, lease_margin_ms - SEND_SAFETY_MS)
         return cls(task, claimed_at_ms, claimed_at_ms + batch_deadline_ms, lease_from + room)
+
+    @property
+    def sent(self) -> bool:
+        """It reached SENT: from then on its request may have been written, whatever followed
+        (a sender's NotWritten included: aiohttp re-sends an idempotent request after a
+        disconnect and may refuse the second try, the first written)."""
+        return self.sends > 0
+
+    @property
+    def held_at_write(self) -> bool:
+        """Held back at the write once already (it is in SENT a second time, or was)."""
+        return self.sends > 1
 
     def may_send(self, now_ms: int) -> bool:
         """Whether its lease still has room for the whole attempt: checked on this process's
@@ -182,6 +193,8 @@ class Lifecycle:
             raise IllegalTransition(f"{attempt.task.key}: {attempt.stage.value} -> {to.value}")
         self.counts[attempt.stage] -= 1
         attempt.stage = to
+        if to is Stage.SENT:
+            attempt.sends += 1
         if to in TERMINAL:
             self.live.discard(attempt)
         else:
@@ -207,23 +220,14 @@ class Lifecycle:
         again. From SENT (its request held back at the write) only once: from then on it is
         written however long its connection takes, so a receiver that closes every
         connection still gets it."""
-        held = attempt.stage is Stage.SENT
-        if held and attempt.held_at_write:
+        if attempt.stage is Stage.SENT and attempt.held_at_write:
             raise IllegalTransition(f"{attempt.task.key}: held back at the write twice")
         self.move(attempt, Stage.WAITING_FOR_FLOW)
-        attempt.held_at_write = attempt.held_at_write or held
 
     def start(self, attempt: Attempt, started: Started) -> None:
         """Redis counted it (lua/start.lua) and handed over what to send."""
         self.move(attempt, Stage.STARTED)
         attempt.started = started
-
-    def send(self, attempt: Attempt) -> None:
-        """Its request goes out: from now on the receiver may have it, whatever follows (a
-        sender's NotWritten included: aiohttp re-sends an idempotent request after a
-        disconnect and may refuse the second try, the first written)."""
-        self.move(attempt, Stage.SENT)
-        attempt.sent = True
 
     def __len__(self) -> int:
         return len(self.live)

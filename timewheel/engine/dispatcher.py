@@ -168,7 +168,7 @@ class Dispatcher:
             # longer has room for it, and another process may have it already.
             self._hand_back(attempt, "its lease ran short before it was sent (stalled)")
             return
-        self._lifecycle.send(attempt)
+        self._lifecycle.move(attempt, Stage.SENT)
         try:
             outcome = await self._executor.send(attempt, timeout_ms, self._may_write(attempt))
         except NotWritten:  # its connection came too late: nothing was written
