@@ -168,6 +168,14 @@ async def test_api_requests_get_server_spans_in_the_callers_trace(
             "timewheel.request_id": "req-7"}
         assert span.status.status_code == StatusCode.UNSET
 
+        # POST /tasks, served by api/create_route.py or (malformed) passed on: one span each,
+        # named by the route's template.
+        for body, status in [({"callback_url": "http://127.0.0.1:9/h"}, 201), ({}, 422)]:
+            exporter.clear()
+            assert (await client.post("/tasks", json=body)).status_code == status
+            span = only_span(exporter)
+            assert (span.name, (span.attributes or {})["http.route"]) == ("POST /tasks", "/tasks")
+
         exporter.clear()
         assert (await client.get("/test-unavailable")).status_code == 503
         span = only_span(exporter)

@@ -31,6 +31,7 @@ from timewheel.api import (
     topics,
     ui,
 )
+from timewheel.api.create_route import CreateTaskRoute
 from timewheel.api.deps import Needs
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(stats.router)
     app.include_router(auth.router)
     app.include_router(ui.router)  # the dashboard: no token for the page, its calls use one
+    app.router.routes.insert(0, CreateTaskRoute())  # POST /tasks, well formed: api/create_route.py
     if not public_docs:
         _private_openapi(app)
     _docs(app, public=public_docs)
