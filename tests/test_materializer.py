@@ -8,6 +8,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
+from tests.support.waiting import wait_until
+from timewheel.clock import FakeClock
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.occurrences import next_after
 from timewheel.errors import StoreUnavailable
@@ -308,3 +310,63 @@ async def test_occurrences_carry_the_templates_result_callbacks(store: Store,
     view = await store.get(f"rs.{NOW + 1000}")
     assert view is not None
     assert (view.on_success, view.on_failure) == (None, "http://127.0.0.1:9/failed")
+
+
+# -- materialize_soon: a schedule put with an occurrence before the next pass ---------------
+
+LONG_TICK = 60_000  # run() passes once at its start, then not again within a test
+
+
+def soon_passes() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "timewheel-materialize-soon"]
+
+
+async def has_task(redis: Redis, key: str) -> bool:
+    return key in await task_keys(redis)
+
+
+async def test_an_occurrence_before_the_next_pass_is_materialized_as_the_schedule_is_put(
+        store: Store, redis: Redis) -> None:
+    """A pass materializes only what falls due before the pass after it (plus a tick), so a
+    schedule put with an occurrence sooner would have it made a task at the next pass, up to
+    a tick after it is due. While run() runs, the put tells the materializer, which passes
+    over the schedule's bucket at once; so does a resume. An occurrence after the next pass
+    starts nothing. After stop(), nobody is told."""
+    clock = FakeClock(NOW)
+    schedules = schedules_of(store)
+    m = Materializer(store, schedules, clock, tick_ms=LONG_TICK)
+    m.start()
+    try:
+        await wait_until(lambda: m._passed_ms == NOW, "the first pass")
+        await put(schedules, "soon", every=1)
+        await wait_until(lambda: has_task(redis, f"soon.{NOW + 1000}"), "the occurrence's task")
+        await wait_until(lambda: soon_passes() == [], "that pass to end")
+        await put(schedules, "later", every=LONG_TICK * 10 // 1000)
+        later = await schedules.get("later")
+        assert later is not None and later.next_ms == NOW + LONG_TICK * 10
+        assert soon_passes() == []
+        await schedules.pause("soon")
+        clock.advance(40_000)
+        assert await schedules.resume("soon", now_ms=clock.now_ms(), next_after=next_after)
+        resumed = await schedules.get("soon")
+        assert resumed is not None and resumed.next_ms is not None
+        assert resumed.next_ms < clock.now_ms() + LONG_TICK
+        await wait_until(lambda: has_task(redis, f"soon.{resumed.next_ms}"), "resumed")
+    finally:
+        await m.stop()
+    await put(schedules, "after-stop", now=clock.now_ms(), every=1)
+    assert soon_passes() == []
+    assert not [k for k in await task_keys(redis) if k.startswith(("later.", "after-stop."))]
+
+
+async def test_no_pass_yet_no_materializing_soon(store: Store, redis: Redis) -> None:
+    """Before this process has passed (within grace), it cannot tell whether the wheel was
+    down (which decides what a pass fires of missed occurrences): a put leaves the schedule to
+    the first pass."""
+    clock = FakeClock(NOW)
+    schedules = schedules_of(store)
+    m = Materializer(store, schedules, clock, tick_ms=LONG_TICK)
+    schedules.next_soon = m.materialize_soon  # as run() does, before its first pass
+    await put(schedules, "early", every=1)
+    assert soon_passes() == []
+    assert await task_keys(redis) == []

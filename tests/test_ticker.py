@@ -361,3 +361,107 @@ async def test_every_bucket_failing_raises_so_the_loop_backs_off(
     with pytest.raises(StoreUnavailable):
         await ticker.tick()
     assert flaky.claims == store.keys.buckets  # each bucket was tried once
+
+
+# -- claim_soon: tasks made due before the next tick -----------------------------------------
+
+LONG_TICK_MS = 60_000  # run() ticks once at its start, then not again within a test
+
+
+def claims_soon() -> list[asyncio.Task[Any]]:
+    """The claims that Ticker.claim_soon has under way (it starts them as it is told)."""
+    return [t for t in asyncio.all_tasks() if t.get_name() == "timewheel-claim-soon"]
+
+
+class CountedClaims:
+    """Wraps ``store.claim``: counts the calls and the most that ran at once per bucket."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.most_at_once = 0
+        self._running: dict[int, int] = {}
+        claim = store.claim
+
+        async def counted(bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
+            self.calls += 1
+            self._running[bucket] = self._running.get(bucket, 0) + 1
+            self.most_at_once = max(self.most_at_once, self._running[bucket])
+            try:
+                return await claim(bucket, **kwargs)
+            finally:
+                self._running[bucket] -= 1
+
+        monkeypatch.setattr(store, "claim", counted)
+
+
+async def started(ticker: Ticker, dispatcher: FakeDispatcher) -> asyncio.Task[None]:
+    runner = asyncio.create_task(ticker.run())
+    await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
+    return runner
+
+
+async def test_a_task_made_due_before_the_next_tick_is_claimed_as_it_is_made(
+        store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick claims only up to the next one, so a task created, rescheduled or replayed to a
+    time before it would wait for that tick, up to a tick late. While run() runs, the store
+    tells the ticker, which claims the task's bucket at once; a task due after the next tick
+    starts no claim (that tick claims it). After stop(), nobody is told."""
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS)
+    runner = await started(ticker, dispatcher)
+    claims = CountedClaims(store, monkeypatch)
+    try:
+        await add(store, "soon", START_MS + 300)
+        await wait_until(lambda: "soon" in dispatcher.keys, "the task due soon to be claimed")
+
+        calls = claims.calls
+        await add(store, "after-next-tick", START_MS + LONG_TICK_MS + 1000)
+        assert claims_soon() == [] and claims.calls == calls
+
+        due = await store.reschedule("after-next-tick", due_ms=START_MS + 2000,
+                                     max_attempts=None, now_ms=START_MS)
+        assert due.name == "RESCHEDULED"
+        await wait_until(lambda: "after-next-tick" in dispatcher.keys, "the moved task")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    await add(store, "after-stop", START_MS + 300)
+    assert claims_soon() == []
+    assert "after-stop" not in dispatcher.keys
+
+
+async def test_a_burst_of_creates_shares_claims(store: Store, fake_clock: FakeClock,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fifty tasks due soon, created at once, are all claimed, by at most one claim per
+    bucket at a time, and by fewer claims than tasks."""
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS)
+    runner = await started(ticker, dispatcher)
+    claims = CountedClaims(store, monkeypatch)
+    keys = keys_in_bucket(store, 3, 50)
+    try:
+        await asyncio.gather(*(add(store, key, START_MS + 500) for key in keys))
+        await wait_until(lambda: set(keys) <= set(dispatcher.keys), "all fifty claimed")
+        await wait_until(lambda: claims_soon() == [], "the claims to end")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    assert sorted(dispatcher.keys) == sorted(keys)
+    assert claims.most_at_once == 1
+    assert claims.calls < len(keys)
+
+
+async def test_no_claim_soon_beyond_max_pending(store: Store, fake_clock: FakeClock) -> None:
+    """Bounded work: with the dispatcher holding max_pending, a task due soon waits in
+    Redis (for a tick with room), as it does at a tick."""
+    dispatcher = FakeDispatcher(busy=10)
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS, max_pending=10)
+    runner = await started(ticker, dispatcher)
+    try:
+        await add(store, "no-room", START_MS + 300)
+        await wait_until(lambda: claims_soon() == [], "the claim to give up")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    assert dispatcher.keys == []
+    assert (await statuses(store, ["no-room"])) == {"no-room": "scheduled"}

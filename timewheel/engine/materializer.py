@@ -74,6 +74,10 @@ class Materializer:
         self._specs: OrderedDict[tuple[str, str], _Spec] = OrderedDict()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._passed_ms: int | None = None  # now_ms of this process's last pass
+        # materialize_soon: the buckets with a pass under way (True: once more after it).
+        self._soon: dict[int, bool] = {}
+        self._soon_tasks: set[asyncio.Task[None]] = set()
         # Counters (tests and the bench read them).
         self.created = 0  # occurrence tasks this process created
         self.recovered = 0  # of which created again after their creator's lease ran out
@@ -94,17 +98,7 @@ class Materializer:
         # A slow pass or a Redis blip while processes run must not skip occurrences.
         previous = await self._schedules.mark_pass(now_ms)
         was_down = previous is None or previous < now_ms - self.grace_ms
-
-        async def materialize(bucket: int) -> int:
-            made, left = 0, share
-            while left > 0:
-                full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
-                                                      limit=min(self.batch, left))
-                left -= len(due)
-                made += await self._materialize(bucket, due, now_ms, was_down)
-                if not full or not due:
-                    break
-            return made
+        self._passed_ms = now_ms
 
         async def settle(bucket: int) -> None:
             left = share
@@ -116,9 +110,56 @@ class Materializer:
                 if not full or not items:
                     break
 
-        reserved = await asyncio.gather(*(materialize(b) for b in range(buckets)))
+        reserved = await asyncio.gather(*(self._bucket(b, now_ms, was_down, share)
+                                          for b in range(buckets)))
         await asyncio.gather(*(settle(b) for b in range(buckets)))
         return sum(reserved)
+
+    async def _bucket(self, bucket: int, now_ms: int, was_down: bool, budget: int) -> int:
+        """Materialize the bucket's schedules due by ``now_ms + ahead_ms``, in batches, up to
+        ``budget`` of them; how many were reserved."""
+        made, left = 0, budget
+        while left > 0:
+            full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
+                                                  limit=min(self.batch, left))
+            left -= len(due)
+            made += await self._materialize(bucket, due, now_ms, was_down)
+            if not full or not due:
+                break
+        return made
+
+    def materialize_soon(self, bucket: int, next_ms: int) -> None:
+        """Listens to ``ScheduleStore.next_soon`` while ``run()`` runs. A schedule just put or
+        resumed whose next occurrence falls before this process's next pass has its bucket
+        materialized now: else that occurrence would become a task only at the next pass, up
+        to a tick after it is due. Only after a pass of this process within ``grace_ms``
+        (none yet: the wheel may have been down, which only a pass may judge) and one bucket
+        pass at a time (asked again meanwhile: once more after it)."""
+        now_ms = self._clock.now_ms()
+        if (self._stopping.is_set() or next_ms >= now_ms + self.tick_ms
+                or self._passed_ms is None or self._passed_ms < now_ms - self.grace_ms):
+            return
+        if bucket in self._soon:
+            self._soon[bucket] = True
+            return
+        self._soon[bucket] = False
+        task = asyncio.create_task(self._materialize_soon(bucket),
+                                   name="timewheel-materialize-soon")
+        self._soon_tasks.add(task)
+        task.add_done_callback(self._soon_tasks.discard)
+
+    async def _materialize_soon(self, bucket: int) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._soon[bucket] = False
+                await self._bucket(bucket, self._clock.now_ms(), False, self.batch)
+                if not self._soon[bucket]:
+                    break
+        except Exception as exc:  # the next pass materializes it, as without this
+            log.debug("materializing bucket %d for a schedule due soon failed: %s",
+                      bucket, exc)
+        finally:
+            del self._soon[bucket]
 
     async def _materialize(self, bucket: int, due: list[Due], now_ms: int,
                            was_down: bool = True) -> int:
@@ -270,7 +311,17 @@ class Materializer:
             self._task = None
 
     async def run(self) -> None:
-        """Tick every ``tick_ms`` until ``stop()``; errors are logged and the loop goes on."""
+        """Tick every ``tick_ms`` until ``stop()``; errors are logged and the loop goes on.
+        Meanwhile materialize schedules put with an occurrence before the next pass
+        (``materialize_soon``)."""
+        listening, self._schedules.next_soon = self._schedules.next_soon, self.materialize_soon
+        try:
+            await self._run()
+        finally:
+            self._schedules.next_soon = listening
+            await asyncio.gather(*self._soon_tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         failing = False

@@ -67,6 +67,9 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
         for index, code in enumerate(codes):
             if code is ScheduleReply.CONFLICT and await store.same_request(tasks[index]):
                 codes[index] = ScheduleReply.EXISTS
+    for task, code in zip(tasks, codes, strict=True):
+        if code is ScheduleReply.CREATED:
+            store.due_soon(store.keys.bucket_of(task.key), task.due_ms)
     return codes
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,6 +71,7 @@ class ClaimSide:
     retention_ms: int
     lease_margin_ms: int
     attempts_kept: int
+    due_soon: Callable[[int, int], None]  # (bucket, due_ms) of a task just made due
 
     async def claim(self, bucket: int, *, now_ms: int, horizon_ms: int, limit: int, token: str,
                     max_minutes: int = 1440) -> tuple[bool, list[ClaimedTask]]:
@@ -188,6 +189,12 @@ class ClaimSide:
         out: list[CompleteReply] = [CompleteReply.STALE] * len(outcomes)
         for j, i in enumerate(order):
             out[i] = CompleteReply(int(reply[j]))
+            bucket, o = outcomes[i]
+            if out[i] is CompleteReply.RECORDED:
+                if o.next_due_ms is not None:  # a retry (its backoff may be under a tick)
+                    self.due_soon(bucket, o.next_due_ms)
+                elif o.result is not None:  # its result task, due now, in the same bucket
+                    self.due_soon(bucket, now_ms)
         return out
 
     async def release(self, bucket: int, claims: Sequence[tuple[str, str]]

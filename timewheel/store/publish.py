@@ -76,8 +76,13 @@ class Publisher:
     async def publish(self, request: PublishRequest, *, now_ms: int) -> Published:
         async with redis_errors("publish"):
             if isinstance(self.store.redis, RedisCluster):
-                return await self._in_steps(request, now_ms)
-            return await self._at_once(request, now_ms)
+                published = await self._in_steps(request, now_ms)
+            else:
+                published = await self._at_once(request, now_ms)
+        if published.reply is PublishReply.CREATED:
+            for task in request.tasks:
+                self.store.due_soon(self.keys.bucket_of(task.key), task.due_ms)
+        return published
 
     def _head(self, mode: str, request: PublishRequest, now_ms: int, request_id: str
               ) -> list[Any]:

@@ -138,6 +138,9 @@ class ScheduleStore:
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
         self._unreadable: set[bytes] = set()  # sealed specs already logged as unreadable
+        # Told (bucket, next_ms) when a put or a resume sets a schedule's next occurrence: a
+        # process's materializer listens (Materializer.materialize_soon), as Store.due_soon.
+        self.next_soon: Callable[[int, int], None] = _nobody_listens
         self.scripts: dict[str, AsyncScript] = {
             name: store.scripts.register(name) for name in SCRIPTS}  # acknowledged: see there
 
@@ -238,6 +241,8 @@ class ScheduleStore:
                 "" if nxt is None else nxt, now_ms, request_id])
             code = SchedPutReply(int(reply[0]))
             if code is not SchedPutReply.STALE:
+                if nxt is not None:
+                    self.next_soon(self.bucket_of(schedule_id), nxt)
                 return code, [int(x) for x in reply[1:]]
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being written")
 
@@ -259,6 +264,8 @@ class ScheduleStore:
             code = SchedResumeReply(int(await self._run(
                 "sched_resume", self.bucket_of(schedule_id),
                 [schedule_id, record.version, "" if nxt is None else nxt])))
+            if code is SchedResumeReply.RESUMED and nxt is not None:
+                self.next_soon(self.bucket_of(schedule_id), nxt)
             if code is not SchedResumeReply.STALE:
                 return code is not SchedResumeReply.NOT_FOUND
         raise RuntimeError(f"schedule {schedule_id!r} kept changing while being resumed")
@@ -384,3 +391,7 @@ class ScheduleStore:
             schedule_id, _, occ = rows[i].decode().rpartition(" ")
             found.append((schedule_id, int(occ), rows[i + 1].decode()))
         return int(reply[0]) >= limit, found
+
+
+def _nobody_listens(bucket: int, next_ms: int) -> None:
+    """ScheduleStore.next_soon while no materializer listens."""

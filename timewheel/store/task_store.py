@@ -9,7 +9,7 @@ and translate Redis failures into ``StoreUnavailable``, keeping the cause.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -51,6 +51,10 @@ class Store(ClaimSide):
         self.view_script = redis.register_script(source("view"))
         self.list_script = redis.register_script(source("list"))
         self.ready = False  # init() has read the bucket count and migrated v1 records
+        # Told (bucket, due_ms) of each task a write has just made due: a process's ticker
+        # listens (Ticker.claim_soon), so that a task due before its next tick is claimed at
+        # once, not a tick late. A no-op until then.
+        self.due_soon: Callable[[int, int], None] = _nobody_listens
 
     async def init(self) -> None:
         """Read (or fix, the first time) the wheel's bucket count, migrate what layout 1 left
@@ -88,12 +92,15 @@ class Store(ClaimSide):
     async def schedule(self, task: NewTask, *, replace: bool, now_ms: int) -> ScheduleReply:
         """CREATED, REPLACED, EXISTS (identical, create only) or CONFLICT (create only).
         The request id makes a redis-py retry of this very call answer as the first did."""
+        bucket = self.keys.bucket_of(task.key)
         async with redis_errors("schedule"):
             reply = ScheduleReply(int(await self.scripts.schedule(
-                keys=[self.keys.prefix(self.keys.bucket_of(task.key))],
+                keys=[self.keys.prefix(bucket)],
                 args=self.schedule_args(task, replace=replace, now_ms=now_ms))))
         if reply is ScheduleReply.CONFLICT and await self.same_request(task):
             return ScheduleReply.EXISTS
+        if reply in (ScheduleReply.CREATED, ScheduleReply.REPLACED):
+            self.due_soon(bucket, task.due_ms)
         return reply
 
     async def same_request(self, task: NewTask) -> bool:
@@ -143,10 +150,13 @@ class Store(ClaimSide):
 
     async def replay(self, key: str, *, now_ms: int) -> ReplayReply:
         """REPLAYED (scheduled again), NOT_FOUND, or NOT_FAILED (not failed or cancelled)."""
+        bucket = self.keys.bucket_of(key)
         async with redis_errors("replay"):
-            return ReplayReply(int(await self.scripts.replay(
-                keys=[self.keys.prefix(self.keys.bucket_of(key))],
-                args=[key, now_ms, secrets.token_hex(8)])))
+            reply = ReplayReply(int(await self.scripts.replay(
+                keys=[self.keys.prefix(bucket)], args=[key, now_ms, secrets.token_hex(8)])))
+        if reply is ReplayReply.REPLAYED:
+            self.due_soon(bucket, now_ms)
+        return reply
 
     async def reschedule(self, key: str, *, due_ms: int, max_attempts: int | None,
                          now_ms: int) -> RescheduleReply:
@@ -154,11 +164,15 @@ class Store(ClaimSide):
         NOT_FOUND, FINISHED or TOO_FEW_ATTEMPTS (``max_attempts`` is not more
         than the attempts made; nothing written). The request id makes a redis-py retry of
         this very call answer RESCHEDULED again."""
+        bucket = self.keys.bucket_of(key)
         async with redis_errors("reschedule"):
-            return RescheduleReply(int(await self.scripts.reschedule(
-                keys=[self.keys.prefix(self.keys.bucket_of(key))],
+            reply = RescheduleReply(int(await self.scripts.reschedule(
+                keys=[self.keys.prefix(bucket)],
                 args=[key, now_ms, secrets.token_hex(8), due_ms,
                       "" if max_attempts is None else max_attempts])))
+        if reply is RescheduleReply.RESCHEDULED:
+            self.due_soon(bucket, due_ms)
+        return reply
 
     async def get(self, key: str) -> TaskRecord | None:
         """The task, headers and body included; None: no such task."""
@@ -209,3 +223,7 @@ class Store(ClaimSide):
         async with redis_errors("record"):
             raw: Any = await self.redis.get(self.keys.task(key))
         return None if raw is None else layout.decode(raw)
+
+
+def _nobody_listens(bucket: int, due_ms: int) -> None:
+    """Store.due_soon while no ticker listens (the API alone, tests, scripts)."""

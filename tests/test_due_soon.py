@@ -1,0 +1,89 @@
+"""``Store.due_soon``: every write that makes a task due tells the listener (the process's
+ticker, tests/test_ticker.py) its bucket and due time, and a write that makes nothing due
+tells it nothing. Real Redis, the Store's own methods."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import START_MS
+from timewheel.models import TaskFields
+from timewheel.operations.prepare import prepare
+from timewheel.store import CompleteReply, Outcome, ScheduleReply, Store
+from timewheel.store.batch import schedule_many
+from timewheel.store.record import NewTask
+from timewheel.store.results import ResultCallback
+
+URL = "http://127.0.0.1:9/hook"
+NOW = START_MS
+
+
+def task(key: str, due_ms: int, url: str = URL, **fields: object) -> NewTask:
+    return prepare(TaskFields(callback_url=url, execute_at=due_ms / 1000, **fields), key, NOW,
+                   default_timeout=10.0)
+
+
+@pytest.fixture
+def told(store: Store) -> Iterator[list[tuple[int, int]]]:
+    heard: list[tuple[int, int]] = []
+    store.due_soon = lambda bucket, due_ms: heard.append((bucket, due_ms))
+    yield heard
+
+
+async def test_creates_replaces_reschedules_and_replays_tell(store: Store,
+                                                             told: list[tuple[int, int]]) -> None:
+    bucket = store.keys.bucket_of("a")
+    assert await store.schedule(task("a", NOW + 500), replace=False, now_ms=NOW) \
+        is ScheduleReply.CREATED
+    assert await store.schedule(task("a", NOW + 500), replace=False, now_ms=NOW) \
+        is ScheduleReply.EXISTS  # nothing new is due
+    assert await store.schedule(task("a", NOW + 900, url=f"{URL}/2"), replace=False,
+                                now_ms=NOW) is ScheduleReply.CONFLICT
+    assert await store.schedule(task("a", NOW + 700), replace=True, now_ms=NOW) \
+        is ScheduleReply.REPLACED
+    assert told == [(bucket, NOW + 500), (bucket, NOW + 700)]
+    del told[:]
+    await store.reschedule("a", due_ms=NOW + 300, max_attempts=None, now_ms=NOW)
+    await store.reschedule("missing", due_ms=NOW + 300, max_attempts=None, now_ms=NOW)
+    await store.cancel("a", now_ms=NOW)
+    await store.replay("a", now_ms=NOW + 50)
+    assert told == [(bucket, NOW + 300), (bucket, NOW + 50)]
+
+
+async def test_a_batch_tells_what_it_created(store: Store, told: list[tuple[int, int]]) -> None:
+    await store.schedule(task("old", NOW + 100), replace=False, now_ms=NOW)
+    del told[:]
+    codes = await schedule_many(store, [task("old", NOW + 100), task("new", NOW + 200)], NOW)
+    assert codes == [ScheduleReply.EXISTS, ScheduleReply.CREATED]
+    assert told == [(store.keys.bucket_of("new"), NOW + 200)]
+
+
+async def test_a_recorded_retry_or_result_tells_a_stale_outcome_does_not(
+        store: Store, told: list[tuple[int, int]]) -> None:
+    """A retry is due at its backoff (which may be under a tick); a finished task's result
+    task is due now, in its parent's bucket. An outcome whose claim is gone writes nothing."""
+    for key in ("r", "ok"):
+        await store.schedule(task(key, NOW, on_success=f"{URL}/done"), replace=False,
+                             now_ms=NOW)
+    del told[:]
+    claimed = {}
+    for key in ("r", "ok"):
+        bucket = store.keys.bucket_of(key)
+        _, tasks = await store.claim(bucket, now_ms=NOW, horizon_ms=NOW + 1000, limit=10,
+                                     token=f"tok-{key}")
+        claimed.update({t.key: (bucket, t.token) for t in tasks})
+    r_bucket, r_token = claimed["r"]
+    ok_bucket, ok_token = claimed["ok"]
+    result = ResultCallback(url=f"{URL}/done", verdict="ok", attempt=1, status_code=200,
+                            scheduled_at_ms=NOW, timeout_ms=10_000)
+    replies = await store.complete_many([
+        (r_bucket, Outcome("r", r_token, "retry", status_code=500, next_due_ms=NOW + 400,
+                           started_ms=NOW)),
+        (ok_bucket, Outcome("ok", ok_token, "ok", status_code=200, started_ms=NOW,
+                            result=result)),
+        (r_bucket, Outcome("r", "not-the-claim", "retry", next_due_ms=NOW + 900)),
+    ], now_ms=NOW + 100)
+    assert replies == [CompleteReply.RECORDED, CompleteReply.RECORDED, CompleteReply.STALE]
+    assert told == [(r_bucket, NOW + 400), (ok_bucket, NOW + 100)]
