@@ -196,3 +196,50 @@ async def test_tokens_are_checked_before_the_body(settings: Settings, fake_clock
                               headers={"authorization": "Bearer w-token"})
         assert r.status_code == 201
         assert passed.count == 0
+
+
+async def test_a_body_nested_too_deep_to_parse_is_passed_on(
+        pair: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch,
+        redis: Redis) -> None:
+    """json.loads raises RecursionError, not a JSONDecodeError: the FastAPI route answers
+    400, and so does the built app (not a 500 from this route)."""
+    passed = PassedOn(monkeypatch)
+    before = await snapshot(redis)
+    deep = b'{"callback_url": "' + URL.encode() + b'", "body": ' + b"[" * 5000 + b"]" * 5000
+    r = await both(pair, "deep", content=deep + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and passed.count == 1
+    assert await snapshot(redis) == before
+
+
+async def test_a_client_that_leaves_mid_body_is_answered_as_by_the_fastapi_route(
+        pair: tuple[httpx.AsyncClient, httpx.AsyncClient]) -> None:
+    """Half a body, then the client is gone (as uvicorn reports it, every receive after):
+    each app answers the same (FastAPI's 400), neither raises."""
+    sent: list[list[int]] = []
+    for client in pair:
+        app = client._transport.app  # type: ignore[attr-defined]
+        statuses: list[int] = []
+        messages = [{"type": "http.request", "body": b'{"callback_url": ', "more_body": True}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop() if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await app({"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                   "method": "POST", "scheme": "http", "path": "/tasks",
+                   "raw_path": b"/tasks", "root_path": "", "query_string": b"",
+                   "headers": [(b"host", b"t"), (b"content-type", b"application/json"),
+                               (b"transfer-encoding", b"chunked")],
+                   "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}, receive, send)
+        sent.append(statuses)
+    assert sent[0] == sent[1] == [400]
+
+
+def test_url_for_still_finds_the_fastapi_routes(settings: Settings) -> None:
+    """The route is nameless: placed first, it must not stop ``url_path_for`` looking."""
+    app = create_app(settings, run_ticker=False)
+    assert app.url_path_for("get_task", key="x") == "/tasks/x"

@@ -13,19 +13,20 @@ raises the same 401/403 as the route class, before the body is read), the body r
 as JSON (api/routing.py), validation by the same model in the same (Python) mode, the wheel
 (api/deps.py ``get_wheel``), ``wheel.tasks.create`` and the task view encoded as FastAPI
 encodes a ``response_model``. A body that is not ``application/json``, not strict JSON or
-not valid for the model is handed, bytes and all, to the FastAPI route, so every 4xx for a
-malformed request comes from one place. Errors raised after validation (a conflict, Redis
-unavailable, a limit of the settings) are the same domain errors the FastAPI route raises,
-answered by the same handlers (api/errors.py) around the router.
+not valid for the model (or that fails to be read at all) is handed, bytes and all, to the
+FastAPI route, so every answer to a malformed request comes from one place. Errors raised
+after validation (a conflict, Redis unavailable, a limit of the settings) are the same domain
+errors the FastAPI route raises, answered by the same handlers (api/errors.py) around the
+router.
 """
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from pydantic import ValidationError
+from starlette.datastructures import URLPath
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Message, Receive, Scope, Send
 
 from timewheel.api.deps import Needs, get_wheel
@@ -46,6 +47,9 @@ class CreateTaskRoute(BaseRoute):
     def __init__(self) -> None:
         self.needs = Needs(TokenScope.WRITE)
 
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)  # nameless: url_for finds FastAPI's routes
+
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if (scope["type"] == "http" and scope["method"] == "POST"
                 and scope["path"] == PATH and not scope.get("root_path")  # else: FastAPI's
@@ -60,10 +64,14 @@ class CreateTaskRoute(BaseRoute):
                 != "application/json":
             await _pass_on(scope, receive, send, None)
             return
-        body = await request.body()
+        try:
+            body = await request.body()
+        except Exception:  # the client left mid-body (or the size limit refused it)
+            await _pass_on(scope, receive, send, None)
+            return
         try:
             fields = TaskCreate.model_validate(await request.json())
-        except (json.JSONDecodeError, ValidationError):
+        except Exception:  # not JSON, not valid, or worse (nested too deep to parse)
             await _pass_on(scope, receive, send, body)
             return
         wheel = await get_wheel(request)
