@@ -354,6 +354,7 @@ async def test_an_occurrence_before_the_next_pass_is_materialized_as_the_schedul
         await wait_until(lambda: has_task(redis, f"soon.{resumed.next_ms}"), "resumed")
     finally:
         await m.stop()
+    assert schedules.next_soon.__name__ == "_nobody_listens"
     await put(schedules, "after-stop", now=clock.now_ms(), every=1)
     assert soon_passes() == []
     assert not [k for k in await task_keys(redis) if k.startswith(("later.", "after-stop."))]
@@ -370,3 +371,38 @@ async def test_no_pass_yet_no_materializing_soon(store: Store, redis: Redis) -> 
     await put(schedules, "early", every=1)
     assert soon_passes() == []
     assert await task_keys(redis) == []
+
+
+async def test_no_materializing_soon_during_the_pass_after_an_outage(store: Store,
+                                                                     redis: Redis) -> None:
+    """The first pass after an outage fires only the latest missed occurrence. A schedule put
+    in the same bucket while that pass is under way must not pass the bucket as if the wheel
+    had been up (it would fire every missed occurrence): a pass counts once it is whole."""
+    clock = FakeClock(NOW + 9000)
+    schedules = schedules_of(store)
+    m = Materializer(store, schedules, clock, tick_ms=TICK)
+    schedules.next_soon = m.materialize_soon  # as run() does
+    await put(schedules, "a", every=10)
+    await m.tick(NOW + 9000)  # materializes NOW + 10 s
+    clock.advance(91_500)  # every process down for a minute and a half
+    bucket = schedules.bucket_of("a")
+    other = next(f"b{i}" for i in range(10_000) if schedules.bucket_of(f"b{i}") == bucket)
+    reading, go_on = asyncio.Event(), asyncio.Event()
+    due = schedules.due
+
+    async def slow_due(b: int, **kwargs: Any) -> Any:
+        if b == bucket and not go_on.is_set():
+            reading.set()
+            await go_on.wait()  # the pass's read of this bucket, a little slow
+        return await due(b, **kwargs)
+
+    schedules.due = slow_due  # type: ignore[method-assign]
+    passing = asyncio.create_task(m.tick(clock.now_ms()))
+    await wait_until(reading.is_set, "the pass to be reading the bucket")
+    await put(schedules, other, now=clock.now_ms(), every=1)  # an occurrence within the tick
+    assert soon_passes() == []
+    go_on.set()
+    await passing
+    assert [k for k in await task_keys(redis) if k.startswith("a.")] == [
+        f"a.{NOW + 10_000}", f"a.{NOW + 100_000}"]
+    assert m.skipped == 1

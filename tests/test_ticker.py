@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import START_MS
 from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock
+from timewheel.engine.soon_claims import SOON_LEAD_MS, SoonClaims
 from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
@@ -363,33 +364,21 @@ async def test_every_bucket_failing_raises_so_the_loop_backs_off(
     assert flaky.claims == store.keys.buckets  # each bucket was tried once
 
 
-# -- claim_soon: tasks made due before the next tick -----------------------------------------
+# -- SoonClaims: tasks made due before the next tick (timewheel/engine/soon_claims.py) ------
 
 LONG_TICK_MS = 60_000  # run() ticks once at its start, then not again within a test
 
 
-def claims_soon() -> list[asyncio.Task[Any]]:
-    """The claims that Ticker.claim_soon has under way (it starts them as it is told)."""
-    return [t for t in asyncio.all_tasks() if t.get_name() == "timewheel-claim-soon"]
-
-
 class CountedClaims:
-    """Wraps ``store.claim``: counts the calls and the most that ran at once per bucket."""
+    """Wraps ``store.claim``: counts the calls."""
 
     def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        self.most_at_once = 0
-        self._running: dict[int, int] = {}
         claim = store.claim
 
         async def counted(bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
             self.calls += 1
-            self._running[bucket] = self._running.get(bucket, 0) + 1
-            self.most_at_once = max(self.most_at_once, self._running[bucket])
-            try:
-                return await claim(bucket, **kwargs)
-            finally:
-                self._running[bucket] -= 1
+            return await claim(bucket, **kwargs)
 
         monkeypatch.setattr(store, "claim", counted)
 
@@ -400,40 +389,45 @@ async def started(ticker: Ticker, dispatcher: FakeDispatcher) -> asyncio.Task[No
     return runner
 
 
-async def test_a_task_made_due_before_the_next_tick_is_claimed_as_it_is_made(
+def soon(ticker: Ticker) -> SoonClaims:
+    assert ticker.soon is not None
+    return ticker.soon
+
+
+async def test_a_task_made_due_before_the_next_tick_is_claimed_just_before_it_is_due(
         store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tick claims only up to the next one, so a task created, rescheduled or replayed to a
     time before it would wait for that tick, up to a tick late. While run() runs, the store
-    tells the ticker, which claims the task's bucket at once; a task due after the next tick
-    starts no claim (that tick claims it). After stop(), nobody is told."""
+    tells the ticker, which claims the task's bucket SOON_LEAD_MS before the task is due; a
+    task due after the next tick is left to that tick. After stop(), the store tells nobody."""
     dispatcher = FakeDispatcher()
     ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS)
     runner = await started(ticker, dispatcher)
     claims = CountedClaims(store, monkeypatch)
+    bucket = store.keys.bucket_of("soon")
     try:
         await add(store, "soon", START_MS + 300)
+        assert soon(ticker).pending == {bucket: START_MS + 300 - SOON_LEAD_MS}
+        fake_clock.advance(300 - SOON_LEAD_MS)
         await wait_until(lambda: "soon" in dispatcher.keys, "the task due soon to be claimed")
+        assert claims.calls == 1 and soon(ticker).pending == {}
 
-        calls = claims.calls
-        await add(store, "after-next-tick", START_MS + LONG_TICK_MS + 1000)
-        assert claims_soon() == [] and claims.calls == calls
-
-        due = await store.reschedule("after-next-tick", due_ms=START_MS + 2000,
-                                     max_attempts=None, now_ms=START_MS)
+        await add(store, "after-next-tick", fake_clock.now_ms() + LONG_TICK_MS)
+        assert soon(ticker).pending == {}
+        due = await store.reschedule("after-next-tick", due_ms=fake_clock.now_ms() + 2000,
+                                     max_attempts=None, now_ms=fake_clock.now_ms())
         assert due.name == "RESCHEDULED"
+        fake_clock.advance(2000 - SOON_LEAD_MS)
         await wait_until(lambda: "after-next-tick" in dispatcher.keys, "the moved task")
     finally:
         ticker.stop()
         await asyncio.wait_for(runner, 10)
-    await add(store, "after-stop", START_MS + 300)
-    assert claims_soon() == []
-    assert "after-stop" not in dispatcher.keys
+    assert store.due_soon.__name__ == "_nobody_listens"
 
 
-async def test_a_burst_of_creates_shares_claims(store: Store, fake_clock: FakeClock,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fifty tasks due soon, created at once, are all claimed, by at most one claim per
-    bucket at a time, and by fewer claims than tasks."""
+async def test_a_burst_of_creates_shares_one_claim(store: Store, fake_clock: FakeClock,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fifty tasks due soon in one bucket, created at once: one claim takes them all."""
     dispatcher = FakeDispatcher()
     ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS)
     runner = await started(ticker, dispatcher)
@@ -441,27 +435,71 @@ async def test_a_burst_of_creates_shares_claims(store: Store, fake_clock: FakeCl
     keys = keys_in_bucket(store, 3, 50)
     try:
         await asyncio.gather(*(add(store, key, START_MS + 500) for key in keys))
+        fake_clock.advance(500)
         await wait_until(lambda: set(keys) <= set(dispatcher.keys), "all fifty claimed")
-        await wait_until(lambda: claims_soon() == [], "the claims to end")
     finally:
         ticker.stop()
         await asyncio.wait_for(runner, 10)
     assert sorted(dispatcher.keys) == sorted(keys)
-    assert claims.most_at_once == 1
-    assert claims.calls < len(keys)
+    assert claims.calls == 1
 
 
-async def test_no_claim_soon_beyond_max_pending(store: Store, fake_clock: FakeClock) -> None:
-    """Bounded work: with the dispatcher holding max_pending, a task due soon waits in
-    Redis (for a tick with room), as it does at a tick."""
-    dispatcher = FakeDispatcher(busy=10)
-    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS, max_pending=10)
+async def test_claims_between_ticks_keep_to_max_pending_and_go_on_while_more(
+        store: Store, fake_clock: FakeClock) -> None:
+    """Bounded work, as at a tick: with room for 3, tasks due soon in two buckets are claimed
+    3 in all, one claim at a time; with room, a bucket with more than a claim's batch is
+    claimed to its end (two claims of 4 and one of 2 for 10)."""
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS, max_pending=3,
+                            claim_batch=4)
     runner = await started(ticker, dispatcher)
+    keys = keys_in_bucket(store, 1, 5) + keys_in_bucket(store, 2, 5)
     try:
-        await add(store, "no-room", START_MS + 300)
-        await wait_until(lambda: claims_soon() == [], "the claim to give up")
+        for key in keys:
+            await add(store, key, START_MS + 300)
+        fake_clock.advance(300)
+        await wait_until(lambda: soon(ticker).pending == {} and len(dispatcher.keys) == 3,
+                         "three claimed")
     finally:
         ticker.stop()
         await asyncio.wait_for(runner, 10)
-    assert dispatcher.keys == []
-    assert (await statuses(store, ["no-room"])) == {"no-room": "scheduled"}
+    assert len(dispatcher.keys) == 3
+
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS, claim_batch=4)
+    runner = await started(ticker, dispatcher)  # its first tick claims what is left
+    more = keys_in_bucket(store, 5, 10)
+    try:
+        for key in more:
+            await add(store, key, fake_clock.now_ms() + 300)
+        fake_clock.advance(300)
+        await wait_until(lambda: set(more) <= set(dispatcher.keys), "all ten claimed")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    assert [len(tasks) for tasks, _ in dispatcher.calls][-3:] == [4, 4, 2]
+
+
+async def test_a_steady_stream_of_creates_costs_a_claim_per_delay_not_per_create(
+        store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """500 creates in one bucket, one every 2 ms (the wheel's clock), each due 300 ms after
+    it is made: a claim at the earliest one's time takes every task due by the next tick, so
+    the stream costs one claim per 250 ms (300 less SOON_LEAD_MS), not one per create."""
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher, tick_ms=LONG_TICK_MS,
+                            claim_batch=1000)  # each claim call takes all it finds
+    runner = await started(ticker, dispatcher)
+    claims = CountedClaims(store, monkeypatch)
+    keys = keys_in_bucket(store, 4, 500)
+    try:
+        for key in keys:
+            await add(store, key, fake_clock.now_ms() + 300)
+            fake_clock.advance(2)
+            await asyncio.sleep(0)  # the claim, when its time has come, runs meanwhile
+        fake_clock.advance(300)
+        await wait_until(lambda: set(keys) <= set(dispatcher.keys), "all claimed")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    elapsed = 2 * len(keys) + 300
+    assert claims.calls <= elapsed // (300 - SOON_LEAD_MS) + 1, claims.calls

@@ -74,7 +74,7 @@ class Materializer:
         self._specs: OrderedDict[tuple[str, str], _Spec] = OrderedDict()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._passed_ms: int | None = None  # now_ms of this process's last pass
+        self._passed_ms: int | None = None  # now_ms of this process's last whole pass
         # materialize_soon: the buckets with a pass under way (True: once more after it).
         self._soon: dict[int, bool] = {}
         self._soon_tasks: set[asyncio.Task[None]] = set()
@@ -98,7 +98,6 @@ class Materializer:
         # A slow pass or a Redis blip while processes run must not skip occurrences.
         previous = await self._schedules.mark_pass(now_ms)
         was_down = previous is None or previous < now_ms - self.grace_ms
-        self._passed_ms = now_ms
 
         async def settle(bucket: int) -> None:
             left = share
@@ -113,6 +112,9 @@ class Materializer:
         reserved = await asyncio.gather(*(self._bucket(b, now_ms, was_down, share)
                                           for b in range(buckets)))
         await asyncio.gather(*(settle(b) for b in range(buckets)))
+        # Only now: a pass that judged the wheel down must have skipped what it skips before
+        # materialize_soon may pass a bucket as if it had not been.
+        self._passed_ms = now_ms
         return sum(reserved)
 
     async def _bucket(self, bucket: int, now_ms: int, was_down: bool, budget: int) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from timewheel.clock import Clock
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.soon_claims import SoonClaims
 from timewheel.engine.tick_phase import TickPhases
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
@@ -49,9 +50,7 @@ class Ticker:
         self._tokens = tokens or claim_tokens()
         self._phases = phases
         self._stopping = asyncio.Event()
-        # claim_soon: the buckets with a claim under way (True: claim once more after it).
-        self._soon: dict[int, bool] = {}
-        self._soon_tasks: set[asyncio.Task[None]] = set()
+        self.soon: SoonClaims | None = None  # while run() runs
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -109,45 +108,24 @@ class Ticker:
         await self._dispatcher.poll_flows(self._tick_ms)
         return 0.0 if self._phases is None else await self._phases.note(tick_at)
 
-    def claim_soon(self, bucket: int, due_ms: int) -> None:
-        """Listens to ``Store.due_soon`` while ``run()`` runs. A task of ``bucket`` that was
-        just made due before this process's next tick would wait for that tick (a tick only
-        claims up to the next one): its bucket is claimed now instead, so that it goes out at
-        its millisecond. One claim per bucket at a time; asked again meanwhile, the bucket is
-        claimed once more after it (so a burst of creates costs two claims, not one each)."""
-        if self._stopping.is_set() or due_ms >= self._clock.now_ms() + self._tick_ms:
-            return
-        if bucket in self._soon:
-            self._soon[bucket] = True
-            return
-        self._soon[bucket] = False
-        task = asyncio.create_task(self._claim_soon(bucket), name="timewheel-claim-soon")
-        self._soon_tasks.add(task)
-        task.add_done_callback(self._soon_tasks.discard)
-
-    async def _claim_soon(self, bucket: int) -> None:
-        try:
-            while not self._stopping.is_set():
-                self._soon[bucket] = False
-                room = self._max_pending - self._dispatcher.holding
-                if room > 0:  # bounded work, as in tick(): else the task waits for a tick
-                    await self._claim(bucket, min(self._claim_batch, room))
-                if not self._soon[bucket]:
-                    break
-        except Exception as exc:  # the next tick claims it, a tick late: as without this
-            log.debug("claim of bucket %d for a task due soon failed: %s", bucket, exc)
-        finally:
-            del self._soon[bucket]
-
     async def run(self) -> None:
-        """Tick every ``tick_ms`` until ``stop()``; meanwhile claim tasks made due before the
-        next tick as they are made (``claim_soon``)."""
-        listening, self._store.due_soon = self._store.due_soon, self.claim_soon
+        """Tick every ``tick_ms`` until ``stop()``; between ticks, claim the tasks made due
+        before the next one as the store tells of them (engine/soon_claims.py)."""
+        self.soon = soon = SoonClaims(
+            self._clock, tick_ms=self._tick_ms, claim=self._claim_more,
+            room=lambda: self._max_pending - self._dispatcher.holding)
+        listening, self._store.due_soon = self._store.due_soon, soon.told
+        claiming = asyncio.create_task(soon.run(self._claim_batch), name="timewheel-soon")
         try:
             await self._run()
         finally:
             self._store.due_soon = listening
-            await asyncio.gather(*self._soon_tasks, return_exceptions=True)
+            soon.stop()
+            await claiming
+
+    async def _claim_more(self, bucket: int, limit: int) -> bool:
+        more, _ = await self._claim(bucket, limit)
+        return more
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
