@@ -27,6 +27,7 @@ from timewheel.engine.flow_state import FlowState, Lease, Release
 from timewheel.engine.parking import Parking
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.ticker import claim_tokens
+from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
 from timewheel.store.flow_store import StoredLimits
@@ -732,3 +733,81 @@ async def test_a_pause_stops_the_flow_from_the_next_tick(gated: Harness,
     await gated.settle()
     assert sorted(receiver.attempts) == [(k, "1") for k in keys]
     assert await statuses(gated, keys) == [("succeeded", 1)] * 3
+
+
+class ReplyLost:
+    """Wraps the gate's ``permits``: the next ``times`` calls run the script in Redis, then
+    raise as a connection lost before the reply would (what the flow holds then, the gate
+    never learns)."""
+
+    def __init__(self, gate: FlowGate, times: int = 1) -> None:
+        self.times = times
+        permits = gate._flows.permits
+
+        async def lost(flow: str, **kwargs: Any) -> Any:
+            reply = await permits(flow, **kwargs)
+            if self.times:
+                self.times -= 1
+                raise StoreUnavailable("permits: ConnectionError: connection lost (injected)")
+            return reply
+
+        gate._flows.permits = lost  # type: ignore[method-assign]
+
+
+async def test_permits_granted_in_a_call_whose_reply_was_lost_go_back(
+        store: Store, fake_clock: FakeClock) -> None:
+    """A permits call that ran in Redis but whose reply was lost leaves its permits held
+    there. A waiter that parks before the next call never asks for its id again: that call
+    gives it back (as unused: no start of it stays in a rated flow's log)."""
+    gate, lifecycle, _ = bare_gate(store, fake_clock)
+    await limit(store, FLOW, parallelism=5, rate=100)
+    state = gate._flow(FLOW)
+    state.room = 5
+    waiters = [waiting_attempt(lifecycle, key) for key in "ab"]
+    state.queue.extend(waiters)
+    ReplyLost(gate)
+    with pytest.raises(StoreUnavailable):
+        await gate._exchange_once(state)
+    flows, now = flow_store(store), fake_clock.now_ms()
+    assert await flows.in_flight(FLOW, now_ms=now) == 2  # held in Redis, unknown here
+    for waiter in waiters:  # their park deadline came meanwhile
+        state.queue.remove(waiter)
+        waiter.drop_permit()
+    await gate._exchange_once(state)
+    assert await flows.in_flight(FLOW, now_ms=now) == 0
+    assert await logged_starts(store) == []
+
+
+async def test_a_waiter_still_here_after_a_lost_reply_gets_its_permit(
+        store: Store, fake_clock: FakeClock) -> None:
+    """The same lost reply with the waiter still waiting: the next call gives its permit
+    back and grants it again in one step; it is admitted, holding one permit."""
+    gate, lifecycle, ready = bare_gate(store, fake_clock)
+    await limit(store, FLOW, parallelism=1)
+    state = gate._flow(FLOW)
+    state.room = 1
+    waiter = waiting_attempt(lifecycle, "a")
+    state.queue.append(waiter)
+    ReplyLost(gate)
+    with pytest.raises(StoreUnavailable):
+        await gate._exchange_once(state)
+    await gate._exchange_once(state)
+    assert ready.get_nowait() is waiter and waiter.permit == "p-a"
+    assert await flow_store(store).in_flight(FLOW, now_ms=fake_clock.now_ms()) == 1
+
+
+async def test_permits_granted_for_parked_tasks_go_back_when_taking_them_back_fails(
+        store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Permits granted to take parked tasks back, then the take-back fails (Redis gone):
+    no task was adopted, so the permits are given back with the next call."""
+    gate, _, ready = bare_gate(store, fake_clock)
+    state = gate._flow(FLOW)
+
+    async def fails(state: FlowState, count: int) -> list[Attempt]:
+        raise StoreUnavailable("unpark: ConnectionError (injected)")
+
+    monkeypatch.setattr(gate._parking, "take_back", fails)
+    with pytest.raises(StoreUnavailable):
+        await gate._unpark(state, ["p1", "p2"], 0, granted_ms=fake_clock.now_ms())
+    assert state.releases == [Release("p1", sent=False), Release("p2", sent=False)]
+    assert ready.empty()

@@ -278,7 +278,13 @@ class FlowGate:
             reply = await self._flows.permits(state.key, now_ms=now, lease_ms=lease_ms,
                                               release=sent, unused=unused, want=want)
         except BaseException:  # unavailable, or cancelled by close(), which sends them
-            state.releases[:0] = releases  # try again; their leases bound the damage
+            # Give back again what was given back, and the permits asked for as unused: a
+            # reply lost after the script ran leaves them held in Redis, unknown here (a
+            # waiter that parks meanwhile, or an unparking call's fresh ids, would never ask
+            # for them again), till their leases ran out. Not held: the release is a no-op;
+            # a waiter still here asks for its own again in the same call, after its release.
+            state.releases[:0] = [*releases,
+                                  *(Release(permit, sent=False) for permit, _ in want if permit)]
             raise
         state.rated, state.room = reply.rated, reply.room
         state.paused, state.retry = reply.paused, reply.retry
@@ -348,7 +354,11 @@ class FlowGate:
                       granted_ms: int) -> None:
         """Take back as many of the flow's earliest parked tasks, over all buckets, as there
         are permits in ``held`` (granted at ``granted_ms``); give back the permits left over."""
-        adopted = await self._parking.take_back(state, len(held))
+        try:
+            adopted = await self._parking.take_back(state, len(held))
+        except BaseException:  # none adopted: the permits go back with the next call
+            state.releases.extend(Release(permit, sent=False) for permit in held)
+            raise
         lease = Lease(granted_ms + self._max_lease_ms)
         for attempt, permit in zip(adopted, held, strict=False):
             self._admit(state, attempt, permit, lease, start)
