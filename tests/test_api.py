@@ -350,13 +350,15 @@ async def test_invalid_json_is_422_and_stores_nothing(
 
 
 NON_FINITE = [("delay", "NaN"), ("delay", "Infinity"), ("timeout", "NaN"),
-              ("retry_backoff", "Infinity"), ("execute_at", "NaN"), ("execute_at", "-Infinity")]
+              ("retry_backoff", "Infinity"), ("execute_at", "NaN"), ("execute_at", "-Infinity"),
+              ("delay", "1e400"), ("execute_at", "-1e400")]  # past a float: read as infinity
 
 
 @pytest.mark.parametrize(("field", "value"), NON_FINITE, ids=[f"{f}-{v}" for f, v in NON_FINITE])
 async def test_non_finite_number_field_is_422(client: httpx.AsyncClient, redis: Redis,
                                               field: str, value: str) -> None:
-    """NaN/Infinity (accepted by Python's JSON parser) in a number field: 422, no write."""
+    """NaN/Infinity (accepted by Python's JSON parser) or a number past a float's range (read
+    by it as infinity) in a number field: 422, no write."""
     before = await snapshot(redis)
     r = await client.post("/tasks", content=RAW + f'"{field}": {value}}}',
                           headers={"content-type": "application/json"})
@@ -368,7 +370,7 @@ async def test_non_finite_number_field_is_422(client: httpx.AsyncClient, redis: 
     assert await snapshot(redis) == before
 
 
-@pytest.mark.parametrize("value", ["NaN", "Infinity", '{"x": [-Infinity]}'])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", '{"x": [-Infinity]}', '{"x": [1e999]}'])
 async def test_non_finite_number_in_body_is_422(client: httpx.AsyncClient, redis: Redis,
                                                 value: str) -> None:
     """``body`` must be JSON: a NaN/Infinity in it would be sent as invalid JSON."""

@@ -6,15 +6,16 @@ before the body is read, and parses JSON strictly.
 - Authentication first: with a plain dependency FastAPI parses (and validates) the body before
   any dependency runs, so an unauthenticated caller (or one whose token's scope is too small)
   would learn about its malformed JSON (422) instead of getting 401 (or 403).
-- Strict JSON: Python's json module accepts ``NaN`` and ``Infinity``, which are not JSON; they
-  would reach validation (whose error echo then fails to encode: a 500) or be stored in a body
-  sent as ``application/json``. A body that is not UTF-8 would be a bare 400. Both are refused
-  here as FastAPI's own 422 ``json_invalid``.
+- Strict JSON: Python's json module accepts ``NaN`` and ``Infinity``, which are not JSON, and
+  reads ``1e400`` as infinity; they would reach validation (whose error echo then fails to
+  encode: a 500) or be stored in a body sent as ``application/json``. A body that is not
+  UTF-8 would be a bare 400. All are refused here as FastAPI's own 422 ``json_invalid``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,6 +29,15 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite(text: str) -> float:
+    """A JSON number too large for a float (``1e400``) would become ``inf``: refused as the
+    constants are (its echo in a 422 could not be encoded: a 500)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
 class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
@@ -37,7 +47,8 @@ class StrictJSONRequest(Request):
             except UnicodeDecodeError as exc:
                 raise json.JSONDecodeError("body is not UTF-8", "", exc.start) from exc
             try:
-                self._json = json.loads(text, parse_constant=_no_constants)
+                self._json = json.loads(text, parse_constant=_no_constants,
+                                        parse_float=_finite)
             except ValueError as exc:
                 if isinstance(exc, json.JSONDecodeError):
                     raise
