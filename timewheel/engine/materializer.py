@@ -137,9 +137,13 @@ class Materializer:
         to a tick after it is due. Only after a pass of this process within ``grace_ms``
         (none yet: the wheel may have been down, which only a pass may judge) and one bucket
         pass at a time (asked again meanwhile: once more after it)."""
-        now_ms = self._clock.now_ms()
-        if (self._stopping.is_set() or next_ms >= now_ms + self.tick_ms
-                or self._passed_ms is None or self._passed_ms < now_ms - self.grace_ms):
+        if self._stopping.is_set() or self._passed_ms is None:
+            return
+        try:
+            now_ms = self._clock.now_ms()
+        except Exception:  # never raise into the write that told it: leave it to a pass
+            return
+        if next_ms >= now_ms + self.tick_ms or self._passed_ms < now_ms - self.grace_ms:
             return
         if bucket in self._soon:
             self._soon[bucket] = True

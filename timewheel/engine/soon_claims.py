@@ -43,7 +43,6 @@ class SoonClaims:
         self._due: dict[int, float] = {}  # bucket -> when to claim it (the wheel's ms)
         self._changed = asyncio.Event()
         self._stopping = False
-        self.claims = 0  # claim calls made (tests)
 
     def told(self, bucket: int, due_ms: int) -> None:
         """``Store.due_soon``: a task of ``bucket`` is now due at ``due_ms``. Never raises
@@ -85,7 +84,6 @@ class SoonClaims:
             more = True
             try:
                 while more and not self._stopping and (room := self._room()) > 0:
-                    self.claims += 1
                     more = await self._claim(bucket, min(batch, room))
             except Exception as exc:  # the task waits for the next tick, as without this
                 log.debug("claim of bucket %d for a task due soon failed: %s", bucket, exc)
