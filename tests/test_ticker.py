@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -412,7 +413,7 @@ async def test_a_task_made_due_before_the_next_tick_is_claimed_just_before_it_is
         await wait_until(lambda: "soon" in dispatcher.keys, "the task due soon to be claimed")
         assert claims.calls == 1 and soon(ticker).pending == {}
 
-        await add(store, "after-next-tick", fake_clock.now_ms() + LONG_TICK_MS)
+        await add(store, "after-next-tick", fake_clock.now_ms() + LONG_TICK_MS + SOON_LEAD_MS)
         assert soon(ticker).pending == {}
         due = await store.reschedule("after-next-tick", due_ms=fake_clock.now_ms() + 2000,
                                      max_attempts=None, now_ms=fake_clock.now_ms())
@@ -503,3 +504,52 @@ async def test_a_steady_stream_of_creates_costs_a_claim_per_delay_not_per_create
         await asyncio.wait_for(runner, 10)
     elapsed = 2 * len(keys) + 300
     assert claims.calls <= elapsed // (300 - SOON_LEAD_MS) + 1, claims.calls
+
+
+class SlowClaimStore:
+    """Every bucket has plenty due; bucket 0's claim waits for ``reply`` (a slow round trip).
+    Counts the claims out at once."""
+
+    def __init__(self) -> None:
+        self.ready = True
+        self.keys = SimpleNamespace(buckets=2)
+        self.due_soon: Any = None
+        self.reply = asyncio.Event()
+        self.out = 0
+        self.most_out = 0
+
+    async def claim(self, bucket: int, *, limit: int, **_: Any) -> tuple[bool, list[Any]]:
+        self.out += 1
+        self.most_out = max(self.most_out, self.out)
+        try:
+            if bucket == 0:
+                await self.reply.wait()
+            return True, [ClaimedTask(key=f"{bucket}-{i}", bucket=bucket, token="t", due_ms=0,
+                                      execute_at_ms=0, created_ms=0, attempts=0, max_attempts=5,
+                                      backoff_ms=1000, timeout_ms=10_000, url=URL,
+                                      method="POST", flow="f") for i in range(limit)]
+        finally:
+            self.out -= 1
+
+
+async def test_a_claim_between_ticks_waits_for_the_ticks_claim_under_way(
+        fake_clock: FakeClock) -> None:
+    """Found by review: a claim between ticks read the room while a tick's claim was out,
+    and both claimed into it (20 held with max_pending 10). Now one claim at a time, each
+    reading the room after the one before came back."""
+    store, dispatcher = SlowClaimStore(), FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            claim_batch=10, max_pending=10)
+    runner = asyncio.create_task(ticker.run())
+    try:
+        await wait_until(lambda: store.out == 1, "the tick's claim of bucket 0 to be out")
+        store.due_soon(1, fake_clock.now_ms() + 100)  # a POST due in 100 ms, bucket 1
+        fake_clock.advance(100)
+        await wait_until(lambda: soon(ticker).pending == {}, "the claim between ticks to go")
+        store.reply.set()
+        await wait_until(lambda: len(dispatcher.keys) == 10, "the tick's claim to come back")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    assert store.most_out == 1
+    assert dispatcher.in_flight == 10

@@ -10,8 +10,9 @@ for the next tick: up to a tick late. The store tells the ticker of each task it
   ``SOON_LINGER_MS`` after being told: creates close together, or a steady stream of them with
   the same delay, share a claim (the claim takes every task of the bucket due up to the next
   tick, not only the one told of). A task due after the next tick is left to it.
-- **Bounded work.** One claim at a time, over all buckets, the room read before each (as a
-  tick does); a claim that answers "more" goes on while there is room.
+- **Bounded work.** One claim at a time, over all buckets and with the tick's own claims,
+  the room read before each (``Ticker._claim_within_room``); a claim that answers "more"
+  goes on while there is room.
 - **Never in the way.** A failed claim only leaves the task to the next tick, as before.
 """
 
@@ -34,12 +35,12 @@ SOON_LINGER_MS = 5
 
 class SoonClaims:
     def __init__(self, clock: Clock, *, tick_ms: int,
-                 claim: Callable[[int, int], Awaitable[bool]],
-                 room: Callable[[], int]) -> None:
+                 claim: Callable[[int], Awaitable[tuple[bool, int] | None]]) -> None:
         self._clock = clock
         self._tick_ms = tick_ms
-        self._claim = claim  # (bucket, limit) -> more: the ticker's own claim
-        self._room = room  # how many more claimed tasks the dispatcher may hold now
+        # The ticker's claim of a bucket within the room left: (more, claimed), None for no
+        # room. One at a time with the tick's own claims (Ticker._claim_within_room).
+        self._claim = claim
         self._due: dict[int, float] = {}  # bucket -> when to claim it (the wheel's ms)
         self._changed = asyncio.Event()
         self._stopping = False
@@ -53,7 +54,7 @@ class SoonClaims:
             now = self._clock.now_ms()
         except Exception:  # the clock not read yet: leave it to the next tick
             return
-        if due_ms >= now + self._tick_ms:
+        if due_ms >= now + self._tick_ms + SOON_LEAD_MS:  # the next tick claims it in time
             return
         at = max(now + SOON_LINGER_MS, due_ms - SOON_LEAD_MS)
         if self._due.get(bucket, float("inf")) > at:
@@ -69,7 +70,7 @@ class SoonClaims:
         self._stopping = True
         self._changed.set()
 
-    async def run(self, batch: int) -> None:
+    async def run(self) -> None:
         """Claim each bucket told of at its time, one claim at a time, until ``stop()``."""
         while not self._stopping:
             if not self._due:
@@ -83,8 +84,9 @@ class SoonClaims:
             del self._due[bucket]  # a task told of from here on gets a claim of its own
             more = True
             try:
-                while more and not self._stopping and (room := self._room()) > 0:
-                    more = await self._claim(bucket, min(batch, room))
+                while more and not self._stopping:
+                    within = await self._claim(bucket)
+                    more = within is not None and within[0]  # no room: left to a tick
             except Exception as exc:  # the task waits for the next tick, as without this
                 log.debug("claim of bucket %d for a task due soon failed: %s", bucket, exc)
 

@@ -51,6 +51,7 @@ class Ticker:
         self._phases = phases
         self._stopping = asyncio.Event()
         self.soon: SoonClaims | None = None  # while run() runs
+        self._claiming = asyncio.Lock()  # _claim_within_room
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -66,17 +67,17 @@ class Ticker:
         for bucket in range(buckets):
             more = True
             while more and not self._stopping.is_set():
-                room = self._max_pending - self._dispatcher.holding
-                if room <= 0:
-                    return claimed  # bounded work: the rest waits in Redis for the next tick
                 try:
-                    more, count = await self._claim(bucket, min(self._claim_batch, room))
+                    within = await self._claim_within_room(bucket)
                 except Exception as exc:  # one bucket must not stop the others
                     # A slot half-moved on a cluster, one master refusing: the other buckets
                     # (other slots, other masters) are claimed all the same (the soak found a
                     # redis-py AttributeError on ASKING stopping every bucket after it).
                     failed.append((bucket, exc))
                     break
+                if within is None:
+                    return claimed  # bounded work: the rest waits in Redis for the next tick
+                more, count = within
                 claimed += count
         if failed:
             if len(failed) == buckets:
@@ -87,6 +88,16 @@ class Ticker:
                         "were claimed", len(failed), buckets, first_bucket,
                         type(first).__name__, first)
         return claimed
+
+    async def _claim_within_room(self, bucket: int) -> tuple[bool, int] | None:
+        """One claim of up to ``claim_batch`` tasks, no more than the dispatcher has room for
+        (None: no room). One at a time, a tick's and those between ticks alike: the room is
+        read and claimed into before another reads it, so together they keep max_pending."""
+        async with self._claiming:
+            room = self._max_pending - self._dispatcher.holding
+            if room <= 0:
+                return None
+            return await self._claim(bucket, min(self._claim_batch, room))
 
     async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
         now = self._clock.now_ms()
@@ -111,21 +122,19 @@ class Ticker:
     async def run(self) -> None:
         """Tick every ``tick_ms`` until ``stop()``; between ticks, claim the tasks made due
         before the next one as the store tells of them (engine/soon_claims.py)."""
-        self.soon = soon = SoonClaims(
-            self._clock, tick_ms=self._tick_ms, claim=self._claim_more,
-            room=lambda: self._max_pending - self._dispatcher.holding)
+        self.soon = soon = SoonClaims(self._clock, tick_ms=self._tick_ms,
+                                      claim=self._claim_within_room)
         listening, self._store.due_soon = self._store.due_soon, soon.told
-        claiming = asyncio.create_task(soon.run(self._claim_batch), name="timewheel-soon")
+        claiming = asyncio.create_task(soon.run(), name="timewheel-soon")
         try:
             await self._run()
         finally:
             self._store.due_soon = listening
             soon.stop()
-            await claiming
-
-    async def _claim_more(self, bucket: int, limit: int) -> bool:
-        more, _ = await self._claim(bucket, limit)
-        return more
+            try:
+                await claiming
+            except Exception:  # never in the way of the shutdown that follows
+                log.exception("claims between ticks failed")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
