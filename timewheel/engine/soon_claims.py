@@ -9,7 +9,8 @@ for the next tick: up to a tick late. The store tells the ticker of each task it
 - **When.** ``SOON_LEAD_MS`` before the earliest such task of the bucket, and at least
   ``SOON_LINGER_MS`` after being told: creates close together, or a steady stream of them with
   the same delay, share a claim (the claim takes every task of the bucket due up to the next
-  tick, not only the one told of). A task due after the next tick is left to it.
+  tick, not only the one told of). A task due more than ``SOON_LEAD_MS`` after the next
+  tick is left to that tick.
 - **Bounded work.** One claim at a time, over all buckets and with the tick's own claims,
   the room read before each (``Ticker._claim_within_room``); a claim that answers "more"
   goes on while there is room.
