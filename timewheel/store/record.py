@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from timewheel.domain import TaskStatus, callback_url
@@ -95,11 +96,13 @@ class TaskRecord:
     on_failure: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedTask:
+class ClaimedTask(NamedTuple):
     """A task this process claimed: everything needed to time, route and record its next
     attempt. Headers and body come with ``Store.start`` (``Started``), just before sending,
-    so a claimed task costs a few hundred bytes whatever its body."""
+    so a claimed task costs a few hundred bytes whatever its body.
+
+    A named tuple, not a frozen dataclass: one is made per claimed task, and a frozen
+    dataclass's ``__init__`` (a setattr per field) took 4 us of ``claimed_task``'s 13."""
 
     key: str
     bucket: int
@@ -165,15 +168,25 @@ def default_flow(url: str) -> str:
     return f"{host}:{port}"
 
 
+# Positions of the head's values that a claimed task needs (layout.head_values).
+_ATT, _MAX, _METH, _DUE, _EXEC, _CREATED, _BACKOFF, _TIMEOUT, _FL, _UL = (
+    layout.AT[name] for name in ("att", "max", "meth", "due", "exec", "created", "backoff",
+                                 "timeout", "fl", "ul"))
+_METHODS = {code.encode(): name for code, name in layout.METHOD_NAMES.items()}
+
+
 def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTask:
-    """A claim reply's task (its record's head, flow and url). Raises layout.BadRecord."""
-    head, flow, url = layout.split(prefix)
+    """A claim reply's task (its record's head, flow and url). Raises layout.BadRecord.
+
+    Reads the head's values by position, not through ``layout.split``'s dict: this runs once
+    per claimed task (12.7 -> 1.8 us a call here, with the named tuple)."""
+    h = layout.head_values(prefix)
+    flow, url = layout.flow_and_url(prefix, h[_FL], h[_UL])
     try:
         return ClaimedTask(
-            key=key, bucket=bucket, token=token, due_ms=head["due"],
-            execute_at_ms=head["exec"], created_ms=head["created"], attempts=head["att"],
-            max_attempts=head["max"], backoff_ms=head["backoff"], timeout_ms=head["timeout"],
-            url=url.decode(), method=layout.METHOD_NAMES[head["meth"]], flow=flow.decode())
+            key, bucket, token, int.from_bytes(h[_DUE], "big"), int.from_bytes(h[_EXEC], "big"),
+            int.from_bytes(h[_CREATED], "big"), h[_ATT], h[_MAX], h[_BACKOFF], h[_TIMEOUT],
+            url.decode(), _METHODS[h[_METH]], flow.decode())
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
 
