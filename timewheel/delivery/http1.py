@@ -224,10 +224,12 @@ def request_bytes(method: str, origin: Origin, headers: list[tuple[str, str]],
     lines = [method, origin.head]
     given = set()
     for name, value in headers:
-        if not _SAFE_HEADER.fullmatch(name) or _UNSAFE_VALUE.search(value):
-            raise ValueError(f"header {name!r} cannot be sent: a bad name or CR, LF or NUL")
+        given.add(_CHECKED_NAMES.get(name) or _checked_name(name))
         lines.append(f"{name}: {value}\r\n")
-        given.add(name.lower())
+    # One search over every value, not one a header: this runs once per attempt.
+    if _UNSAFE_VALUE.search("".join([value for _, value in headers])):
+        bad = next(name for name, value in headers if _UNSAFE_VALUE.search(value))
+        raise ValueError(f"header {bad!r} cannot be sent: CR, LF or NUL in its value")
     if origin.authorization is not None and "authorization" not in given:
         lines.append(f"Authorization: {origin.authorization}\r\n")
     if "accept" not in given:  # as aiohttp sent it: some firewalls refuse a request without
@@ -239,3 +241,21 @@ def request_bytes(method: str, origin: Origin, headers: list[tuple[str, str]],
         lines.append("Content-Length: 0\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("utf-8")
+
+
+# Header names already found to be tokens, each with its lower case: most attempts send the
+# same few names (the webhook-* and timewheel-* headers, the tasks' own), and the token check
+# and lower() of each took half of request_bytes' 8.7 us. Bounded: past _MAX_CHECKED_NAMES
+# distinct names, the others are checked every time.
+_CHECKED_NAMES: dict[str, str] = {}
+_MAX_CHECKED_NAMES = 4096
+
+
+def _checked_name(name: str) -> str:
+    """``name`` in lower case, once it is known to be an RFC 9110 token; else ValueError."""
+    if not _SAFE_HEADER.fullmatch(name):
+        raise ValueError(f"header {name!r} cannot be sent: its name is not a token")
+    lower = name.lower()
+    if len(_CHECKED_NAMES) < _MAX_CHECKED_NAMES:
+        _CHECKED_NAMES[name] = lower
+    return lower
