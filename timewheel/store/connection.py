@@ -47,6 +47,7 @@ import re
 from collections import Counter
 from typing import Any
 
+import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -104,6 +105,16 @@ class HiredisPacking:
     encoder refuses (``DataError``). Same bytes: tests/test_library_internals.py."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        # The serializer first copies every argument through a generator (bytearray and
+        # memoryview to bytes): for a complete call of 20 outcomes (189 arguments), 73 us
+        # against 36 us for hiredis alone. So hiredis first; what it refuses (a bytearray, or
+        # a value redis-py refuses too) goes the serializer's way, to the same bytes or error.
+        name = args[0]
+        if (" " not in name) if isinstance(name, str) else (b" " not in name):
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:
+                pass
         packed: list[bytes] = _SERIALIZER.pack(*args)
         return packed
 
