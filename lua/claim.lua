@@ -74,10 +74,13 @@ if cursor then
     local window = limit - out[2]
     local entries = redis.call('ZRANGEBYSCORE', zkey, '-inf', horizon, 'LIMIT', 0, window)
     if #entries == window then more = 1 end
+    -- Most minutes have no delete-set (nothing cancelled or moved out): then no entry is in
+    -- it, and one EXISTS saves a SISMEMBER per entry.
+    local deletes = #entries > 0 and redis.call('EXISTS', dkey) == 1
     for _, key in ipairs(entries) do
       local tkey = P .. 't:' .. key
       local h, raw = head_ahead(tkey)
-      if redis.call('SISMEMBER', dkey, key) == 0 and h and PENDING[h[ST]]
+      if not (deletes and redis.call('SISMEMBER', dkey, key) == 1) and h and PENDING[h[ST]]
         and pending_minute(h[DUE], cursor) == m then
         take(key, tkey, h, raw, now, margin, claim, claims, out)
       end
