@@ -33,6 +33,10 @@ class BucketBatcher(Generic[Item, Result]):
         self._running: set[asyncio.Task[None]] = set()
 
     async def submit(self, bucket: int, item: Item) -> Result:
+        return await self.submit_nowait(bucket, item)
+
+    def submit_nowait(self, bucket: int, item: Item) -> asyncio.Future[Result]:
+        """``submit`` for a caller that does not wait in a coroutine: the item's future."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._pending[bucket if self._group is None else self._group(bucket)].append(
@@ -43,7 +47,7 @@ class BucketBatcher(Generic[Item, Result]):
                 loop.call_later(self._linger_s, self._kick)
             else:
                 loop.call_soon(self._kick)
-        return await future
+        return future
 
     def _kick(self) -> None:
         self._scheduled = False

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import NotWritten
@@ -34,7 +36,7 @@ from timewheel.engine.flow_gate import FlowGate
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
 from timewheel.metrics import Metrics
-from timewheel.store import Outcome, Store
+from timewheel.store import Store
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.record import ClaimedTask
 from timewheel.tracing import Tracing
@@ -85,7 +87,7 @@ class Dispatcher:
         # tasks costs 10,000 queue entries, not 10,000 coroutines started at once.
         self._timeline: Timeline[Attempt] = Timeline(clock, self._due)
         self._workers: dict[asyncio.Task[None], Attempt | None] = {}  # -> the attempt it runs
-        self._recording: set[asyncio.Task[None]] = set()
+        self._recording: set[asyncio.Future[bool]] = set()  # outcomes being written
         self._stopping = False
 
     @property
@@ -176,16 +178,17 @@ class Dispatcher:
             return
         self._lifecycle.move(attempt, Stage.ANSWERED)
         self._gate.give_back(attempt)
-        recording = asyncio.create_task(self._record(attempt, outcome))
+        recording = self._recorder.record_soon(attempt, outcome)
         self._recording.add(recording)
-        recording.add_done_callback(self._recording.discard)
+        recording.add_done_callback(functools.partial(self._recorded, attempt))
 
-    async def _record(self, attempt: Attempt, outcome: Outcome) -> None:
-        recorded = False
-        try:
-            recorded = await self._recorder.record(attempt, outcome)
-        finally:  # even if it fails unexpectedly: the lease re-sends an unrecorded attempt
-            self._lifecycle.move(attempt, Stage.RECORDED if recorded else Stage.UNRECORDED)
+    def _recorded(self, attempt: Attempt, recording: asyncio.Future[bool]) -> None:
+        """Its outcome is written, or not (an error, or cancelled at shutdown: the lease
+        re-sends an unrecorded attempt)."""
+        self._recording.discard(recording)
+        recorded = (not recording.cancelled() and recording.exception() is None
+                    and recording.result())
+        self._lifecycle.move(attempt, Stage.RECORDED if recorded else Stage.UNRECORDED)
 
     def _abandon(self, attempt: Attempt, why: str) -> None:
         """An attempt whose worker stopped (it failed, or shutdown cancelled it) leaves this
@@ -310,11 +313,13 @@ def on_grid(ms: float) -> float:
     return ms // WAKE_GRID_MS * WAKE_GRID_MS
 
 
-async def _wait(tasks: set[asyncio.Task[None]], timeout: float) -> int:
-    """Wait up to ``timeout`` s (at least 0.1) for the tasks; cancel the rest; how many."""
-    if not tasks:
+async def _wait(tasks: Iterable[asyncio.Future[Any]], timeout: float) -> int:
+    """Wait up to ``timeout`` s (at least 0.1) for the tasks (or futures); cancel the rest;
+    how many."""
+    waiting = set(tasks)
+    if not waiting:
         return 0
-    _, late = await asyncio.wait(set(tasks), timeout=max(0.1, timeout))
+    _, late = await asyncio.wait(waiting, timeout=max(0.1, timeout))
     for task in late:
         task.cancel()
     return len(late)

@@ -69,14 +69,44 @@ class Recorder:
         """Whether the claim was parked (False: not ours any more). Raises StoreUnavailable."""
         return await self._parks.submit(attempt.task.bucket, attempt.claim) == ParkReply.PARKED
 
-    async def record(self, attempt: Attempt, outcome: Outcome) -> bool:
+    async def record(self, attempt: Attempt, outcome: Outcome, *,
+                     failed: Exception | None = None) -> bool:
         """Store the outcome and its history entry. False when it could not be stored before
-        the attempt's lease ran out (Redis away: another process re-sends the task)."""
+        the attempt's lease ran out (Redis away: another process re-sends the task).
+        ``failed``: the error of a first try made already (``record_soon``)."""
         lease_end = attempt.send_by_ms + attempt.task.timeout_ms
         result = await self._keep_trying(
             lambda: self._completes.submit(attempt.task.bucket,
                                            (attempt.task.bucket, outcome)), lease_end,
-            f"outcome of {attempt.task.key}")
+            f"outcome of {attempt.task.key}", failed=failed)
+        return self._recorded(attempt, result)
+
+    def record_soon(self, attempt: Attempt, outcome: Outcome) -> asyncio.Future[bool]:
+        """``record`` in the background: the future answers what it would. The first try
+        is a future of the batch and a callback; only when it fails does a task take over
+        (``record``'s retries). A task per outcome, with record's coroutines, cost 17 us
+        against 4.5 for a future and a callback (measured alone)."""
+        recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        first = self._completes.submit_nowait(attempt.task.bucket,
+                                              (attempt.task.bucket, outcome))
+
+        def answered(reply: asyncio.Future[CompleteReply]) -> None:
+            if recorded.done():  # cancelled meanwhile (shutdown): its lease will do
+                return
+            if reply.cancelled() or reply.exception() is not None:
+                error = None if reply.cancelled() else reply.exception()
+                failed = (error if isinstance(error, Exception)
+                          else RuntimeError("its write was cancelled"))
+                retrying = self._spawn(self.record(attempt, outcome, failed=failed))
+                retrying.add_done_callback(lambda done: _pass_on(done, recorded))
+            else:
+                recorded.set_result(self._recorded(attempt, reply.result()))
+
+        first.add_done_callback(answered)
+        return recorded
+
+    @staticmethod
+    def _recorded(attempt: Attempt, result: int | None) -> bool:
         if result == CompleteReply.STALE:
             log.info("outcome of %s dropped: replaced or re-claimed meanwhile",
                      attempt.task.key)
@@ -99,24 +129,29 @@ class Recorder:
                                 lease_end, f"hand-back of {attempt.task.key}")
 
     async def _keep_trying(self, write: Callable[[], Awaitable[int]], until_ms: int,
-                           what: str) -> int | None:
-        """The write's reply; None if Redis did not answer before ``until_ms``."""
+                           what: str, *, failed: Exception | None = None) -> int | None:
+        """The write's reply; None if Redis did not answer before ``until_ms``. ``failed``:
+        the error of a first try made already (the next one waits RETRY_FIRST_S)."""
         delay = RETRY_FIRST_S
         while True:
-            try:
-                return await write()
-            except Exception as exc:  # StoreUnavailable, or a client library's own error
-                # (redis-py's cluster client raised AttributeError mid-failover in the soak)
-                if self._clock.now_ms() + delay * 1000 > until_ms:
-                    log.warning("%s not stored, its lease will do: %s", what, exc)
-                    return None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+            if failed is None:
+                try:
+                    return await write()
+                except Exception as exc:  # StoreUnavailable, or a client library's own
+                    # error (redis-py's cluster client raised AttributeError mid-failover)
+                    failed = exc
+            if self._clock.now_ms() + delay * 1000 > until_ms:
+                log.warning("%s not stored, its lease will do: %s", what, failed)
+                return None
+            failed = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
 
-    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def drain(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for the background writes; cancel the rest (their
@@ -140,3 +175,10 @@ class Recorder:
 
 def _one_call(bucket: int) -> int:
     return 0
+
+
+def _pass_on(done: asyncio.Future[bool], recorded: asyncio.Future[bool]) -> None:
+    """``done``'s answer to ``recorded``: an error or a cancel as not recorded."""
+    if not recorded.done():
+        ok = not done.cancelled() and done.exception() is None and done.result()
+        recorded.set_result(ok)

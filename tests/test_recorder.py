@@ -1,0 +1,124 @@
+"""Recording an outcome in the background (timewheel/engine/recorder.py ``record_soon``): the
+first write is a future of the complete batch and a callback, no task; only a write that fails
+gets a task, which tries again until the attempt's lease would have run out. Against a real
+Redis, with its complete calls made to fail on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.support.waiting import wait_until
+from tests.test_store import claim_all, task
+from timewheel.clock import FakeClock
+from timewheel.engine.attempt import Attempt
+from timewheel.engine.recorder import RETRY_FIRST_S, Recorder
+from timewheel.errors import StoreUnavailable
+from timewheel.metrics import Metrics
+from timewheel.store import CompleteReply, Outcome, Store
+
+NOW = 1_800_000_000_000
+
+
+class FlakyStore:
+    """The store, with its first ``fail`` complete calls failing as a Redis away does."""
+
+    def __init__(self, store: Store, fail: int) -> None:
+        self._store = store
+        self.fail = fail
+        self.calls = 0
+
+    async def complete_many(self, outcomes: Sequence[tuple[int, Outcome]], *,
+                            now_ms: int) -> list[CompleteReply]:
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise StoreUnavailable(f"complete: Redis away (call {self.calls})")
+        return await self._store.complete_many(outcomes, now_ms=now_ms)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def started_attempt(store: Store, key: str = "a") -> Attempt:
+    await store.schedule(task(key, NOW), replace=False, now_ms=NOW)
+    [claimed] = await claim_all(store, NOW)
+    await store.start_many([(claimed.bucket, claimed.key, claimed.token)], now_ms=NOW)
+    return Attempt.claimed(claimed, NOW, batch_deadline_ms=30_000, lease_margin_ms=5_000)
+
+
+def delivered(attempt: Attempt, token: str | None = None) -> Outcome:
+    return Outcome(attempt.task.key, token or attempt.task.token, "ok", 200, started_ms=NOW)
+
+
+async def status_of(store: Store, key: str) -> str:
+    record = await store.get(key)
+    assert record is not None
+    return record.status.value
+
+
+async def test_an_outcome_written_at_the_first_try_takes_no_task(store: Store) -> None:
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=0)
+    recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+    recorded = recorder.record_soon(attempt, delivered(attempt))
+    assert recorder.busy == 0
+    assert await recorded is True
+    assert (flaky.calls, recorder.busy) == (1, 0)
+    assert await status_of(store, "a") == "succeeded"
+
+
+async def test_a_failed_first_write_is_tried_again_by_a_task_and_recorded_once(
+        store: Store) -> None:
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=2)
+    recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    recorded = recorder.record_soon(attempt, delivered(attempt))
+    await wait_until(lambda: recorder.busy == 1, "a task takes over the retries")
+    assert await recorded is True
+    # After a failed write the next waits RETRY_FIRST_S, then twice that.
+    assert loop.time() - began >= 3 * RETRY_FIRST_S
+    assert (flaky.calls, recorder.busy) == (3, 0)
+    assert await status_of(store, "a") == "succeeded"
+
+
+async def test_an_outcome_not_written_before_its_lease_runs_out_is_not_recorded(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=10**6)
+    # The wheel's clock at the end of the attempt's lease: no time left for a retry.
+    clock = FakeClock(attempt.send_by_ms + attempt.task.timeout_ms)
+    recorder = Recorder(flaky, clock, Metrics())  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="timewheel.engine.recorder"):
+        assert await recorder.record_soon(attempt, delivered(attempt)) is False
+    assert flaky.calls == 1
+    assert "outcome of a not stored, its lease will do: complete: Redis away (call 1)" in (
+        caplog.text)
+    assert await status_of(store, "a") == "delivering"
+
+
+async def test_a_stale_outcome_counts_as_answered(store: Store,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    attempt = await started_attempt(store)
+    recorder = Recorder(store, FakeClock(NOW), Metrics())
+    with caplog.at_level(logging.INFO, logger="timewheel.engine.recorder"):
+        assert await recorder.record_soon(attempt, delivered(attempt, "not-ours")) is True
+    assert "outcome of a dropped: replaced or re-claimed meanwhile" in caplog.text
+    assert await status_of(store, "a") == "delivering"
+
+
+async def test_a_recording_cancelled_at_shutdown_leaves_its_retries_to_drain(
+        store: Store) -> None:
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=10**6)
+    recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+    recorded = recorder.record_soon(attempt, delivered(attempt))
+    await wait_until(lambda: recorder.busy == 1, "a task takes over the retries")
+    recorded.cancel()
+    assert await recorder.drain(0.1) == 1
+    assert recorder.busy == 0 and recorded.cancelled()
