@@ -28,8 +28,10 @@ from timewheel.clock import FakeClock
 from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import HttpxSender
 from timewheel.delivery.signing import Signer
+from timewheel.engine.attempt import Stage
 from timewheel.engine.dispatcher import Dispatcher
 from timewheel.engine.ticker import claim_tokens
+from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskFields, TaskStatus, TaskView
 from timewheel.operations.prepare import prepare
@@ -522,6 +524,33 @@ async def test_stop_hands_back_unstarted_claims_at_once(wheel: Harness,
     assert all(t.token.startswith("other.") for t in again)
     assert all(t.due_ms == DUE_MS for t in again)
     assert route.call_count == 0
+
+
+@pytest.mark.parametrize("redis_answers", [True, False], ids=["written", "Redis away"])
+async def test_an_answered_attempt_ends_recorded_or_unrecorded_and_leaves_the_books(
+        wheel: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch,
+        redis_answers: bool) -> None:
+    """An answered attempt whose outcome is written ends RECORDED; one whose outcome Redis
+    does not take before its lease runs out ends UNRECORDED (the lease re-sends it). Either
+    way it leaves this process's books: nothing stays in flight."""
+    router.post(URL).respond(200)
+    await wheel.add()
+    tasks = await wheel.claim()
+    if not redis_answers:
+        async def away(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("complete: Redis away")
+
+        monkeypatch.setattr(wheel.store, "complete_many", away)
+    wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+    [attempt] = wheel.dispatcher._lifecycle.live
+    wheel.clock.set(DUE_MS)
+    await wait_until(lambda: attempt.stage is not Stage.SENT and attempt.sent,
+                     "the attempt answered")
+    if not redis_answers:  # its lease is over: no time for another try
+        wheel.clock.set(attempt.send_by_ms + attempt.task.timeout_ms)
+    await wheel.settle()
+    assert attempt.stage is (Stage.RECORDED if redis_answers else Stage.UNRECORDED)
+    assert (await wheel.view()).status == ("succeeded" if redis_answers else "delivering")
 
 
 async def test_an_attempt_unanswered_past_the_grace_period_leaves_the_books(

@@ -64,9 +64,7 @@ async def test_an_outcome_written_at_the_first_try_takes_no_task(store: Store) -
     attempt = await started_attempt(store)
     flaky = FlakyStore(store, fail=0)
     recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
-    recorded = recorder.record_soon(attempt, delivered(attempt))
-    assert recorder.busy == 0
-    assert await recorded is True
+    assert await recorder.record_soon(attempt, delivered(attempt)) is True
     assert (flaky.calls, recorder.busy) == (1, 0)
     assert await status_of(store, "a") == "succeeded"
 
@@ -79,10 +77,10 @@ async def test_a_failed_first_write_is_tried_again_by_a_task_and_recorded_once(
     loop = asyncio.get_running_loop()
     began = loop.time()
     recorded = recorder.record_soon(attempt, delivered(attempt))
-    await wait_until(lambda: recorder.busy == 1, "a task takes over the retries")
     assert await recorded is True
     # After a failed write the next waits RETRY_FIRST_S, then twice that.
     assert loop.time() - began >= 3 * RETRY_FIRST_S
+    # The retries are not hand-backs: the attempt counts in the dispatcher's books already.
     assert (flaky.calls, recorder.busy) == (3, 0)
     assert await status_of(store, "a") == "succeeded"
 
@@ -112,13 +110,74 @@ async def test_a_stale_outcome_counts_as_answered(store: Store,
     assert await status_of(store, "a") == "delivering"
 
 
-async def test_a_recording_cancelled_at_shutdown_leaves_its_retries_to_drain(
-        store: Store) -> None:
+async def test_a_recording_given_up_at_shutdown_stops_its_retries(store: Store) -> None:
     attempt = await started_attempt(store)
     flaky = FlakyStore(store, fail=10**6)
     recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
     recorded = recorder.record_soon(attempt, delivered(attempt))
-    await wait_until(lambda: recorder.busy == 1, "a task takes over the retries")
+    await wait_until(lambda: flaky.calls == 1, "the first write")
+    await asyncio.sleep(RETRY_FIRST_S / 2)  # the retrying task waits for its next try
     recorded.cancel()
-    assert await recorder.drain(0.1) == 1
-    assert recorder.busy == 0 and recorded.cancelled()
+    await asyncio.sleep(3 * RETRY_FIRST_S)
+    assert flaky.calls == 1  # no try after the cancel
+    assert await recorder.drain(0.1) == 0
+
+
+def batch_futures(recorder: Recorder) -> list[asyncio.Future[Any]]:
+    """The complete batch's futures that ``recorder`` hands out, kept for the test."""
+    futures: list[asyncio.Future[Any]] = []
+    batcher = recorder._completes
+    submit = batcher.submit_nowait
+
+    def keeping(bucket: int, item: Any) -> asyncio.Future[Any]:
+        futures.append(submit(bucket, item))
+        return futures[-1]
+
+    batcher.submit_nowait = keeping  # type: ignore[method-assign]
+    return futures
+
+
+@pytest.mark.parametrize("when", ["before the batch", "while the batch fails"])
+async def test_a_first_write_failing_after_the_recording_was_given_up_is_read(
+        store: Store, when: str) -> None:
+    """Given up before or while its batch fails (the batch may still carry it, as before):
+    the batch's error is read, so asyncio logs no "Future exception was never retrieved"
+    for it (that log comes only when the future is collected: the test reads the flag it
+    comes from, Future._log_traceback)."""
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=10**6)
+    recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+    futures = batch_futures(recorder)
+    recorded = recorder.record_soon(attempt, delivered(attempt))
+    if when == "before the batch":
+        recorded.cancel()
+    else:
+        real = flaky.complete_many
+
+        async def failing_as_given_up(outcomes: Sequence[tuple[int, Outcome]], *,
+                                      now_ms: int) -> list[CompleteReply]:
+            recorded.cancel()
+            return await real(outcomes, now_ms=now_ms)
+
+        flaky.complete_many = failing_as_given_up  # type: ignore[method-assign]
+    await wait_until(lambda: flaky.calls == 1, "the batch's write")
+    await asyncio.sleep(0.01)
+    [first] = futures
+    assert first.done()
+    assert not first._log_traceback  # type: ignore[attr-defined]
+
+
+async def test_a_bug_while_retrying_is_logged_and_counts_as_not_recorded(
+        store: Store, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    attempt = await started_attempt(store)
+    flaky = FlakyStore(store, fail=1)
+    recorder = Recorder(flaky, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
+
+    def broken(attempt: Attempt, result: int | None) -> bool:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(recorder, "_recorded", broken)
+    with caplog.at_level(logging.ERROR, logger="timewheel.engine.recorder"):
+        assert await recorder.record_soon(attempt, delivered(attempt)) is False
+    assert "recording the outcome of a failed" in caplog.text and "a bug" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import pytest
 import respx
@@ -25,8 +26,8 @@ from tests.support.bucket_state import (
 from tests.test_dispatcher import DUE_MS, URL, Harness, router, wheel
 from tests.test_store import claim_all, task
 from timewheel.models import MAX_BODY_BYTES, TaskStatus
-from timewheel.store import Store
-from timewheel.store.record import NOT_STARTED
+from timewheel.store import Store, layout
+from timewheel.store.record import NOT_STARTED, ClaimedTask, claimed_task
 from timewheel.store.scripts import lua_dir
 
 __all__ = ["router", "wheel"]  # fixtures of tests/test_dispatcher.py used here
@@ -136,3 +137,47 @@ async def test_undecodable_headers_are_failed_at_start(store: Store, redis: Redi
     assert view is not None and view.status is TaskStatus.FAILED
     assert view.last_error is not None and view.last_error.startswith("undecodable record: ")
     assert (await dump(redis))["ls"] == {"a": NOW + 9}
+
+
+# -- a claim reply's task (record.claimed_task reads the head by position) -----------------------
+
+def _claim_prefix(**fields: Any) -> bytes:
+    raw = layout.template(url="http://127.0.0.1:9/cb", method="PUT", headers=[("a", "1")],
+                          body=b"x", due_ms=1_800_000_000_123, timeout_ms=9_000,
+                          max_attempts=4, backoff_ms=700, fingerprint="f", flow="flow-1")
+    head = layout.unpack_head(raw)
+    head.update(fields)
+    whole = layout.pack_head(head) + raw[layout.HEAD_SIZE:]
+    return whole[:layout.HEAD_SIZE + head["fl"] + head["ul"]]
+
+
+def test_a_claimed_task_has_what_the_head_flow_and_url_say() -> None:
+    prefix = _claim_prefix(att=2, exec=1_800_000_000_000, created=1_799_999_999_000)
+    head, flow, url = layout.split(prefix)
+    assert claimed_task("k", 3, "tok", prefix) == ClaimedTask(
+        key="k", bucket=3, token="tok", due_ms=head["due"], execute_at_ms=head["exec"],
+        created_ms=head["created"], attempts=2, max_attempts=4, backoff_ms=700,
+        timeout_ms=9_000, url=url.decode(), method="PUT", flow=flow.decode())
+    assert (head["due"], head["exec"], head["created"]) == (
+        1_800_000_000_123, 1_800_000_000_000, 1_799_999_999_000)
+
+
+@pytest.mark.parametrize("damage", ["short head", "version", "method", "url past the end",
+                                    "flow not UTF-8"])
+def test_a_damaged_claim_prefix_is_a_bad_record_as_split_says(damage: str) -> None:
+    prefix = _claim_prefix()
+    if damage == "short head":
+        prefix = prefix[:layout.HEAD_SIZE - 1]
+    elif damage == "version":
+        prefix = bytes([3]) + prefix[1:]
+    elif damage == "method":
+        prefix = _claim_prefix(meth="X")
+    elif damage == "url past the end":
+        prefix = prefix[:-1]
+    else:
+        prefix = prefix[:layout.HEAD_SIZE] + b"\xff" + prefix[layout.HEAD_SIZE + 1:]
+    with pytest.raises(layout.BadRecord):
+        claimed_task("k", 0, "tok", prefix)
+    if damage not in ("method", "flow not UTF-8"):  # split reads neither
+        with pytest.raises(layout.BadRecord):
+            layout.split(prefix)

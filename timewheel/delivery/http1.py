@@ -245,10 +245,12 @@ def request_bytes(method: str, origin: Origin, headers: list[tuple[str, str]],
 
 # Header names already found to be tokens, each with its lower case: most attempts send the
 # same few names (the webhook-* and timewheel-* headers, the tasks' own), and the token check
-# and lower() of each took half of request_bytes' 8.7 us. Bounded: past _MAX_CHECKED_NAMES
-# distinct names, the others are checked every time.
+# and lower() of each took half of request_bytes' 8.7 us. Bounded: at most _MAX_CHECKED_NAMES
+# names of at most _MAX_CHECKED_NAME_LENGTH characters (a name may be as long as a request;
+# caching long ones could hold gigabytes); the others are checked every time.
 _CHECKED_NAMES: dict[str, str] = {}
 _MAX_CHECKED_NAMES = 4096
+_MAX_CHECKED_NAME_LENGTH = 64
 
 
 def _checked_name(name: str) -> str:
@@ -256,6 +258,6 @@ def _checked_name(name: str) -> str:
     if not _SAFE_HEADER.fullmatch(name):
         raise ValueError(f"header {name!r} cannot be sent: its name is not a token")
     lower = name.lower()
-    if len(_CHECKED_NAMES) < _MAX_CHECKED_NAMES:
+    if len(name) <= _MAX_CHECKED_NAME_LENGTH and len(_CHECKED_NAMES) < _MAX_CHECKED_NAMES:
         _CHECKED_NAMES[name] = lower
     return lower

@@ -52,6 +52,9 @@ class Recorder:
         self._parks: BucketBatcher[tuple[str, str], ParkReply] = BucketBatcher(
             lambda bucket, claims: self._store.park(bucket, claims))
         self._background: set[asyncio.Task[Any]] = set()
+        # Outcomes written again after a failed first write (record_soon); not in ``busy``:
+        # their attempts are still the dispatcher's (ANSWERED) and count there.
+        self._retrying: set[asyncio.Task[bool]] = set()
         self._handed_back = 0
 
     @property
@@ -85,24 +88,36 @@ class Recorder:
         """``record`` in the background: the future answers what it would. The first try
         is a future of the batch and a callback; only when it fails does a task take over
         (``record``'s retries). A task per outcome, with record's coroutines, cost 17 us
-        against 4.5 for a future and a callback (measured alone)."""
+        against 4.5 for a future and a callback (measured alone). Cancelling the future (the
+        dispatcher's stop, at the end of its grace period) cancels the write and its retries."""
         recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         first = self._completes.submit_nowait(attempt.task.bucket,
                                               (attempt.task.bucket, outcome))
+        retrying: list[asyncio.Task[bool]] = []
 
         def answered(reply: asyncio.Future[CompleteReply]) -> None:
-            if recorded.done():  # cancelled meanwhile (shutdown): its lease will do
+            error = None if reply.cancelled() else reply.exception()  # read: never unseen
+            if recorded.done():  # given up (shutdown): its lease will do
                 return
-            if reply.cancelled() or reply.exception() is not None:
-                error = None if reply.cancelled() else reply.exception()
+            if reply.cancelled() or error is not None:
                 failed = (error if isinstance(error, Exception)
                           else RuntimeError("its write was cancelled"))
-                retrying = self._spawn(self.record(attempt, outcome, failed=failed))
-                retrying.add_done_callback(lambda done: _pass_on(done, recorded))
+                task = asyncio.create_task(self.record(attempt, outcome, failed=failed))
+                self._retrying.add(task)
+                task.add_done_callback(self._retrying.discard)
+                task.add_done_callback(lambda done: _pass_on(done, recorded, attempt))
+                retrying.append(task)
             else:
                 recorded.set_result(self._recorded(attempt, reply.result()))
 
+        def given_up(future: asyncio.Future[bool]) -> None:
+            if future.cancelled():
+                first.cancel()
+                for task in retrying:
+                    task.cancel()
+
         first.add_done_callback(answered)
+        recorded.add_done_callback(given_up)
         return recorded
 
     @staticmethod
@@ -156,9 +171,10 @@ class Recorder:
     async def drain(self, timeout: float) -> int:
         """Wait up to ``timeout`` s for the background writes; cancel the rest (their
         leases cover them). Returns how many were cancelled."""
-        if not self._background:
+        writes = self._background | self._retrying
+        if not writes:
             return 0
-        _, late = await asyncio.wait(set(self._background), timeout=max(0.1, timeout))
+        _, late = await asyncio.wait(writes, timeout=max(0.1, timeout))
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
@@ -177,8 +193,12 @@ def _one_call(bucket: int) -> int:
     return 0
 
 
-def _pass_on(done: asyncio.Future[bool], recorded: asyncio.Future[bool]) -> None:
-    """``done``'s answer to ``recorded``: an error or a cancel as not recorded."""
+def _pass_on(done: asyncio.Future[bool], recorded: asyncio.Future[bool],
+             attempt: Attempt) -> None:
+    """``done``'s answer to ``recorded``: an error (a bug: logged) or a cancel as not
+    recorded."""
+    error = None if done.cancelled() else done.exception()
+    if error is not None:
+        log.error("recording the outcome of %s failed", attempt.task.key, exc_info=error)
     if not recorded.done():
-        ok = not done.cancelled() and done.exception() is None and done.result()
-        recorded.set_result(ok)
+        recorded.set_result(not done.cancelled() and error is None and done.result())
