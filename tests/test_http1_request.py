@@ -46,3 +46,12 @@ def test_names_past_the_bound_of_checked_names_are_still_checked(
     with pytest.raises(ValueError, match="not a token"):
         request_bytes("GET", ORIGIN, [("X 11", "v")], None)
     assert "X 11" not in http1._CHECKED_NAMES
+
+
+def test_long_names_are_checked_every_time_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header name may be as long as a request: keeping such names could hold gigabytes."""
+    monkeypatch.setattr(http1, "_CHECKED_NAMES", {})
+    long_name = "X-" + "a" * 1_000
+    data = request_bytes("GET", ORIGIN, [(long_name, "v"), ("X-Short", "v")], None)
+    assert f"{long_name}: v\r\n".encode() in data
+    assert list(http1._CHECKED_NAMES) == ["X-Short"]
