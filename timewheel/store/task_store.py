@@ -52,8 +52,9 @@ class Store(ClaimSide):
         self.list_script = redis.register_script(source("list"))
         self.ready = False  # init() has read the bucket count and migrated v1 records
         # Told (bucket, due_ms) of each task a write has just made due: a process's ticker
-        # listens (Ticker.claim_soon), so that a task due before its next tick is claimed at
-        # once, not a tick late. A no-op until then.
+        # listens (Ticker.run sets SoonClaims.told here: engine/soon_claims.py), so that a
+        # task due before its next tick is claimed at once, not a tick late. A no-op until
+        # then.
         self.due_soon: Callable[[int, int], None] = _nobody_listens
 
     async def init(self) -> None:
