@@ -86,6 +86,9 @@ export async function request(method, path, { query, body } = {}) {
       throw new ApiError(0, `the service did not answer (${err.message})`);
     }
     if (response.status === 401) {
+      // A token saved while this call was on its way (another call's prompt): try it before
+      // asking again, or a call answered late would open the dialog a second time.
+      if (getToken() !== token) continue;
       const reason = token ? "The token was refused; enter another." :
         "This service needs an API token.";
       if (await askForToken(reason)) continue;
