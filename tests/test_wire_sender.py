@@ -588,6 +588,57 @@ async def test_no_answer_within_the_timeout_is_a_timeout_and_drops_the_connectio
     assert len(server.peers) == 2
 
 
+async def test_a_pooled_connection_that_does_not_answer_in_time_is_a_timeout_and_dropped(
+        server: ScriptedServer, sender: WireSender) -> None:
+    """The second request goes out on the first one's connection (no dial to time): its
+    exchange has a deadline of its own."""
+    server.script(OK, never_answering)
+    assert (await sender.send("POST", server.url(), [], b"{}", TIMEOUT)).status == 200
+    with pytest.raises(SendError) as caught:
+        await sender.send("POST", server.url("/slow"), [], b"{}", 0.2)
+    assert caught.value.kind == "timeout"
+    assert len(server.peers) == 1  # it was the pooled connection that timed out
+    await wait_until(lambda: server.peers[0].eof, "the timed-out connection to be closed")
+    await _control(sender, server)
+    assert len(server.peers) == 2
+
+
+async def test_the_wait_for_a_free_connection_counts_against_the_timeout(
+        server: ScriptedServer) -> None:
+    """Every connection busy: a send that gets none within its timeout is a timeout, and
+    the slot it never had is not given back (the busy send's own is, once it is answered)."""
+    gate = asyncio.Event()
+
+    async def answering_when_told(peer: Peer, request: Request) -> None:
+        await gate.wait()
+        await peer.write(OK)
+
+    sender = WireSender(OPEN, max_connections=1)
+    try:
+        server.script(answering_when_told)
+        busy = asyncio.create_task(sender.send("POST", server.url("/busy"), [], b"{}", TIMEOUT))
+        await wait_until(lambda: len(server.requests) == 1, "the busy request to arrive")
+        with pytest.raises(SendError) as caught:
+            await sender.send("POST", server.url("/waits"), [], b"{}", 0.2)
+        assert caught.value.kind == "timeout"
+        assert len(server.requests) == 1  # the one that waited was never written
+        gate.set()
+        assert (await busy).status == 200
+        await _control(sender, server)  # the slot is free again
+        # ... and there is still only one: while a send holds it, another waits and times out.
+        server.script(never_answering)
+        held = asyncio.create_task(sender.send("POST", server.url("/held"), [], b"{}", TIMEOUT))
+        await wait_until(lambda: len(server.requests) == 3, "the held request to arrive")
+        with pytest.raises(SendError) as caught:
+            await sender.send("POST", server.url("/waits"), [], b"{}", 0.2)
+        assert caught.value.kind == "timeout"
+        assert len(server.requests) == 3
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+    finally:
+        await sender.aclose()
+
+
 async def test_a_half_answer_within_the_timeout_is_a_timeout(
         server: ScriptedServer, sender: WireSender) -> None:
     async def half_then_silence(peer: Peer, request: Request) -> None:

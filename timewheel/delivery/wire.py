@@ -100,11 +100,24 @@ class WireSender:
             raise SendError("error", str(exc)) from exc
         if ready is not None and not ready():  # late already: not worth a connection
             raise NotWritten(NOT_WRITTEN)
+        loop = asyncio.get_running_loop()
+        # The timeout covers the wait for a connection slot and the dial too (as aiohttp's
+        # total did). asyncio.timeout guards only those waits, which are rare: around every
+        # request it cost ~7 us, a sixth of the sender's CPU per callback (bench/README.md);
+        # the exchange itself has a plain timer (_exchange).
+        expires = loop.time() + timeout
         try:
-            # The timeout covers the wait for a connection slot too (as aiohttp's total did).
-            async with asyncio.timeout(timeout), self._slots:
+            if self._slots.locked():  # every connection is busy: wait for one
+                async with asyncio.timeout_at(expires):
+                    await self._slots.acquire()
+            else:
+                await self._slots.acquire()  # (returns at once)
+            try:
                 exchange = await self._exchange(
-                    origin, request, MAX_RESPONSE_BYTES if keep_body is None else keep, ready)
+                    origin, request, MAX_RESPONSE_BYTES if keep_body is None else keep, ready,
+                    expires)
+            finally:
+                self._slots.release()
         except TimeoutError as exc:
             if exc.errno == errno.ETIMEDOUT:  # the connect's own (an OSError), not the deadline
                 raise SendError("connect", f"{type(exc).__name__}: {exc}") from exc
@@ -123,11 +136,15 @@ class WireSender:
                       exchange.cut or len(data) > keep)
 
     async def _exchange(self, origin: Origin, request: bytes, limit: int,
-                        ready: Callable[[], bool] | None) -> Exchange:
+                        ready: Callable[[], bool] | None, expires: float) -> Exchange:
         """Write the request on a pooled or new connection and read the answer (its body up to
-        ``limit`` bytes). The lease's last check and the write are in one step of the loop."""
+        ``limit`` bytes) by ``expires`` (loop time; TimeoutError after it). The lease's last
+        check and the write are in one step of the loop."""
         loop = asyncio.get_running_loop()
-        conn = await self._connection(origin, loop)
+        conn = self._pooled(origin, loop)
+        if conn is None:
+            async with asyncio.timeout_at(expires):
+                conn = await self._dial(origin, loop)
         if ready is not None and not ready():
             self._put_back(origin, conn, loop)  # nothing was written on it
             raise NotWritten(NOT_WRITTEN)
@@ -135,12 +152,14 @@ class WireSender:
         conn.begin(exchange)
         assert conn.transport is not None
         conn.transport.write(request)
+        timer = loop.call_at(expires, _time_out, exchange.done)
         try:
             await exchange.done
         except BaseException:
             conn.close()  # half an answer, a timeout or a cancel: not reusable
             raise
         finally:
+            timer.cancel()
             reusable = conn.finish()
         # An early answer may come while part of the request is still unsent.
         if reusable and not exchange.cut and not conn.transport.get_write_buffer_size():
@@ -151,8 +170,8 @@ class WireSender:
 
     # -- connections
 
-    async def _connection(self, origin: Origin, loop: asyncio.AbstractEventLoop
-                          ) -> Connection:
+    def _pooled(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> Connection | None:
+        """An idle connection to ``origin`` that is still open, or None."""
         idle = self._idle.get(origin.key)
         now = loop.time()
         while idle:
@@ -163,7 +182,7 @@ class WireSender:
                 return conn
             conn.close()
             self._open.discard(conn)
-        return await self._dial(origin, loop)
+        return None
 
     def _put_back(self, origin: Origin, conn: Connection,
                   loop: asyncio.AbstractEventLoop) -> None:
@@ -276,6 +295,11 @@ class WireSender:
         self._open.clear()
         self._idle.clear()
         self._idle_count = 0
+
+
+def _time_out(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_exception(TimeoutError())
 
 
 def _checked(policy: NetworkPolicy, info: AddrInfo, host: str) -> AddrInfo:
