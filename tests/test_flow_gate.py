@@ -597,7 +597,13 @@ async def test_stop_hands_back_waiters_and_gives_permits_back(
     await limit(gated.store, FLOW, parallelism=1)
     await due_now(gated, ["a", "b", "c"])
     await wait_until(lambda: _true(receiver.now == 1), "one in flight")
+    # /metrics as a scrape now reads it: one being sent, two waiting here for their flow.
+    await wait_until(lambda: _true(gated.counter("timewheel_flow_waiting_local") == 2),
+                     "the other two waiting for the flow")
+    assert gated.counter("timewheel_callbacks_in_flight") == 1
     await gated.dispatcher.stop(0.2)
+    assert gated.counter("timewheel_flow_waiting_local") == 0
+    assert gated.counter("timewheel_callbacks_in_flight") == 0
     receiver.open.set()
     [sent] = [key for key, _ in receiver.attempts]
     for key in {"a", "b", "c"} - {sent}:

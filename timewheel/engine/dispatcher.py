@@ -72,6 +72,9 @@ class Dispatcher:
         self._lease_margin_ms = store.lease_margin_ms
         self._max_workers = max_concurrency
         self._lifecycle = Lifecycle()
+        # Read when /metrics is scraped, not set per callback (a lock each, twice a callback).
+        counts = self._lifecycle.counts
+        metrics.inflight.set_function(lambda: counts[Stage.SENT])
         self._recorder = Recorder(store, clock, metrics)
         self._executor = Executor(clock, sender, metrics, signer=signer,
                                   tracing=tracing or Tracing(None),

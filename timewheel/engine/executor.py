@@ -65,7 +65,6 @@ class Executor:
         error: SendError | None = None
         with self._tracing.callback_span(task.key, started.attempt, task.method,
                                          task.url) as span:
-            self._metrics.inflight.inc()
             try:
                 if started.on_success or started.on_failure:
                     # Only a task with a result callback keeps its answer's body whole (up to
@@ -80,8 +79,6 @@ class Executor:
                         timeout_ms / 1000.0, ready=ready)
             except SendError as exc:
                 error = exc
-            finally:
-                self._metrics.inflight.dec()
             # Only once written (NotWritten passed by): an attempt held back counts once.
             (self._metrics.lateness_first if started.attempt == 1
              else self._metrics.lateness_retry).observe(

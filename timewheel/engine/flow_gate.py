@@ -95,6 +95,7 @@ class FlowGate:
         self._closed = False  # closed: no more permits calls
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
+        metrics.flow_waiting.set_function(lambda: self.waiting)  # read when scraped
 
     @property
     def waiting(self) -> int:
@@ -122,7 +123,6 @@ class FlowGate:
             return
         attempt.ask_for(new_permit_id())
         state.queue.append(attempt)
-        self._metrics.flow_waiting.set(self.waiting)
         self._kick(state)
 
     def give_back(self, attempt: Attempt) -> None:
@@ -348,7 +348,6 @@ class FlowGate:
             self._admit(state, attempt, permit, lease, start)
         if unneeded:
             self._release(state, unneeded, sent=False)  # never used by any attempt
-        self._metrics.flow_waiting.set(self.waiting)
 
     async def _unpark(self, state: FlowState, held: list[str], start: int, *,
                       granted_ms: int) -> None:
@@ -413,7 +412,6 @@ class FlowGate:
     async def _park(self, attempts: list[Attempt]) -> None:
         for attempt in await self._parking.park(attempts):
             self.parked(attempt.task.flow, attempt.task.bucket, attempt.task.due_ms)
-        self._metrics.flow_waiting.set(self.waiting)
 
 
 def _split(releases: list[Release]) -> tuple[list[str], list[str]]:
