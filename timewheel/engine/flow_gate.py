@@ -95,7 +95,9 @@ class FlowGate:
         self._closed = False  # closed: no more permits calls
         # Park deadlines and rate windows reopening, on the wheel's clock.
         self._alarms: Timeline[str] = Timeline(clock, self._alarm)
-        metrics.flow_waiting.set_function(lambda: self.waiting)  # read when scraped
+        # Read when scraped; the counts alone (not the gate) are what the gauge keeps alive.
+        counts = lifecycle.counts
+        metrics.flow_waiting.set_function(lambda: counts[Stage.WAITING_FOR_FLOW])
 
     @property
     def waiting(self) -> int:
