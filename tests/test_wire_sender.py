@@ -614,25 +614,26 @@ async def test_the_wait_for_a_free_connection_counts_against_the_timeout(
         await peer.write(OK)
 
     sender = WireSender(OPEN, max_connections=1)
-    try:
-        server.script(answering_when_told)
-        busy = asyncio.create_task(sender.send("POST", server.url("/busy"), [], b"{}", TIMEOUT))
-        await wait_until(lambda: len(server.requests) == 1, "the busy request to arrive")
+
+    async def another_send_times_out_unwritten(requests_so_far: int) -> None:
+        await wait_until(lambda: len(server.requests) == requests_so_far,
+                         "the busy request to arrive")
         with pytest.raises(SendError) as caught:
             await sender.send("POST", server.url("/waits"), [], b"{}", 0.2)
         assert caught.value.kind == "timeout"
-        assert len(server.requests) == 1  # the one that waited was never written
+        assert len(server.requests) == requests_so_far  # the one that waited was not written
+
+    try:
+        server.script(answering_when_told)
+        busy = asyncio.create_task(sender.send("POST", server.url("/busy"), [], b"{}", TIMEOUT))
+        await another_send_times_out_unwritten(1)
         gate.set()
         assert (await busy).status == 200
         await _control(sender, server)  # the slot is free again
         # ... and there is still only one: while a send holds it, another waits and times out.
         server.script(never_answering)
         held = asyncio.create_task(sender.send("POST", server.url("/held"), [], b"{}", TIMEOUT))
-        await wait_until(lambda: len(server.requests) == 3, "the held request to arrive")
-        with pytest.raises(SendError) as caught:
-            await sender.send("POST", server.url("/waits"), [], b"{}", 0.2)
-        assert caught.value.kind == "timeout"
-        assert len(server.requests) == 3
+        await another_send_times_out_unwritten(3)
         held.cancel()
         await asyncio.gather(held, return_exceptions=True)
     finally:
