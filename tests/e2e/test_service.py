@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.receiver import Arrival, ThreadedReceiver
+from tests.support.receiver import Arrival, Reply, ThreadedReceiver
 from tests.support.waiting import settle
 from timewheel import __version__
 
@@ -307,6 +307,22 @@ def test_cancelled_task_never_fires_and_rescheduled_one_fires_at_new_time(
     assert (doomed["status"], doomed["attempts"], doomed["last_attempt_at"]) == (
         "cancelled", 0, None)
     assert doomed["finished_at"] is not None
+
+
+def test_a_callback_awaiting_its_answer_counts_in_flight_until_answered(
+        start_service, receiver) -> None:
+    """/stats and /metrics count the attempt whose request is out and unanswered, and stop
+    counting it once it is answered (both read the dispatcher's books when asked)."""
+    receiver.respond("/slow", [Reply(200, delay=3.0)])
+    service = start_service()
+    with service.client() as client:
+        schedule(client, "slow-1", task_body(receiver, "/slow", ahead_ms(0.5)))
+        receiver.wait_for_sync(1, timeout=20, path="/slow")
+        assert client.get("/stats").json()["in_flight"] == 1
+        assert metric(client, "timewheel_callbacks_in_flight") == 1
+        assert wait_finished(client, "slow-1")["status"] == "succeeded"
+        assert client.get("/stats").json()["in_flight"] == 0
+        assert metric(client, "timewheel_callbacks_in_flight") == 0
 
 
 def test_sigterm_on_idle_service_exits_zero(start_service) -> None:
