@@ -103,7 +103,7 @@ class WireSender:
         loop = asyncio.get_running_loop()
         # The timeout covers the wait for a connection slot and the dial too (as aiohttp's
         # total did). asyncio.timeout guards only those waits, which are rare: around every
-        # request it cost ~7 us, a sixth of the sender's CPU per callback (bench/README.md);
+        # request it cost ~7 us, ~15 % of the sender's CPU per callback (bench/README.md);
         # the exchange itself has a plain timer (_exchange).
         expires = loop.time() + timeout
         try:
