@@ -133,6 +133,10 @@ class RedisClock:
         self._drift = max_drift_ppm / 1e6
         self._stale_ms = stale_ms
         self._best: Sample | None = None
+        # The kept sample's lower bound and send time, read by every wall_ms (dozens of times a
+        # callback): plain floats, not the sample's methods (0.34 against 0.51 us a read).
+        self._lower: float | None = None
+        self._sent_ms = 0.0
         self.last_sample: Sample | None = None  # the newest sample, for tests and diagnostics
         self._failing = False
 
@@ -151,14 +155,12 @@ class RedisClock:
         self._failing = False
         self.last_sample = sample
         best = self._best
-        if best is None:
-            self._best = sample
-            return
-        kept = best.lower_at(sample.sent_ms, self._drift)
         # Keep the old sample only while it is the better lower bound and still consistent
         # with the new one; otherwise the new sample replaces it.
-        if not sample.lower < kept <= sample.upper:
+        if best is None or not sample.lower < best.lower_at(sample.sent_ms,
+                                                             self._drift) <= sample.upper:
             self._best = sample
+            self._lower, self._sent_ms = sample.lower, sample.sent_ms
 
     async def _read(self) -> Sample:
         redis = self._redis
@@ -177,12 +179,13 @@ class RedisClock:
         return self._monotonic() * 1000.0
 
     def wall_ms(self) -> float:
-        best = self._best
-        if best is None:
+        lower = self._lower
+        if lower is None:
             # Never fall back to the host's clock: that is how a skewed host fires early.
             raise StoreUnavailable("the wheel's clock has not been read from Redis yet")
-        now = self._monotonic_ms()
-        return now + best.lower_at(now, self._drift)
+        now = self._monotonic() * 1000.0
+        age = now - self._sent_ms  # the kept sample's lower_at(now), inline
+        return now + lower - self._drift * age if age > 0.0 else now + lower
 
     def now_ms(self) -> int:
         return int(self.wall_ms())
