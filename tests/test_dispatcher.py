@@ -456,9 +456,9 @@ async def test_cancel_with_the_permit_already_granted_stops_the_attempt(
     wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
     wheel.clock.set(DUE_MS - 15)  # past the permit's lead, before the check's
 
-    async def permitted() -> bool:
-        return wheel.dispatcher.holding == 1 and not wheel.dispatcher._gate.waiting
-    await wait_until(permitted, "the permit")
+    async def admitted() -> bool:  # holds the permit, waits for its start check
+        return wheel.dispatcher._lifecycle.counts[Stage.ADMITTED] == 1
+    await wait_until(admitted, "the permit")
     await asyncio.sleep(0.05)  # every chance to run the check early
     assert "started" not in await wheel.raw()
     assert await wheel.store.cancel("job-1", now_ms=wheel.clock.now_ms()) == 1
@@ -523,6 +523,34 @@ async def test_stop_hands_back_unstarted_claims_at_once(wheel: Harness,
     assert sorted(t.key for t in again) == ["a-1", "b-2", "c-3"]
     assert all(t.token.startswith("other.") for t in again)
     assert all(t.due_ms == DUE_MS for t in again)
+    assert route.call_count == 0
+
+
+async def test_stop_hands_back_an_admitted_attempt_waiting_for_its_start(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """An attempt that holds its flow's permit and waits for its start check (between 20 and 5
+    ms before due) is handed back by stop(), its permit with it: the task is claimable at once
+    and its flow holds nothing."""
+    route = router.post(URL).respond(200)
+    await wheel.add()
+    wheel.dispatcher.submit(await wheel.claim(), wheel.clock.now_ms())
+    wheel.clock.set(DUE_MS - 15)  # past the permit's lead, before the check's
+
+    async def admitted() -> bool:  # holds the permit, waits for its start check
+        return wheel.dispatcher._lifecycle.counts[Stage.ADMITTED] == 1
+    await wait_until(admitted, "the permit")
+    await asyncio.sleep(0.05)  # every chance to start early
+    assert "started" not in await wheel.raw()
+    await wheel.dispatcher.stop(1.0)
+
+    assert wheel.dispatcher.in_flight == 0
+    raw = await wheel.raw()
+    assert (raw["status"], raw["attempts"], "claim" in raw, "started" in raw) == (
+        "scheduled", "0", False, False)
+    assert await wheel.lease() == []
+    flow = "127.0.0.1:9"  # the URL's host and port: the task's flow by default
+    assert await flow_store(wheel.store).in_flight(flow, now_ms=wheel.clock.now_ms()) == 0
+    assert [t.key for t in await wheel.claim(token="other")] == ["job-1"]
     assert route.call_count == 0
 
 
