@@ -185,7 +185,7 @@ class RedisClock:
             raise StoreUnavailable("the wheel's clock has not been read from Redis yet")
         now = self._monotonic() * 1000.0
         age = now - self._sent_ms  # the kept sample's lower_at(now), inline
-        return now + lower - self._drift * age if age > 0.0 else now + lower
+        return now + (lower - self._drift * age if age > 0.0 else lower)
 
     def now_ms(self) -> int:
         return int(self.wall_ms())
