@@ -4,16 +4,20 @@ tells it nothing. Real Redis, the Store's own methods."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import START_MS
-from timewheel.models import TaskFields
+from timewheel.jobs.sources import sources, start_of, task_filter
+from timewheel.models import TaskFields, TaskStatus
 from timewheel.operations.prepare import prepare
 from timewheel.store import CompleteReply, Outcome, ScheduleReply, Store
 from timewheel.store.batch import schedule_many
+from timewheel.store.job_store import JobStore, Position
 from timewheel.store.record import NewTask
+from timewheel.store.replies import JobStepReply
 from timewheel.store.results import ResultCallback
 
 URL = "http://127.0.0.1:9/hook"
@@ -87,3 +91,28 @@ async def test_a_recorded_retry_or_result_tells_a_stale_outcome_does_not(
     ], now_ms=NOW + 100)
     assert replies == [CompleteReply.RECORDED, CompleteReply.RECORDED, CompleteReply.STALE]
     assert told == [(r_bucket, NOW + 400), (ok_bucket, NOW + 100)]
+
+
+@pytest.mark.parametrize("kind", ["replay", "cancel"])
+async def test_a_bulk_replay_step_tells_a_cancel_step_does_not(
+        store: Store, told: list[tuple[int, int]], kind: str) -> None:
+    """A bulk replay (POST /tasks/replay) makes what it replays due now, as a single replay
+    does; a bulk cancel makes nothing due."""
+    await store.schedule(task("j.1", NOW + 60_000), replace=False, now_ms=NOW)
+    if kind == "replay":
+        await store.cancel("j.1", now_ms=NOW)  # a cancelled task is replayable
+    del told[:]
+    jobs = JobStore(store)
+    await jobs.create("job-1", kind, json.dumps({"key_prefix": "j."}), now_ms=NOW + 10)
+    bucket = store.keys.bucket_of("j.1")
+    status = TaskStatus.CANCELLED if kind == "replay" else TaskStatus.SCHEDULED
+    src = sources(kind, status)[0]
+    filt = task_filter({"key_prefix": "j."}, NOW + 10)
+    found = await jobs.find(bucket, src, start_of(src, kind, NOW + 10), filt, limit=10)
+    assert found.keys == ["j.1"]
+    code, counts = await jobs.step(bucket, "job-1", kind, now_ms=NOW + 20,
+                                   start=await jobs.position(bucket, "job-1"),
+                                   reached=Position(0, ended=True), keys=found.keys, src=src,
+                                   task_filter=filt)
+    assert (code, counts.done) == (JobStepReply.STEPPED, 1)
+    assert told == ([(bucket, NOW + 20)] if kind == "replay" else [])

@@ -174,4 +174,10 @@ class JobStore:
                       2 * retention, start.source, start.score, start.key,
                       reached.source, reached.score, reached.key, int(reached.ended),
                       *task_filter.args(src), *keys])
-        return JobStepReply(int(reply[0])), Counts(*(int(v) for v in reply[1:4]))
+        code = JobStepReply(int(reply[0]))
+        if kind == "replay" and code is JobStepReply.STEPPED and keys:
+            # What it replayed is due now: the ticker claims the bucket before its next tick
+            # (timewheel/engine/soon_claims.py), as for POST /tasks/{key}/replay. A step whose
+            # tasks all stopped matching meanwhile costs one claim that finds nothing.
+            self.store.due_soon(bucket, now_ms)
+        return code, Counts(*(int(v) for v in reply[1:4]))
