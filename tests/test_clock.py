@@ -186,3 +186,29 @@ async def test_real_redis_with_a_fast_monotonic_clock(redis: Redis) -> None:
         excess.append(now - (seconds * 1000 + micros / 1000)
                       - (sample.received_ms - sample.sent_ms) - gained)
     assert max(excess) <= 0.05, sorted(excess)[-5:]
+
+
+@pytest.mark.parametrize("drift_ppm", [DEFAULT_MAX_DRIFT_PPM * 0.9, -DEFAULT_MAX_DRIFT_PPM * 0.9])
+async def test_wall_ms_is_exactly_the_kept_samples_aged_lower_bound(drift_ppm: float) -> None:
+    """``wall_ms`` reads the kept sample's bound from plain floats: to the last bit it is
+    ``now + kept.lower_at(now)``, whether the newest sample replaced the kept one or not, and
+    also when the monotonic clock reads before the kept sample's send (no negative age)."""
+    sim = SimulatedRedis(drift=drift_ppm / 1e6, delays=random_delays(4, 0.05, 20.0))
+    clock = clock_on(sim)
+    rng = random.Random(5)
+    kept = replaced = before_sent = 0
+    for _ in range(3000):
+        await clock.refresh()
+        best = clock._best
+        assert best is not None
+        if best is clock.last_sample:
+            replaced += 1
+        else:
+            kept += 1
+        after = sim.t
+        for step in (-rng.uniform(0, 40), rng.uniform(0, 333), rng.uniform(0, 333)):
+            sim.t = max(after, sim.t) + step  # the first probe may precede the kept sample
+            now = sim.monotonic() * 1000.0
+            before_sent += now < best.sent_ms
+            assert clock.wall_ms() == now + best.lower_at(now, clock._drift)
+    assert kept > 100 and replaced > 100 and before_sent > 100  # every path ran
