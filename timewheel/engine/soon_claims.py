@@ -3,8 +3,9 @@
 A tick claims what falls due up to the next tick (plus a margin). A task made due sooner than
 that after its bucket was claimed (a ``POST`` with a short delay, a reschedule, a replay, one
 or in bulk, a short retry, a result task, a topic's fan-out, an occurrence materialized just
-now) would wait for the next tick: up to a tick late. The store tells the ticker of each task it makes due
-(``Store.due_soon``); this claims the task's bucket shortly before the task is due.
+now) would wait for the next tick: up to a tick late. The store tells the ticker of each task
+it makes due (``Store.due_soon``); this claims the task's bucket shortly before the task is
+due.
 
 - **When.** ``SOON_LEAD_MS`` before the earliest such task of the bucket, and at least
   ``SOON_LINGER_MS`` after being told: creates close together, or a steady stream of them with
