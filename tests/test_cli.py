@@ -72,3 +72,26 @@ def test_a_kubernetes_service_link_in_timewheel_port_is_named(
     with pytest.raises(SystemExit) as exited:
         main(["serve"])
     assert "Kubernetes service link" in str(exited.value.code)
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--api-tokens", "tok-TOPSECRET"], "--api-tokens"),
+    (["--signing-secret", "whsec_TOPSECRETTOPSECRETTOPSECRETTOPSECRETTOPS="], "--signing-secret"),
+    (["--redis-url", "redis://:TOPSECRET@127.0.0.1:1/0"], "--redis-url"),
+])
+def test_a_secret_given_as_a_flag_is_warned_of_without_its_value(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
+        named: str) -> None:
+    """A flag's value is in the process's command line, readable by every user (ps): the
+    service still starts, and says where the secret belongs instead, without echoing it."""
+    _served(monkeypatch, ["serve", *argv])
+    warning = capsys.readouterr().err
+    assert named in warning and "TIMEWHEEL_" in warning and "ps" in warning
+    assert "TOPSECRET" not in warning
+
+
+def test_no_warning_without_secret_flags(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TIMEWHEEL_API_TOKENS", "tok-from-the-environment")
+    _served(monkeypatch, ["serve", "--redis-url", "redis://127.0.0.1:1/0", "--port", "8081"])
+    assert capsys.readouterr().err == ""

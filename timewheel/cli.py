@@ -11,9 +11,12 @@ from pydantic import ValidationError
 
 from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
-from timewheel.settings import Settings
+from timewheel.settings import Settings, redact_url
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
+# Settings whose values are secrets: given as flags, any user of the machine can read them
+# (ps, /proc/<pid>/cmdline). A Redis URL is one only when it carries a password.
+SECRET_SETTINGS = ("api_tokens", "signing_secret", "encryption_keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {
         key.removeprefix("setting_"): value for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None}
+    _warn_of_secret_flags(overrides)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -57,6 +61,21 @@ def main(argv: list[str] | None = None) -> None:
                     for e in exc.errors(include_input=False, include_url=False)]
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
     serve(settings, settings.host, settings.port)
+
+
+def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:
+    """Say which secrets were given as flags (without their values), and where they belong."""
+    names = [name for name in SECRET_SETTINGS if name in overrides]
+    url = overrides.get("redis_url")
+    if isinstance(url, str) and redact_url(url) != url:
+        names.append("redis_url")
+    if names:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in names)
+        env = ", ".join(f"TIMEWHEEL_{name.upper()}" for name in names)
+        sys.stderr.write(f"timewheel: warning: {flags} on the command line can be read by any "
+                         f"user of this machine (ps, /proc/<pid>/cmdline); set {env} in the "
+                         "service's environment instead (an environment file only root can "
+                         "read: README.md, Configuration)\n")
 
 
 def serve(settings: Settings, host: str, port: int) -> None:
