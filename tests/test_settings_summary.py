@@ -30,6 +30,10 @@ def test_every_setting_is_listed_and_no_secret_shows() -> None:
     ("redis://user@h:1", "redis://user@h:1"),
     ("redis://h:1/0?password=pw&db=3", "redis://h:1/0?password=***&db=3"),
     ("unix:///run/redis.sock?Password=pw", "unix:///run/redis.sock?Password=***"),
+    # redis-py decodes the names: both are its password; ssl_password opens the TLS key.
+    ("redis://h:1/0?p%61ssword=pw", "redis://h:1/0?p%61ssword=***"),
+    ("rediss://h:1/0?ssl_keyfile=/k.pem&ssl_password=pw",
+     "rediss://h:1/0?ssl_keyfile=/k.pem&ssl_password=***"),
 ])
 def test_redis_url_passwords_are_redacted(url: str, shown: str) -> None:
     assert redact_url(url) == shown

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -24,9 +24,14 @@ def _split_csv(value: object) -> object:
     return value
 
 
+# Query parameters redis-py takes a secret from (its parse_url reads names percent-decoded).
+SECRET_QUERY_NAMES = frozenset({"password", "ssl_password"})
+
+
 def redact_url(url: str) -> str:
-    """``url`` with the password of its user part and of a ``password=`` query parameter
-    replaced by ``***`` (redis-py reads both)."""
+    """``url`` with the password of its user part and of a ``password=`` or ``ssl_password=``
+    query parameter (however its name is spelled: ``p%61ssword``) replaced by ``***`` (redis-py
+    reads them all)."""
     parts = urlsplit(url)
     if "@" in parts.netloc:
         user, _, host = parts.netloc.rpartition("@")
@@ -34,8 +39,8 @@ def redact_url(url: str) -> str:
         url = url.replace(parts.netloc, f"{name}{':***' if colon else ''}@{host}", 1)
     if parts.query:
         query = "&".join(f"{pair.partition('=')[0]}=***"
-                         if pair.partition("=")[0].lower() == "password" else pair
-                         for pair in parts.query.split("&"))
+                         if unquote_plus(pair.partition("=")[0]).lower() in SECRET_QUERY_NAMES
+                         else pair for pair in parts.query.split("&"))
         url = url.replace(f"?{parts.query}", f"?{query}", 1)
     return url
 
