@@ -5,18 +5,15 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
 from timewheel.settings import Settings, redact_url
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
-# Settings whose values are secrets: given as flags, any user of the machine can read them
-# (ps, /proc/<pid>/cmdline). A Redis URL is one only when it carries a password.
-SECRET_SETTINGS = ("api_tokens", "signing_secret", "encryption_keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,9 +60,23 @@ def main(argv: list[str] | None = None) -> None:
     serve(settings, settings.host, settings.port)
 
 
+def secret_settings() -> list[str]:
+    """The settings whose values are secrets (``SecretStr``, alone or in a list). A Redis URL
+    is one only when it carries a password (``redact_url``)."""
+    return [name for name, info in Settings.model_fields.items()
+            if _holds_secret(info.annotation)]
+
+
+def _holds_secret(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, SecretStr):
+        return True
+    return any(_holds_secret(arg) for arg in get_args(annotation))
+
+
 def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:
-    """Say which secrets were given as flags (without their values), and where they belong."""
-    names = [name for name in SECRET_SETTINGS if name in overrides]
+    """Say which secrets were given as flags, where any user of the machine can read them
+    (ps, /proc/<pid>/cmdline), and where they belong instead; never their values."""
+    names = [name for name in secret_settings() if name in overrides]
     url = overrides.get("redis_url")
     if isinstance(url, str) and redact_url(url) != url:
         names.append("redis_url")

@@ -4,9 +4,9 @@
 - ``record``: an attempt's outcome and history entry (lua/complete.lua), fenced by the claim
   token; while Redis is away it is tried again until the attempt's lease would have run out
   (after that another process re-sends the task: at-least-once).
-- ``hand_back``: a claim whose attempt was not sent (lua/release.lua), so any process can
-  claim it at once; while Redis is away it is tried again until it answers (a start call
-  lost in a Redis restart must not leave its task to wait out the whole lease).
+- ``hand_back``: a claim whose attempt was not sent (lua/release.lua), claimable by any
+  process at once (at its next tick); while Redis is away it is tried again until it answers
+  (a start call lost in a Redis restart must not leave its task to wait out the whole lease).
 - ``park``: set claims aside until their flow has room (lua/park.lua).
 
 A burst of 10,000 due tasks would cost 40,000 round trips one by one; batched
