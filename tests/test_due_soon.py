@@ -110,9 +110,20 @@ async def test_a_bulk_replay_step_tells_a_cancel_step_does_not(
     filt = task_filter({"key_prefix": "j."}, NOW + 10)
     found = await jobs.find(bucket, src, start_of(src, kind, NOW + 10), filt, limit=10)
     assert found.keys == ["j.1"]
-    code, counts = await jobs.step(bucket, "job-1", kind, now_ms=NOW + 20,
-                                   start=await jobs.position(bucket, "job-1"),
-                                   reached=Position(0, ended=True), keys=found.keys, src=src,
-                                   task_filter=filt)
-    assert (code, counts.done) == (JobStepReply.STEPPED, 1)
+    start = await jobs.position(bucket, "job-1")
+
+    async def step() -> JobStepReply:
+        code, counts = await jobs.step(bucket, "job-1", kind, now_ms=NOW + 20, start=start,
+                                       reached=Position(0, ended=True), keys=found.keys,
+                                       src=src, task_filter=filt)
+        assert counts.done == 1
+        return code
+
+    assert await step() is JobStepReply.STEPPED
     assert told == ([(bucket, NOW + 20)] if kind == "replay" else [])
+    if kind == "replay":  # due when it was told
+        record = await store.get("j.1")
+        assert record is not None and record.due_ms == NOW + 20
+    del told[:]
+    assert await step() is JobStepReply.STALE  # taken already (another runner): nothing new
+    assert told == []
