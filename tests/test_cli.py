@@ -8,7 +8,7 @@ import pytest
 
 from timewheel import cli
 from timewheel.cli import main
-from timewheel.settings import Settings
+from timewheel.settings import Settings, secret_settings
 
 
 def test_invalid_settings_exit_without_echoing_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,5 +110,5 @@ def test_every_secret_setting_is_one_the_warning_knows() -> None:
     added (and each of today's three is found)."""
     secret = {name for name, info in Settings.model_fields.items()
               if "SecretStr" in repr(info.annotation) or "ApiToken" in repr(info.annotation)}
-    assert set(cli.secret_settings()) == secret == {
+    assert set(secret_settings()) == secret == {
         "api_tokens", "signing_secret", "encryption_keys"}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Any, get_args
+from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
 from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
-from timewheel.settings import Settings, redact_url
+from timewheel.settings import Settings, redact_url, secret_settings
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
 
@@ -58,19 +58,6 @@ def main(argv: list[str] | None = None) -> None:
                     for e in exc.errors(include_input=False, include_url=False)]
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
     serve(settings, settings.host, settings.port)
-
-
-def secret_settings() -> list[str]:
-    """The settings whose values are secrets (``SecretStr``, alone or in a list). A Redis URL
-    is one only when it carries a password (``redact_url``)."""
-    return [name for name, info in Settings.model_fields.items()
-            if _holds_secret(info.annotation)]
-
-
-def _holds_secret(annotation: Any) -> bool:
-    if isinstance(annotation, type) and issubclass(annotation, SecretStr):
-        return True
-    return any(_holds_secret(arg) for arg in get_args(annotation))
 
 
 def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -110,12 +110,12 @@ class Settings(BaseSettings):
         """Every setting as ``name=value`` (no spaces in a value), for the start-up log line:
         secrets say only how many are set, and a Redis URL's password is replaced by ``***``."""
         parts = []
+        secret = set(secret_settings())
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if isinstance(value, list) and value and isinstance(value[0], SecretStr):
-                shown = f"<redacted:{len(value)}>"  # how many are set
-            elif isinstance(value, SecretStr):
-                shown = "<redacted>"
+            if name in secret:
+                shown = (f"<redacted:{len(value)}>"  # how many are set
+                         if isinstance(value, list) else "<redacted>")
             elif name == "redis_url" and value is not None:
                 shown = redact_url(value)
             elif isinstance(value, list):
@@ -178,3 +178,17 @@ class Settings(BaseSettings):
         if self.redis_cluster and not self.redis_url:
             raise ValueError("TIMEWHEEL_REDIS_CLUSTER needs TIMEWHEEL_REDIS_URL (a cluster node)")
         return self
+
+
+def secret_settings() -> list[str]:
+    """The settings whose values are secrets (``SecretStr``, alone or in a list): the start-up
+    line shows only how many are set, and ``timewheel serve`` warns when one is given as a flag.
+    A Redis URL is one only when it carries a password (``redact_url``)."""
+    return [name for name, info in Settings.model_fields.items()
+            if _holds_secret(info.annotation)]
+
+
+def _holds_secret(annotation: object) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, SecretStr):
+        return True
+    return any(_holds_secret(arg) for arg in get_args(annotation))
