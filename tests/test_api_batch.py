@@ -30,7 +30,7 @@ from timewheel.models import MAX_BODY_BYTES, BatchResult, TaskFields, format_ms
 from timewheel.operations.prepare import prepare, sent_as_json
 from timewheel.settings import Settings
 from timewheel.store import ScheduleReply, Store
-from timewheel.store.batch import get_many, rounds, schedule_many
+from timewheel.store.batch import CALL_TASKS, get_many, schedule_many, script_calls
 from timewheel.store.keys import Keyspace
 
 LATER = "2027-01-15T08:01:00.000Z"  # START_MS + 60 s
@@ -269,9 +269,14 @@ def test_fast_json_response_writes_what_json_response_writes() -> None:
 
 # -- the store half ----------------------------------------------------------------------------
 
-def test_rounds_keep_each_keys_occurrences_in_order() -> None:
-    assert rounds(["a", "b", "a", "c", "a", "b"]) == [[0, 1, 3], [2, 5], [4]]
-    assert rounds([]) == []
+def test_script_calls_group_by_bucket_and_keep_a_keys_occurrences_together() -> None:
+    bucket = {"a": 0, "b": 1, "c": 0, "d": 0}.__getitem__
+    assert script_calls(["a", "b", "a", "c", "d", "b"], bucket) == [[0, 2, 3, 4], [1, 5]]
+    assert script_calls([], bucket) == []
+    # A bucket's calls take CALL_TASKS keys at most; a key given again joins its first's call.
+    keys = [f"k{i}" for i in range(CALL_TASKS + 1)] + ["k0", f"k{CALL_TASKS}"]
+    calls = script_calls(keys, lambda key: 0)
+    assert calls == [[*range(CALL_TASKS), CALL_TASKS + 1], [CALL_TASKS, CALL_TASKS + 2]]
 
 
 def test_hiredis_packs_a_schedule_call_as_redis_py_does(store: Store) -> None:
@@ -280,7 +285,7 @@ def test_hiredis_packs_a_schedule_call_as_redis_py_does(store: Store) -> None:
                         body={"text": "日本", "n": [1, 2.5, None]}, max_attempts=9)
     task = prepare(fields, "k:1", START_MS, default_timeout=10)
     keys = [store.keys.prefix(store.keys.bucket_of(task.key))]
-    args = store.schedule_args(task, replace=False, now_ms=START_MS, request_id="b.1")
+    args = ["create", START_MS, *store.schedule_args(task, "b.1")]
     command = ("EVALSHA", store.scripts.schedule.sha, 1, *keys, *args)
     assert hiredis.pack_command(command) == b"".join(Connection().pack_command(*command))
 

@@ -69,7 +69,7 @@ class DyingStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def schedule_args(self, task: NewTask, **kwargs: Any) -> list[Any]:
+    def schedule_args(self, task: NewTask, *args: Any) -> list[Any]:
         raise StoreUnavailable("the process died")  # before its create reached Redis
 
 

@@ -132,6 +132,10 @@ async def run(store: Store, name: str, *args: Any) -> Any:
         args = (1, len(args) // 2, *args)
     elif name == "complete":  # now, retention, kept, one prefix, then its outcomes (nine each)
         args = (*args[:3], 1, -(-(len(args) - 3) // 9), *args[3:])
+    elif name == "schedule":  # one task: key, mode, now, request id, record[, results]
+        key, mode, now, req, record, *results = args
+        (code,) = await script(keys=[P], args=[mode, now, key, req, record, *(results or [""])])
+        return code
     return await script(keys=[P], args=list(args))
 
 

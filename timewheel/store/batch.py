@@ -1,20 +1,21 @@
-"""Many tasks at once (``POST /tasks/batch``): the ``schedule`` script pipelined, not one round
-trip per task, and the views of many tasks read with one script call per bucket.
+"""Many tasks at once (``POST /tasks/batch``, a recurring schedule's occurrences): the
+``schedule`` script called once per bucket for many tasks, the calls pipelined, and the views of
+many tasks read with one script call per bucket.
 
-- One pipeline of EVALSHA ``schedule`` per round, over every bucket: one round trip on a single
-  Redis (packed by hiredis, see ``_exchange``); on a Redis Cluster, redis-py's cluster pipeline
-  splits the commands by node and sends each node its share concurrently. Each call stays a
-  single-slot script (its bucket's tag), so every task is as atomic as with ``Store.schedule``.
-- Order: the n-th occurrence of a key in the batch goes in round n. Within one pipeline no key
-  repeats, so neither a NOSCRIPT re-run (below) nor a cluster redirect can reorder two calls on
-  the same task; a later duplicate therefore sees the earlier one (200 when identical, 409 when
-  not), exactly as two POSTs in a row would.
+- Calls: lua/schedule.lua takes the tasks of one bucket, up to CALL_TASKS of them, in request
+  order. Each call stays a single-slot script (its bucket's tag), and each task in it is
+  decided and written as ``Store.schedule`` would alone. A key's every occurrence goes into the
+  call of its first, in order, so a later duplicate sees the earlier one (200 when identical,
+  409 when not), exactly as two POSTs in a row would, whatever order the calls run in.
+- One pipeline of those calls: one round trip on a single Redis (packed by hiredis, see
+  ``_exchange``); on a Redis Cluster, redis-py's cluster pipeline splits the commands by node
+  and sends each node its share concurrently.
 - NOSCRIPT: the commands are queued as raw ``EVALSHA`` (redis-py 8 blocks ``evalsha`` on a
   cluster pipeline, redis/redis-py#2914, and loads scripts for plain pipelines with an extra
   SCRIPT EXISTS round trip). A call answered NOSCRIPT (the script cache was flushed: a restart, a
   failover, a new node) did not run; it is run again on its own through the registered script,
-  which loads the script and retries. Within a round the re-runs touch distinct tasks.
-- Each call carries its own request id (the batch's random id and the item's index), so a
+  which loads the script and retries. The calls touch distinct tasks, so this reorders nothing.
+- Each task carries its own request id (the batch's random id and the item's index), so a
   pipeline that redis-py re-sends after a lost reply answers each item as the first run did.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -37,19 +38,30 @@ from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import ScheduleReply
 from timewheel.store.task_store import Store
 
+# Tasks a schedule call takes at most. One call holds Redis for its whole run, ~20 us a task
+# (bench/README.md), so other clients wait ~2 ms at most; a call per task cost Redis ~30 % more
+# a task (the script's library definitions and the call itself, every time).
+CALL_TASKS = 100
 
-def rounds(keys: Sequence[str]) -> list[list[int]]:
-    """Indexes of ``keys`` split so that no key repeats within a round and each key's
-    occurrences come in request order: round n holds the n-th occurrence of every key."""
-    seen: dict[str, int] = {}
-    result: list[list[int]] = []
+
+def script_calls(keys: Sequence[str], bucket_of: Callable[[str], int]) -> list[list[int]]:
+    """Indexes of ``keys`` grouped into script calls: each call's keys share a bucket, in
+    request order, at most CALL_TASKS of them, except that a key given again joins the call of
+    its first occurrence (which may then pass CALL_TASKS)."""
+    calls: list[list[int]] = []
+    filling: dict[int, int] = {}  # bucket -> its call still taking new keys
+    home: dict[str, int] = {}  # key -> the call it is in
     for index, key in enumerate(keys):
-        n = seen.get(key, 0)
-        seen[key] = n + 1
-        if n == len(result):
-            result.append([])
-        result[n].append(index)
-    return result
+        call = home.get(key)
+        if call is None:
+            bucket = bucket_of(key)
+            call = filling.get(bucket)
+            if call is None or len(calls[call]) >= CALL_TASKS:
+                call = filling[bucket] = len(calls)
+                calls.append([])
+            home[key] = call
+        calls[call].append(index)
+    return calls
 
 
 async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
@@ -58,11 +70,18 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
     ``Store.schedule(task, replace=False)`` answers for one."""
     codes: list[ScheduleReply] = [ScheduleReply.CREATED] * len(tasks)
     batch_id = secrets.token_hex(8)
+    groups = script_calls([task.key for task in tasks], store.keys.bucket_of)
+    calls = []
+    for group in groups:
+        args: list[Any] = ["create", now_ms]
+        for i in group:
+            args += store.schedule_args(tasks[i], f"{batch_id}.{i}")
+        calls.append(([store.keys.prefix(store.keys.bucket_of(tasks[group[0]].key))], args))
     async with redis_errors("schedule_many"):
-        for indexes in rounds([task.key for task in tasks]):
-            calls = [_script_args(store, tasks[i], now_ms, f"{batch_id}.{i}") for i in indexes]
-            for index, code in zip(indexes, await _schedule_round(store, calls), strict=True):
-                codes[index] = code
+        replies = await _run_calls(store, calls)
+    for group, reply in zip(groups, replies, strict=True):
+        for index, code in zip(group, reply, strict=True):
+            codes[index] = ScheduleReply(int(code))
     if store.cipher is not None:  # fingerprints keyed by another key (Store.same_request)
         for index, code in enumerate(codes):
             if code is ScheduleReply.CONFLICT and await store.same_request(tasks[index]):
@@ -73,16 +92,9 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
     return codes
 
 
-def _script_args(store: Store, task: NewTask, now_ms: int, request_id: str
-                 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of lua/schedule.lua, as ``Store.schedule`` passes them (mode "create")."""
-    keys = [store.keys.prefix(store.keys.bucket_of(task.key))]
-    return keys, store.schedule_args(task, replace=False, now_ms=now_ms, request_id=request_id)
-
-
-async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[Any]]]
-                          ) -> list[ScheduleReply]:
-    """One pipeline of script calls on distinct tasks; NOSCRIPT answers re-run one by one."""
+async def _run_calls(store: Store, calls: Sequence[tuple[list[str], list[Any]]]
+                     ) -> list[list[Any]]:
+    """One pipeline of schedule calls on distinct tasks; NOSCRIPT answers re-run one by one."""
     script = store.scripts.schedule
     commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
     replies: list[Any]
@@ -96,14 +108,14 @@ async def _schedule_round(store: Store, calls: Sequence[tuple[list[str], list[An
         for command in commands:
             pipe.execute_command(*command)
         replies = await pipe.execute(raise_on_error=False)
-    codes = []
+    answered = []
     for (keys, args), reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):
             reply = await script(keys=keys, args=args)
         elif isinstance(reply, Exception):  # also a cluster's "TTL exhausted" (a RedisError)
             raise reply
-        codes.append(ScheduleReply(int(reply)))
-    return codes
+        answered.append(reply)
+    return answered
 
 
 # The reads of one round share a deadline, moved on only when less than the socket timeout is

@@ -95,9 +95,10 @@ class Store(ClaimSide):
         The request id makes a redis-py retry of this very call answer as the first did."""
         bucket = self.keys.bucket_of(task.key)
         async with redis_errors("schedule"):
-            reply = ScheduleReply(int(await self.scripts.schedule(
+            (code,) = await self.scripts.schedule(
                 keys=[self.keys.prefix(bucket)],
-                args=self.schedule_args(task, replace=replace, now_ms=now_ms))))
+                args=["replace" if replace else "create", now_ms, *self.schedule_args(task)])
+        reply = ScheduleReply(int(code))
         if reply is ScheduleReply.CONFLICT and await self.same_request(task):
             return ScheduleReply.EXISTS
         if reply in (ScheduleReply.CREATED, ScheduleReply.REPLACED):
@@ -129,16 +130,12 @@ class Store(ClaimSide):
         return (opened.h12 == wanted
                 and stored["fp"] == self.cipher.fingerprint(opened.h12, opened.key_id))
 
-    def schedule_args(self, task: NewTask, *, replace: bool, now_ms: int,
-                      request_id: str | None = None) -> list[str | bytes | int]:
-        """ARGV of ``lua/schedule.lua`` for one task (also used by batched creates)."""
-        args: list[str | bytes | int] = [task.key, "replace" if replace else "create", now_ms,
-                                         request_id or secrets.token_hex(8),
-                                         task.record(self.cipher)]
-        results = task.results()
-        if results:  # lua/schedule.lua ARGV[6]; absent for the many tasks without any
-            args.append(results)
-        return args
+    def schedule_args(self, task: NewTask, request_id: str | None = None
+                      ) -> list[str | bytes]:
+        """One task's four values in the ARGV of ``lua/schedule.lua``, which takes one task or
+        many of a bucket (store/batch.py): key, request id, record, result callbacks."""
+        return [task.key, request_id or secrets.token_hex(8), task.record(self.cipher),
+                task.results()]
 
     async def cancel(self, key: str, *, now_ms: int) -> CancelReply:
         """CANCELLED, NOT_FOUND, or FINISHED (already finished). The request id makes a
