@@ -1,4 +1,5 @@
-"""Redis time per callback of the three scripts every callback runs: claim, start, complete.
+"""Redis time per callback of the three scripts every callback runs: claim, start, complete;
+and per task of creating them as ``POST /tasks/batch`` does.
 
     python -m bench.script_cost                     # 4,000 tasks a round, 3 rounds, batches of 20
     python -m bench.script_cost --rounds 5 --batch 40
@@ -9,10 +10,12 @@ figure moves with them; this bench runs the scripts alone, in one process agains
 redis-server of its own (``bench.memory.dedicated_redis``, the embedded Redis's settings), so
 a change to a script shows as a ratio within one sitting.
 
-Each round: ``--tasks`` tasks made as ``POST /tasks`` makes them (``bench.memory.create``), due
-within one second of a fixed ``now``; then, each phase on its own, with ``CONFIG RESETSTAT``
-before it and ``INFO commandstats`` after it:
+Each round, each phase on its own, with ``CONFIG RESETSTAT`` before it and ``INFO
+commandstats`` after it:
 
+- create: ``--tasks`` tasks made as ``POST /tasks`` makes them and stored as ``POST
+  /tasks/batch`` stores them (``bench.memory.create``: ``schedule_many``, 1,000 a call), due
+  within one second of a fixed ``now`` (reported apart: not part of a callback's cost);
 - claim: ``Store.claim`` bucket after bucket, 100 a call, as the ticker claims;
 - start: ``Store.start_many`` in batches of ``--batch`` in due order, over every bucket, as the
   recorder starts one wake-up's attempts on a single Redis;
@@ -114,7 +117,11 @@ async def complete_all(store: Any, claimed: list[Any], batch: int) -> None:
 async def one_round(store: Any, url: str, tasks: int, batch: int, tag: str
                     ) -> dict[str, dict[str, Any]]:
     keys = new_keys(tasks)
-    await create(store, keys, [NOW_MS + (i * 1000) // tasks for i in range(tasks)], NOW_MS)
+
+    async def create_all() -> None:
+        await create(store, keys, [NOW_MS + (i * 1000) // tasks for i in range(tasks)], NOW_MS)
+
+    created = await phase(url, tasks, create_all)
     claimed: list[Any] = []
 
     async def claim() -> None:
@@ -122,7 +129,7 @@ async def one_round(store: Any, url: str, tasks: int, batch: int, tag: str
         if len(claimed) != tasks:
             raise SystemExit(f"bench: claimed {len(claimed)} of {tasks}")
 
-    return {"claim": await phase(url, tasks, claim),
+    return {"create": created, "claim": await phase(url, tasks, claim),
             "start": await phase(url, tasks, lambda: start_all(store, claimed, batch)),
             "complete": await phase(url, tasks, lambda: complete_all(store, claimed, batch))}
 
@@ -151,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         line = "  ".join(f"{name} {result[name]['script_us']:5.2f} us "
                          f"({result[name]['commands_per_task']:.2f} cmds)" for name in PHASES)
         total = sum(result[name]["script_us"] for name in PHASES)
-        print(f"round {r}: {line}  total {total:5.2f} us a callback")
-    for name in PHASES:
+        print(f"round {r}: {line}  total {total:5.2f} us a callback; "
+              f"create {result['create']['script_us']:5.2f} us a task")
+    for name in ("create", *PHASES):
         print(f"  {name:8s} commands a task: {json.dumps(results[-1][name]['by_command'])}")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
