@@ -167,7 +167,7 @@ class WireSender:
             timer.cancel()
             reusable = conn.finish()
         # An early answer may come while part of the request is still unsent.
-        if reusable and not exchange.cut and not conn.transport.get_write_buffer_size():
+        if reusable and not exchange.cut and not transport.get_write_buffer_size():
             self._put_back(origin, conn, loop)
         else:
             conn.close()
