@@ -5,7 +5,9 @@
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:". Every key below is derived from it, so all of
 --          the tasks' keys share one hash slot (the minute slices cannot be listed up front).
--- ARGV[1]  mode: "create" (POST) or "replace" (PUT), for every task of the call
+-- ARGV[1]  mode: "create" (POST) or "replace" (PUT), for every task of the call; a replace
+--          call names each key once (a record keeps only its last request id, so a re-sent
+--          call could not tell an earlier replace of the same key as done)
 -- ARGV[2]  now_ms
 -- ARGV[3..] per task, four values:
 --          its key;
@@ -26,13 +28,21 @@
 local P = KEYS[1]
 local mode, now = ARGV[1], tonumber(ARGV[2])
 
--- Every check that can refuse the call comes first: a malformed record, a key of the v1
--- layout. Nothing is written when one does.
-local news, olds = {}, {}
+-- Every check that can refuse the call comes first: malformed arguments or a malformed
+-- record, a key given twice to replace, a key of the v1 layout. Nothing is written when one
+-- does.
+if (mode ~= 'create' and mode ~= 'replace') or not now or (#ARGV - 2) % 4 ~= 0 then
+  return redis.error_reply('ERR schedule: malformed arguments')
+end
+local news, olds, named = {}, {}, {}
 for i = 3, #ARGV, 4 do
   local key = ARGV[i]
   local h = new_head(ARGV[i + 2])
   if not h then return redis.error_reply('ERR schedule: malformed record for ' .. key) end
+  if mode == 'replace' and named[key] then
+    return redis.error_reply('ERR schedule: ' .. key .. ' given twice to replace')
+  end
+  named[key] = true
   local old, other = head(P .. 't:' .. key)
   if other then return old_layout(key) end
   news[i], olds[i] = h, old or false

@@ -16,6 +16,7 @@ from tests.support.bucket_state import (
     MIN,
     NOW,
     P,
+    delivering,
     dump,
     minutes,
     rec,
@@ -63,22 +64,41 @@ async def test_creates_answer_and_write_as_one_by_one(store: Store, redis: Redis
     assert together[0] == [0, 0, 2, -1, 2, 0]
 
 
-async def test_a_key_replaced_twice_in_one_call_moves_from_where_the_first_put_it(
-        store: Store, redis: Redis) -> None:
-    """The second replace of x reads the record the first wrote: it marks the first's minute
-    (M0 + 5) in its delete-set, not the minute x was in before the call (M0 + 2)."""
+async def test_replaces_answer_and_write_as_one_by_one(store: Store, redis: Redis) -> None:
+    """A pending task moved to another minute (its old minute's delete-set marks it), a new
+    key, a claimed task (its lease dropped), a request id given again (answered as before)."""
     state = {"t:x": rec(due=NOW + 2 * MIN), f"ms:{M0 + 2}": {"x": NOW + 2 * MIN},
+             "t:d": delivering(due=NOW + MIN), "ls": {"d": NOW + MIN + 15_000},
              **minutes(M0 + 2), "cur": str(M0)}
     items = [("x", NOW + 5 * MIN, "fp", "r1"), ("y", NOW + 5 * MIN, "fp", "r2"),
-             ("x", NOW + 7 * MIN, "fp", "r3"), ("y", NOW + 9 * MIN, "fp", "r4"),
-             ("x", NOW + 7 * MIN, "fp", "r3")]  # the same request again: answered as before
+             ("d", NOW + 7 * MIN, "fp", "r3"), ("z", NOW + 9 * MIN, "fp", "r2")]
     alone, together = await one_by_one_and_together(store, redis, state, "replace", items)
     assert together == alone
     replies, bucket = together
-    assert replies == [1, 0, 1, 1, 1]
-    assert set(bucket[f"md:{M0 + 5}"]) == {"x", "y"}
-    assert set(bucket[f"md:{M0 + 2}"]) == {"x"}
-    assert bucket[f"ms:{M0 + 7}"] == {"x": NOW + 7 * MIN}
+    assert replies == [1, 0, 1, 0]
+    assert bucket[f"md:{M0 + 2}"] == {"x"} and "ls" not in bucket
+
+
+async def test_a_key_given_twice_to_replace_is_refused_before_any_write(
+        store: Store, redis: Redis) -> None:
+    """A record keeps only its last request id: a re-sent call could not tell that the first
+    replace of the key was done, so one call replaces a key once."""
+    await seed(redis, {"t:x": rec(due=NOW + 2 * MIN)})
+    before = await dump(redis)
+    with pytest.raises(ResponseError, match="x given twice to replace"):
+        await schedule_call(store, "replace", [("y", NOW + MIN, "fp", "r1"),
+                                               ("x", NOW + 5 * MIN, "fp", "r2"),
+                                               ("x", NOW + 7 * MIN, "fp", "r3")])
+    assert await dump(redis) == before
+
+
+async def test_malformed_arguments_write_nothing(store: Store, redis: Redis) -> None:
+    whole = ["a", "r1", template(NOW + MIN), "", "b", "r2", template(NOW + MIN), ""]
+    for args in (["create", NOW, *whole[:-1]],  # the last task's values cut short
+                 ["create", "soon", *whole], ["upsert", NOW, *whole]):
+        with pytest.raises(ResponseError, match="malformed arguments"):
+            await store.scripts.schedule(keys=[P], args=args)
+    assert await redis.keys("*") == [b"tw:buckets"]
 
 
 @pytest.mark.parametrize("at", [0, 2])
