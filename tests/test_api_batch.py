@@ -271,12 +271,14 @@ def test_fast_json_response_writes_what_json_response_writes() -> None:
 
 def test_script_calls_group_by_bucket_and_keep_a_keys_occurrences_together() -> None:
     bucket = {"a": 0, "b": 1, "c": 0, "d": 0}.__getitem__
-    assert script_calls(["a", "b", "a", "c", "d", "b"], bucket) == [[0, 2, 3, 4], [1, 5]]
+    assert script_calls(["a", "b", "a", "c", "d", "b"], bucket) == [(0, [0, 2, 3, 4]),
+                                                                     (1, [1, 5])]
     assert script_calls([], bucket) == []
     # A bucket's calls take CALL_TASKS keys at most; a key given again joins its first's call.
     keys = [f"k{i}" for i in range(CALL_TASKS + 1)] + ["k0", f"k{CALL_TASKS}"]
     calls = script_calls(keys, lambda key: 0)
-    assert calls == [[*range(CALL_TASKS), CALL_TASKS + 1], [CALL_TASKS, CALL_TASKS + 2]]
+    assert calls == [(0, [*range(CALL_TASKS), CALL_TASKS + 1]),
+                     (0, [CALL_TASKS, CALL_TASKS + 2])]
 
 
 def test_hiredis_packs_a_schedule_call_as_redis_py_does(store: Store) -> None:

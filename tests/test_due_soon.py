@@ -64,6 +64,18 @@ async def test_a_batch_tells_what_it_created(store: Store, told: list[tuple[int,
     assert told == [(store.keys.bucket_of("new"), NOW + 200)]
 
 
+async def test_a_batch_tells_each_bucket_its_earliest_created_task_once(
+        store: Store, told: list[tuple[int, int]]) -> None:
+    """The ticker keeps the earliest task a bucket is told of, so one word a call is enough."""
+    bucket = store.keys.bucket_of("k0")
+    same = [k for k in (f"k{i}" for i in range(1, 200)) if store.keys.bucket_of(k) == bucket][:2]
+    other = next(k for k in (f"o{i}" for i in range(200)) if store.keys.bucket_of(k) != bucket)
+    await schedule_many(store, [task(same[0], NOW + 900), task("k0", NOW + 400),
+                                task(other, NOW + 300), task(same[1], NOW + 600)], NOW)
+    assert sorted(told) == sorted([(bucket, NOW + 400),
+                                   (store.keys.bucket_of(other), NOW + 300)])
+
+
 async def test_a_recorded_retry_or_result_tells_a_stale_outcome_does_not(
         store: Store, told: list[tuple[int, int]]) -> None:
     """A retry is due at its backoff (which may be under a tick); a finished task's result

@@ -46,11 +46,12 @@ from timewheel.store.task_store import Store
 CALL_TASKS = 100
 
 
-def script_calls(keys: Sequence[str], bucket_of: Callable[[str], int]) -> list[list[int]]:
-    """Indexes of ``keys`` grouped into script calls: each call's keys share a bucket, in
-    request order, at most CALL_TASKS of them, except that a key given again joins the call of
-    its first occurrence (which may then pass CALL_TASKS)."""
-    calls: list[list[int]] = []
+def script_calls(keys: Sequence[str], bucket_of: Callable[[str], int]
+                 ) -> list[tuple[int, list[int]]]:
+    """Indexes of ``keys`` grouped into script calls, each with its bucket: a call's keys share
+    the bucket, in request order, at most CALL_TASKS of them, except that a key given again
+    joins the call of its first occurrence (which may then pass CALL_TASKS)."""
+    calls: list[tuple[int, list[int]]] = []
     filling: dict[int, int] = {}  # bucket -> its call still taking new keys
     home: dict[str, int] = {}  # key -> the call it is in
     for index, key in enumerate(keys):
@@ -58,11 +59,11 @@ def script_calls(keys: Sequence[str], bucket_of: Callable[[str], int]) -> list[l
         if call is None:
             bucket = bucket_of(key)
             call = filling.get(bucket)
-            if call is None or len(calls[call]) >= CALL_TASKS:
+            if call is None or len(calls[call][1]) >= CALL_TASKS:
                 call = filling[bucket] = len(calls)
-                calls.append([])
+                calls.append((bucket, []))
             home[key] = call
-        calls[call].append(index)
+        calls[call][1].append(index)
     return calls
 
 
@@ -74,23 +75,24 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
     batch_id = secrets.token_hex(8)
     groups = script_calls([task.key for task in tasks], store.keys.bucket_of)
     calls = []
-    for group in groups:
+    for bucket, group in groups:
         args: list[Any] = ["create", now_ms]
         for i in group:
             args += store.schedule_args(tasks[i], f"{batch_id}.{i}")
-        calls.append(([store.keys.prefix(store.keys.bucket_of(tasks[group[0]].key))], args))
+        calls.append(([store.keys.prefix(bucket)], args))
     async with redis_errors("schedule_many"):
         replies = await _run_calls(store, calls)
-    for group, reply in zip(groups, replies, strict=True):
+    for (_, group), reply in zip(groups, replies, strict=True):
         for index, code in zip(group, reply, strict=True):
             codes[index] = ScheduleReply(int(code))
     if store.cipher is not None:  # fingerprints keyed by another key (Store.same_request)
         for index, code in enumerate(codes):
             if code is ScheduleReply.CONFLICT and await store.same_request(tasks[index]):
                 codes[index] = ScheduleReply.EXISTS
-    for task, code in zip(tasks, codes, strict=True):
-        if code is ScheduleReply.CREATED:
-            store.due_soon(store.keys.bucket_of(task.key), task.due_ms)
+    for bucket, group in groups:  # the ticker keeps the earliest a bucket: one word a call
+        created = [tasks[i].due_ms for i in group if codes[i] is ScheduleReply.CREATED]
+        if created:
+            store.due_soon(bucket, min(created))
     return codes
 
 
