@@ -26,7 +26,7 @@ from typing import Any
 from bench.common import machine_facts, start_receiver, stop_process
 from bench.soak_check import check, table
 from bench.soak_faults import Injector, plan, stall_seconds, stop_seconds
-from bench.soak_history import History, read
+from bench.soak_history import History, logged_late_writes, read
 from bench.soak_load import Load
 from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
@@ -174,6 +174,10 @@ async def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     finally:
         codes = wheel.stop() if wheel.slots else {}
         stop_process(receiver, 10)
+        for proc in [e for e in history.events() if e["type"] == "proc"]:
+            for key, attempt, late_ms in logged_late_writes(Path(proc["log"])):
+                history.add("late_write", pid=proc["pid"], key=key, attempt=attempt,
+                            late_ms=late_ms)
         history.close()
     summary = check(history.events() + read(wheel.arrivals_path))
     summary["exit_codes"] = codes

@@ -25,7 +25,10 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   second before it (appendfsync everysec may lose the last second of writes); by the receiver when
   its loop did not run for about a task timeout or more right before it read the first 2xx
   attempt (the request waited in its socket; the sender may have timed out before the
-  answer). Otherwise UNEXPLAINED.
+  answer); by the sender of the duplicate itself when it logged that attempt as written after
+  its send-by (a ``late_write`` record: it was paused between its last check and the write, a
+  window no check can close; a stopped process that sends without having checked again logs
+  nothing and stays unexplained). Otherwise UNEXPLAINED.
 - delivered after cancel: an arrival after a DELETE answered 204, unless the attempt was in
   flight when the DELETE returned. In flight = it could have started before the answer (its
   scheduled-at is not after it) and it reached the receiver within one task timeout of it
@@ -86,6 +89,8 @@ class Checker:
         ends += [e["t"] for e in events if e["type"] == "end"]
         self.end = float(self.meta.get("observed_until") or max(ends, default=0.0))
         self.proc_of_pid = {p["pid"]: p["name"] for p in self.procs}
+        self.late_writes = {(e["pid"], e["key"], e["attempt"]): e for e in events
+                            if e["type"] == "late_write"}
         self.schedules = {e["key"] for e in self.ops if e["op"] == "schedule_put"}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -114,6 +119,14 @@ class Checker:
             if f["kind"] not in PROCESS_FAULTS and f["start"] <= hi and end >= lo - 1.0:
                 return f"{f['kind']} {f['target']} {f['start']:.3f}-{end:.3f}"
         return None
+
+    def _written_late(self, dup: Event) -> str | None:
+        """The duplicate's own sender logged it as written after its send-by."""
+        late = self.late_writes.get((dup.get("pid"), dup["key"], dup.get("attempt")))
+        if late is None:
+            return None
+        return (f"written {late['late_ms']} ms after its send-by by {self._who(dup)} (logged: "
+                "paused between its last check and the write)")
 
     def _in_fault_window(self, due: float) -> bool:
         after = self.timeout + self.margin + self.tick
@@ -258,14 +271,15 @@ class Checker:
         first = group[ok]
         why = self._explain(first)
         for dup in group[ok + 1:]:
+            dup_why = why or self._written_late(dup)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
                      "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),
-                     "scheduled_at": dup.get("scheduled_at"), "explained_by": why}
-            if why is None:
+                     "scheduled_at": dup.get("scheduled_at"), "explained_by": dup_why}
+            if dup_why is None:
                 entry["again_sender_faults"] = self._faults_of(
                     dup.get("pid"), group[0]["t"] - self.bound, dup["t"])
-            out["duplicates_explained" if why else "duplicates_unexplained"].append(entry)
+            out["duplicates_explained" if dup_why else "duplicates_unexplained"].append(entry)
         return len(group) - ok - 1
 
     def _summary(self, out: dict[str, Any], tally: Counter[str], late_in: list[float],

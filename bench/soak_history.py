@@ -15,13 +15,17 @@ Record types (the ``type`` field), all times Unix seconds from ``time.time()`` o
   0 = held past the task timeout, never answered in time), ``pid`` of the sending process.
 - ``fault``: ``kind``, ``target``, ``start``, ``end``, ``detail``.
 - ``proc``: one serve process incarnation: ``name``, ``pid``, ``start``, ``end``, ``ended``.
+- ``late_write``: an attempt its process logged as written after its send-by (it was paused
+  between the last check and the write): ``pid``, ``key``, ``attempt``, ``late_ms``; read
+  from the processes' logs when the run ends (``late_writes``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +70,24 @@ def _lines(path: Path) -> Iterator[Event]:
                 yield json.loads(line)
             except json.JSONDecodeError:  # blank, or the last line still being written
                 continue
+
+
+# timewheel/engine/dispatcher.py ``Dispatcher._written``: its message, in either log format.
+# Only a write whose last check said yes by the send-by: one with no such check is a bug.
+_LATE_WRITE = re.compile(r"callback (\S+) attempt=(\d+) written (\d+) ms after its send-by; "
+                         r"its last check, \d+ ms before the send-by, said yes")
+
+
+def late_writes(lines: Iterable[str]) -> Iterator[tuple[str, int, int]]:
+    """(key, attempt, ms after its send-by) of each write a serve process logged as late."""
+    for line in lines:
+        if "after its send-by" in line and (found := _LATE_WRITE.search(line)):
+            yield found[1], int(found[2]), int(found[3])
+
+
+def logged_late_writes(log_path: Path) -> list[tuple[str, int, int]]:
+    """``late_writes`` of a serve process's log file (none if it has no file)."""
+    if not log_path.exists():
+        return []
+    with log_path.open(errors="replace") as fh:
+        return list(late_writes(fh))

@@ -11,7 +11,7 @@ import asyncio
 import gc
 import itertools
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
@@ -20,13 +20,14 @@ import httpx
 import pytest
 import respx
 
+from bench.soak_history import late_writes
 from tests.conftest import START_MS
 from tests.support.waiting import wait_until
 from timewheel import __version__
 from timewheel.api.views import task_view
 from timewheel.clock import FakeClock
-from timewheel.delivery.netguard import NetworkPolicy
-from timewheel.delivery.senders import HttpxSender
+from timewheel.delivery.netguard import NOT_WRITTEN, NetworkPolicy, NotWritten
+from timewheel.delivery.senders import Answer, HttpxSender, Sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.attempt import Stage
 from timewheel.engine.dispatcher import Dispatcher
@@ -59,12 +60,14 @@ def flow_store(store: Store, parallelism: int = 100) -> FlowStore:
 class Harness:
     """One dispatcher over the test's store, with helpers to seed, claim and observe tasks."""
 
-    def __init__(self, store: Store, clock: FakeClock, signer: Signer | None = None) -> None:
+    def __init__(self, store: Store, clock: FakeClock, signer: Signer | None = None,
+                 sender: Callable[[HttpxSender], Sender] = lambda inner: inner) -> None:
         self.store = store
         self.clock = clock
         self.metrics = Metrics()
         self.sender = HttpxSender(NetworkPolicy(allow_private=True), max_connections=10)
-        self.dispatcher = Dispatcher(store, flow_store(store), clock, self.sender, self.metrics,
+        self.dispatcher = Dispatcher(store, flow_store(store), clock, sender(self.sender),
+                                     self.metrics,
                                      signer=signer, max_concurrency=10,
                                      batch_deadline_ms=30_000, tokens=claim_tokens())
         self._calls = itertools.count()
@@ -605,3 +608,76 @@ async def test_an_attempt_unanswered_past_the_grace_period_leaves_the_books(
     assert wheel.dispatcher.in_flight == 0
     assert (await wheel.view()).status == "delivering"
     assert await wheel.lease() != []  # not handed back: its lease re-sends it
+
+
+class PausedAtTheWrite:
+    """A sender paused between its last check and the write, as a SIGSTOP there would: the
+    check says yes, the clock moves ``pause_ms``, then the request is written. ``check``
+    False: a sender that writes without asking (what a bug would do)."""
+
+    def __init__(self, inner: HttpxSender, clock: FakeClock, *, check: bool = True) -> None:
+        self.inner, self.clock, self.check, self.pause_ms = inner, clock, check, 0
+        self.keep_body, self.result_body = inner.keep_body, inner.result_body
+
+    async def send(self, method: str, url: str, headers: list[tuple[str, str]],
+                   body: bytes | None, timeout: float, ready: Callable[[], bool] | None = None,
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
+        if self.check and ready is not None and not ready():
+            raise NotWritten(NOT_WRITTEN)
+        self.clock.advance(self.pause_ms)
+        if written is not None:
+            written()
+        return await self.inner.send(method, url, headers, body, timeout, keep_body=keep_body)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.parametrize(("past_send_by", "checked"), [(True, True), (False, True), (True, False)],
+                         ids=["past its send-by", "in time", "past it, with no check"])
+async def test_a_request_written_after_its_send_by_is_logged(
+        store: Store, fake_clock: FakeClock, router: respx.MockRouter,
+        caplog: pytest.LogCaptureFixture, past_send_by: bool, checked: bool) -> None:
+    """A process paused between the last check and the write sends anyway when it runs
+    again, whatever its lease says: no check can close that window, so the dispatcher logs
+    such a write, naming the task, the attempt and when its check said yes, for the duplicate
+    it may cause. A late write that no check in time came before is a bug, logged as one."""
+    router.post(URL).respond(200)
+    senders: list[PausedAtTheWrite] = []
+
+    def paused(inner: HttpxSender) -> PausedAtTheWrite:
+        senders.append(PausedAtTheWrite(inner, fake_clock, check=checked))
+        return senders[0]
+
+    wheel = Harness(store, fake_clock, sender=paused)
+    try:
+        await wheel.add()
+        tasks = await wheel.claim()
+        wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+        [attempt] = wheel.dispatcher._lifecycle.live
+        senders[0].pause_ms = attempt.send_by_ms - DUE_MS + (1 if past_send_by else 0)
+        with caplog.at_level("WARNING", logger="timewheel.engine.dispatcher"):
+            wheel.clock.set(DUE_MS)
+            await wheel.settle()
+        assert router.calls.call_count == 1
+        late = [r for r in caplog.records if "after its send-by" in r.getMessage()]
+        if not past_send_by:
+            assert late == []
+            return
+        [record] = late
+        assert (record.task_key, record.attempt) == ("job-1", 1)  # type: ignore[attr-defined]
+        before = attempt.send_by_ms - DUE_MS  # the check said yes at the due time
+        if checked:
+            assert record.levelname == "WARNING"
+            assert (f"written 1 ms after its send-by; its last check, {before} ms before the "
+                    "send-by, said yes") in record.getMessage()
+            # the soak reads these lines to explain the duplicate they may cause
+            assert list(late_writes([record.getMessage()])) == [("job-1", 1, 1)]
+        else:
+            assert record.levelname == "ERROR"
+            assert "with no last check before it (a bug)" in record.getMessage()
+            assert list(late_writes([record.getMessage()])) == []
+    finally:
+        await wheel.dispatcher.stop(0.1)
+        await wheel.sender.aclose()

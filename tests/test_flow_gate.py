@@ -214,7 +214,8 @@ class Dialling:
 
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float, ready: Callable[[], bool] | None = None,
-                   keep_body: int | None = None) -> Answer:
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
         if self.every or not self.dials:
             self.dials += 1
             self.dialling.set()
@@ -222,7 +223,7 @@ class Dialling:
             self.clock.advance(self.dial_ms)
         try:
             return await self.inner.send(method, url, headers, body, timeout, ready=ready,
-                                         keep_body=keep_body)
+                                         keep_body=keep_body, written=written)
         except NotWritten:
             self.not_written += 1
             raise

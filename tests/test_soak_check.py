@@ -3,9 +3,11 @@ on the history that has it, and stays at zero on the same history without the fa
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench.soak_check import check
+from bench.soak_history import logged_late_writes
 
 T0 = 1_800_000_000.0
 META = {"type": "meta", "task_timeout_s": 2.0, "lease_margin_s": 2.0, "tick_s": 1.0,
@@ -103,6 +105,38 @@ def test_the_stopped_process_that_sends_after_another_delivered_is_unexplained()
                   arrival("a", T0 + 13.01, T0 + 5, pid=1, attempt=1), end(T0 + 60))
     dup = summary["details"]["duplicates_unexplained"]
     assert len(dup) == 1 and dup[0]["again_sender_faults"]
+
+
+def test_a_duplicate_its_sender_logged_as_written_after_its_send_by_is_explained() -> None:
+    """The same stop, landing between p0's last check and its write: p0 logs the write as late
+    (late_write), which explains the duplicate. A late write logged for another attempt or by
+    another process explains nothing."""
+    events = [create("a", T0 + 5), fault("proc_stop", T0 + 5.002, T0 + 13, pid=1),
+              arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2),
+              arrival("a", T0 + 13.01, T0 + 5, pid=1, attempt=1), end(T0 + 60)]
+    logged = {"type": "late_write", "pid": 1, "key": "a", "attempt": 1, "late_ms": 7980}
+    summary = run(*events, logged)
+    [dup] = summary["details"]["duplicates_explained"]
+    assert "written 7980 ms after its send-by" in dup["explained_by"]
+    assert summary["counts"]["duplicates_unexplained"] == 0
+    for other in ({"attempt": 2}, {"pid": 2}, {"key": "b"}):
+        c = counts(*events, {**logged, **other})
+        assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (0, 1), other
+
+
+def test_late_writes_are_read_from_a_serve_log(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    log.write_text(
+        "2026-11-27 10:00:00,000 INFO timewheel.engine.ticker: tick\n"
+        "2026-11-27 10:00:01,000 WARNING timewheel.engine.dispatcher: callback b15-120 "
+        "attempt=1 written 9812 ms after its send-by; its last check, 3 ms before the "
+        "send-by, said yes (paused between the check and the write): another process may "
+        "send it too\n"
+        "2026-11-27 10:00:02,000 ERROR timewheel.engine.dispatcher: callback b15-121 "
+        "attempt=1 written 9000 ms after its send-by with no last check before it (a bug): "
+        "another process may send it too\n")
+    assert logged_late_writes(log) == [("b15-120", 1, 9812)]  # not the bug's
+    assert logged_late_writes(tmp_path / "none.log") == []
 
 
 def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None:

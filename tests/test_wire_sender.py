@@ -766,6 +766,31 @@ async def test_a_request_whose_lease_ran_short_is_not_written(
     assert [[r.target for r in peer.requests] for peer in server.peers] == [["/in-time"]]
 
 
+async def test_written_is_told_once_right_after_the_write_and_never_without_one(
+        server: ScriptedServer, sender: WireSender) -> None:
+    """``written`` is called once, after the last check said yes and in the same step of the
+    loop as the write (the dispatcher logs a write that came after its send-by); a request
+    not written never calls it."""
+    events: list[str] = []
+
+    def ready() -> bool:
+        events.append("ready")
+        return True
+
+    def written() -> None:
+        events.append("written")
+
+    answer = await sender.send("POST", server.url("/told"), [], b"{}", TIMEOUT, ready=ready,
+                               written=written)
+    assert (answer.status, events) == (200, ["ready", "ready", "written"])
+    events.clear()
+    with pytest.raises(NotWritten):
+        await sender.send("POST", server.url("/late"), [], b"{}", TIMEOUT,
+                          ready=lambda: False, written=written)
+    assert events == []
+    assert [[r.target for r in peer.requests] for peer in server.peers] == [["/told"]]
+
+
 async def test_a_lease_that_runs_short_while_the_connection_is_made_is_not_written(
         server: ScriptedServer, sender: WireSender) -> None:
     """The last check comes after the connection is ready: a request whose lease ran short

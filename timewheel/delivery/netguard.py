@@ -295,7 +295,7 @@ class NotWritten(TimeWheelError):
     """The request was not written: when its connection was ready, ``may_write`` said no
     (the attempt's lease had run short while it waited: a stalled process; or a rated flow's
     attempt came too late for the start its flow logged: timewheel/engine/dispatcher.py
-    ``_may_write``)."""
+    ``LastCheck``)."""
 
 
 # Set by the sender around one request: asked once the connection is ready, just before the

@@ -80,10 +80,14 @@ class Sender(Protocol):
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
                    ready: Callable[[], bool] | None = None,
-                   keep_body: int | None = None) -> Answer:
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
         """Send one request. ``ready`` is asked once more when its connection is ready, just
         before the request is written; False raises NotWritten (nothing was sent).
-        ``keep_body``: the body bytes this Answer carries instead of the sender's own."""
+        ``keep_body``: the body bytes this Answer carries instead of the sender's own.
+        ``written``: called right after the request is written, where the sender sees that
+        moment (the default sender, timewheel/delivery/wire.py; aiohttp and httpx write
+        inside their own code and never call it)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -116,7 +120,8 @@ class AiohttpSender:
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
                    ready: Callable[[], bool] | None = None,
-                   keep_body: int | None = None) -> Answer:
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
         keep = self.keep_body if keep_body is None else keep_body
         token = may_write.set(ready)  # GuardedConnector.connect asks it (netguard.py)
         try:
@@ -170,7 +175,8 @@ class HttpxSender:
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
                    ready: Callable[[], bool] | None = None,
-                   keep_body: int | None = None) -> Answer:
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
         keep = self.keep_body if keep_body is None else keep_body
         limit = max(MAX_RESPONSE_BYTES, keep + 1)
         # httpx has no public hook between getting a connection and writing: asked here.

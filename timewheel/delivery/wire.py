@@ -91,7 +91,8 @@ class WireSender:
     async def send(self, method: str, url: str, headers: list[tuple[str, str]],
                    body: bytes | None, timeout: float,
                    ready: Callable[[], bool] | None = None,
-                   keep_body: int | None = None) -> Answer:
+                   keep_body: int | None = None,
+                   written: Callable[[], None] | None = None) -> Answer:
         keep = self.keep_body if keep_body is None else keep_body
         try:
             origin = origin_of(url)
@@ -115,7 +116,7 @@ class WireSender:
             try:
                 exchange = await self._exchange(
                     origin, request, MAX_RESPONSE_BYTES if keep_body is None else keep, ready,
-                    expires)
+                    expires, written)
             finally:
                 self._slots.release()
         except TimeoutError as exc:
@@ -136,10 +137,12 @@ class WireSender:
                       exchange.cut or len(data) > keep)
 
     async def _exchange(self, origin: Origin, request: bytes, limit: int,
-                        ready: Callable[[], bool] | None, expires: float) -> Exchange:
+                        ready: Callable[[], bool] | None, expires: float,
+                        written: Callable[[], None] | None = None) -> Exchange:
         """Write the request on a pooled or new connection and read the answer (its body up to
         ``limit`` bytes) by ``expires`` (loop time; TimeoutError after it). The lease's last
-        check and the write are in one step of the loop."""
+        check and the write are in one step of the loop; ``written`` is called right after
+        the write."""
         loop = asyncio.get_running_loop()
         conn = self._pooled(origin, loop)
         if conn is None:
@@ -157,6 +160,8 @@ class WireSender:
             raise NotWritten(NOT_WRITTEN)
         conn.begin(exchange)
         transport.write(request)
+        if written is not None:
+            written()
         timer = loop.call_at(expires, _time_out, exchange.done)
         try:
             await exchange.done

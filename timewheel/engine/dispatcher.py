@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from timewheel.clock import Clock
@@ -175,7 +175,8 @@ class Dispatcher:
             return
         self._lifecycle.move(attempt, Stage.SENT)
         try:
-            outcome = await self._executor.send(attempt, timeout_ms, self._may_write(attempt))
+            check = self._last_check(attempt)
+            outcome = await self._executor.send(attempt, timeout_ms, check.ready, check.written)
         except NotWritten:  # its connection came too late: nothing was written
             self._not_written(attempt)
             return
@@ -217,7 +218,7 @@ class Dispatcher:
     def _not_written(self, attempt: Attempt) -> None:
         """The sender's last check held its request back (nothing was written). Past its lease
         it is handed back; a rated flow's attempt late for its logged start asks its flow
-        again, once (``_may_write``), and not while stopping: no worker would send it then."""
+        again, once (``_last_check``), and not while stopping: no worker would send it then."""
         now = self._clock.now_ms()
         if not attempt.may_send(now):
             self._hand_back(attempt, "its lease ran short before its request was written")
@@ -226,7 +227,7 @@ class Dispatcher:
         elif not self._late_for_its_rate(attempt, now):  # in time after all (a clock step)
             self._hand_back(attempt, "its request was not written")
 
-    def _may_write(self, attempt: Attempt) -> Callable[[], bool]:
+    def _last_check(self, attempt: Attempt) -> LastCheck:
         """The sender's last check, once the attempt's connection is ready: its lease still has
         room and, for a rated flow's attempt, it is still within RATE_SLACK_MS of its logged
         start. A new connection can take longer than that (a TLS dial: 100 ms and more), and
@@ -236,8 +237,7 @@ class Dispatcher:
         write_by = attempt.send_by_ms
         if attempt.rated and not attempt.held_at_write:
             write_by = min(write_by, attempt.start_ms + RATE_SLACK_MS)
-        clock = self._clock
-        return lambda: clock.now_ms() <= write_by
+        return LastCheck(self._clock, attempt, write_by)
 
     def _hand_back(self, attempt: Attempt, why: str) -> None:
         """Give an unsent attempt's claim back to the wheel (and its permit to its flow)."""
@@ -309,6 +309,46 @@ class Dispatcher:
             self._gate.give_back(attempt)
         if unsent:
             self._recorder.hand_back(unsent, "shutting down")
+
+
+class LastCheck:
+    """An attempt's last check before its request is written (``ready``), and the sender's
+    word that it was written (``written``). Written after its send-by, the answer may come
+    after the lease ran out and another process sent the task too: the process was paused
+    (SIGSTOP, a CPU it did not get) between a check that said yes in time and the write, a
+    window no check in user space can close (bench/README.md, "What the soak found"). That
+    write is logged with both times, so the duplicate it may cause has its cause on record; a
+    write past the send-by with no check in time before it would be a bug, and says so."""
+
+    __slots__ = ("_attempt", "_checked_ms", "_clock", "_write_by")
+
+    def __init__(self, clock: Clock, attempt: Attempt, write_by: int) -> None:
+        self._clock, self._attempt, self._write_by = clock, attempt, write_by
+        self._checked_ms: int | None = None  # when it last said yes
+
+    def ready(self) -> bool:
+        now = self._clock.now_ms()
+        if now > self._write_by:
+            return False
+        self._checked_ms = now
+        return True
+
+    def written(self) -> None:
+        attempt = self._attempt
+        late_ms = self._clock.now_ms() - attempt.send_by_ms
+        if late_ms <= 0:
+            return
+        task, number = attempt.task, attempt.started.attempt if attempt.started else 0
+        fields = {"task_key": task.key, "attempt": number}
+        if self._checked_ms is None:
+            log.error("callback %s attempt=%d written %d ms after its send-by with no last "
+                      "check before it (a bug): another process may send it too",
+                      task.key, number, late_ms, extra=fields)
+            return
+        log.warning("callback %s attempt=%d written %d ms after its send-by; its last check, "
+                    "%d ms before the send-by, said yes (paused between the check and the "
+                    "write): another process may send it too", task.key, number, late_ms,
+                    attempt.send_by_ms - self._checked_ms, extra=fields)
 
 
 def on_grid(ms: float) -> float:

@@ -52,11 +52,13 @@ class Executor:
                                   "retry": metrics.outcomes["retried"],
                                   "fail": metrics.outcomes["failed"]}
 
-    async def send(self, attempt: Attempt, timeout_ms: int, ready: Callable[[], bool]) -> Outcome:
+    async def send(self, attempt: Attempt, timeout_ms: int, ready: Callable[[], bool],
+                   written: Callable[[], None] | None = None) -> Outcome:
         """Send the started attempt with the headers and body that lua/start.lua read (a claim
         carries no body: what is sent is what is stored at start), and decide its outcome.
         ``ready`` is asked once its connection is ready, just before the request is written;
-        False raises NotWritten (nothing was written)."""
+        False raises NotWritten (nothing was written). ``written``: the sender calls it right
+        after the write, if it can see that moment (Sender.send)."""
         task, started = attempt.task, attempt.started
         assert started is not None
         started_ms = self._clock.wall_ms()
@@ -72,11 +74,12 @@ class Executor:
                     answer = await self._sender.send(
                         task.method, task.url, headers, started.body or None,
                         timeout_ms / 1000.0, ready=ready,
-                        keep_body=max(self._sender.keep_body, self._sender.result_body))
+                        keep_body=max(self._sender.keep_body, self._sender.result_body),
+                        written=written)
                 else:
                     answer = await self._sender.send(
                         task.method, task.url, headers, started.body or None,
-                        timeout_ms / 1000.0, ready=ready)
+                        timeout_ms / 1000.0, ready=ready, written=written)
             except SendError as exc:
                 error = exc
             # Only once written (NotWritten passed by): an attempt held back counts once.
