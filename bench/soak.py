@@ -92,10 +92,12 @@ class Wheel:
 
     def _start(self, name: str) -> Service:
         service = Service(self.out / "procs", self.redis_url, **self._settings())
+        # A reused port appends to an earlier process's log: this one's lines start here.
+        offset = service.log_path.stat().st_size if service.log_path.exists() else 0
         service.start()
         assert service.process is not None
         self.history.add("proc", name=name, pid=service.process.pid, start=time.time(),
-                         port=service.port, log=str(service.log_path))
+                         port=service.port, log=str(service.log_path), log_offset=offset)
         return service
 
     def start_processes(self, redis_url: str, n: int) -> None:
@@ -123,6 +125,19 @@ class Wheel:
                              how=f"SIGTERM exit {codes[slot.name]}")
         self.redis.stop()
         return codes
+
+
+def _add_late_writes(history: History) -> None:
+    """The writes each serve process logged as late (``late_write``), from its own lines of
+    its log (a later process on the same port appends to the same file)."""
+    procs = [e for e in history.events() if e["type"] == "proc"]
+    for proc in procs:
+        later = [p["log_offset"] for p in procs
+                 if p["log"] == proc["log"] and p["log_offset"] > proc["log_offset"]]
+        for key, attempt, late_ms in logged_late_writes(
+                Path(proc["log"]), proc["log_offset"], min(later, default=None)):
+            history.add("late_write", pid=proc["pid"], key=key, attempt=attempt,
+                        late_ms=late_ms)
 
 
 async def _drain(wheel: Wheel, load: Load, bound: float, quiet: float) -> float:
@@ -174,10 +189,7 @@ async def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     finally:
         codes = wheel.stop() if wheel.slots else {}
         stop_process(receiver, 10)
-        for proc in [e for e in history.events() if e["type"] == "proc"]:
-            for key, attempt, late_ms in logged_late_writes(Path(proc["log"])):
-                history.add("late_write", pid=proc["pid"], key=key, attempt=attempt,
-                            late_ms=late_ms)
+        _add_late_writes(history)
         history.close()
     summary = check(history.events() + read(wheel.arrivals_path))
     summary["exit_codes"] = codes

@@ -27,8 +27,10 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   attempt (the request waited in its socket; the sender may have timed out before the
   answer); by the sender of the duplicate itself when it logged that attempt as written after
   its send-by (a ``late_write`` record: it was paused between its last check and the write, a
-  window no check can close; a stopped process that sends without having checked again logs
-  nothing and stays unexplained). Otherwise UNEXPLAINED.
+  window no check can close) and the first 2xx came once that sender's lease could have run
+  out (before it, another process held the task during the lease: a double claim). A stopped
+  process that sends without having checked again logs nothing and stays unexplained.
+  Otherwise UNEXPLAINED.
 - delivered after cancel: an arrival after a DELETE answered 204, unless the attempt was in
   flight when the DELETE returned. In flight = it could have started before the answer (its
   scheduled-at is not after it) and it reached the receiver within one task timeout of it
@@ -54,8 +56,12 @@ from typing import Any
 
 from bench.common import summary_ms
 from bench.soak_history import Event, read
+from timewheel.engine.attempt import SEND_SAFETY_MS
 
 PROCESS_FAULTS = {"proc_kill", "proc_stop"}
+# The receiver's clock against the service's estimate of Redis's (on this host): a margin for
+# the lease end a late write's log line implies.
+LEASE_END_SLACK_S = 0.05
 ACKED = {200, 201}
 
 
@@ -120,10 +126,18 @@ class Checker:
                 return f"{f['kind']} {f['target']} {f['start']:.3f}-{end:.3f}"
         return None
 
-    def _written_late(self, dup: Event) -> str | None:
-        """The duplicate's own sender logged it as written after its send-by."""
+    def _written_late(self, first: Event, dup: Event) -> str | None:
+        """The duplicate's own sender logged it as written after its send-by, and the first
+        2xx came when that sender's lease could have run out (another process may claim the
+        task only then: an earlier one is a double claim, which no pause explains)."""
         late = self.late_writes.get((dup.get("pid"), dup["key"], dup.get("attempt")))
         if late is None:
+            return None
+        # The write was at about the arrival; the lease runs out this long after the send-by
+        # (timewheel/engine/attempt.py ``Attempt.claimed``).
+        send_by = dup["t"] - late["late_ms"] / 1000.0
+        lease_end = send_by + self.timeout + min(self.margin / 2, SEND_SAFETY_MS / 1000.0)
+        if first["t"] < lease_end - LEASE_END_SLACK_S:
             return None
         return (f"written {late['late_ms']} ms after its send-by by {self._who(dup)} (logged: "
                 "paused between its last check and the write)")
@@ -271,7 +285,7 @@ class Checker:
         first = group[ok]
         why = self._explain(first)
         for dup in group[ok + 1:]:
-            dup_why = why or self._written_late(dup)
+            dup_why = why or self._written_late(first, dup)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
                      "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),

@@ -17,7 +17,7 @@ Record types (the ``type`` field), all times Unix seconds from ``time.time()`` o
 - ``proc``: one serve process incarnation: ``name``, ``pid``, ``start``, ``end``, ``ended``.
 - ``late_write``: an attempt its process logged as written after its send-by (it was paused
   between the last check and the write): ``pid``, ``key``, ``attempt``, ``late_ms``; read
-  from the processes' logs when the run ends (``late_writes``).
+  from the processes' logs when the run ends (``logged_late_writes``).
 """
 
 from __future__ import annotations
@@ -85,9 +85,13 @@ def late_writes(lines: Iterable[str]) -> Iterator[tuple[str, int, int]]:
             yield found[1], int(found[2]), int(found[3])
 
 
-def logged_late_writes(log_path: Path) -> list[tuple[str, int, int]]:
-    """``late_writes`` of a serve process's log file (none if it has no file)."""
+def logged_late_writes(log_path: Path, start: int = 0,
+                       end: int | None = None) -> list[tuple[str, int, int]]:
+    """``late_writes`` of a serve process's log file, its bytes from ``start`` to ``end``
+    (None: the file's end); none if there is no file."""
     if not log_path.exists():
         return []
-    with log_path.open(errors="replace") as fh:
-        return list(late_writes(fh))
+    with log_path.open("rb") as fh:
+        fh.seek(start)
+        data = fh.read() if end is None else fh.read(max(0, end - start))
+    return list(late_writes(data.decode(errors="replace").splitlines()))

@@ -676,7 +676,7 @@ async def test_a_request_written_after_its_send_by_is_logged(
             assert list(late_writes([record.getMessage()])) == [("job-1", 1, 1)]
         else:
             assert record.levelname == "ERROR"
-            assert "with no last check before it (a bug)" in record.getMessage()
+            assert "with no last check in time before it (a bug)" in record.getMessage()
             assert list(late_writes([record.getMessage()])) == []
     finally:
         await wheel.dispatcher.stop(0.1)

@@ -119,7 +119,10 @@ def test_a_duplicate_its_sender_logged_as_written_after_its_send_by_is_explained
     [dup] = summary["details"]["duplicates_explained"]
     assert "written 7980 ms after its send-by" in dup["explained_by"]
     assert summary["counts"]["duplicates_unexplained"] == 0
-    for other in ({"attempt": 2}, {"pid": 2}, {"key": "b"}):
+    # another attempt, another process, another key; or a write so little late that p0's lease
+    # still ran when p1 delivered (written at 13.01, 1 ms past its send-by: the lease ran
+    # until ~16.0; p1's 2xx at 9.5 means both held the task: a double claim, no pause)
+    for other in ({"attempt": 2}, {"pid": 2}, {"key": "b"}, {"late_ms": 1}):
         c = counts(*events, {**logged, **other})
         assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (0, 1), other
 
@@ -133,10 +136,19 @@ def test_late_writes_are_read_from_a_serve_log(tmp_path: Path) -> None:
         "send-by, said yes (paused between the check and the write): another process may "
         "send it too\n"
         "2026-11-27 10:00:02,000 ERROR timewheel.engine.dispatcher: callback b15-121 "
-        "attempt=1 written 9000 ms after its send-by with no last check before it (a bug): "
-        "another process may send it too\n")
+        "attempt=1 written 9000 ms after its send-by with no last check in time before it "
+        "(a bug): another process may send it too\n")
     assert logged_late_writes(log) == [("b15-120", 1, 9812)]  # not the bug's
     assert logged_late_writes(tmp_path / "none.log") == []
+    # a later process on the same port appends: each reads its own bytes
+    first_end = log.stat().st_size
+    with log.open("a") as fh:
+        fh.write("2026-11-27 10:05:00,000 WARNING timewheel.engine.dispatcher: callback c-1 "
+                 "attempt=2 written 5 ms after its send-by; its last check, 0 ms before the "
+                 "send-by, said yes (paused between the check and the write): another process "
+                 "may send it too\n")
+    assert logged_late_writes(log, 0, first_end) == [("b15-120", 1, 9812)]
+    assert logged_late_writes(log, first_end) == [("c-1", 2, 5)]
 
 
 def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None:

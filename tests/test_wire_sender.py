@@ -784,9 +784,11 @@ async def test_written_is_told_once_right_after_the_write_and_never_without_one(
                                written=written)
     assert (answer.status, events) == (200, ["ready", "ready", "written"])
     events.clear()
-    with pytest.raises(NotWritten):
-        await sender.send("POST", server.url("/late"), [], b"{}", TIMEOUT,
-                          ready=lambda: False, written=written)
+    for answers in ([False], [True, False]):  # no before the connection, or at the write
+        said = iter(answers)
+        with pytest.raises(NotWritten):
+            await sender.send("POST", server.url("/late"), [], b"{}", TIMEOUT,
+                              ready=lambda said=said: next(said), written=written)
     assert events == []
     assert [[r.target for r in peer.requests] for peer in server.peers] == [["/told"]]
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 import ssl
 from collections import deque
@@ -50,6 +51,8 @@ from timewheel.delivery.senders import (
     SendError,
     kept_headers,
 )
+
+log = logging.getLogger(__name__)
 
 IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive)
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
@@ -161,7 +164,10 @@ class WireSender:
         conn.begin(exchange)
         transport.write(request)
         if written is not None:
-            written()
+            try:
+                written()
+            except Exception:  # only a report: the request is out, its answer still counts
+                log.exception("the sender's report of a write failed")
         timer = loop.call_at(expires, _time_out, exchange.done)
         try:
             await exchange.done

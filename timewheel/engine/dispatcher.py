@@ -340,9 +340,9 @@ class LastCheck:
             return
         task, number = attempt.task, attempt.started.attempt if attempt.started else 0
         fields = {"task_key": task.key, "attempt": number}
-        if self._checked_ms is None:
+        if self._checked_ms is None or self._checked_ms > attempt.send_by_ms:
             log.error("callback %s attempt=%d written %d ms after its send-by with no last "
-                      "check before it (a bug): another process may send it too",
+                      "check in time before it (a bug): another process may send it too",
                       task.key, number, late_ms, extra=fields)
             return
         log.warning("callback %s attempt=%d written %d ms after its send-by; its last check, "
