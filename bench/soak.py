@@ -30,13 +30,14 @@ from bench.soak_history import History, logged_late_writes, read
 from bench.soak_load import Load
 from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
+from tests.support.partition_proxy import PartitionProxy
 from tests.support.redis_server import RedisServer
 
 TASK_TIMEOUT_S = 2.0  # every task's callback timeout: short, so leases are short
 LEASE_MARGIN_S = 2.0
 TICK_S = 1.0
 EARLY_SLACK_S = 0.02  # tests/e2e/test_delivery.py's CLOCK_SLACK: same host clock
-SHORT_LOAD_S = 60.0
+SHORT_LOAD_S = 75.0  # the five faults of the short mode, each with its burst, within the load
 
 
 @dataclass
@@ -62,6 +63,9 @@ class Wheel:
         self.key_prefix = "tw"
         self.redis: RedisServer | ReplicatedCluster
         self.slots: list[Slot] = []
+        # One Redis: each serve process reaches it through its own forwarder, which the
+        # proc_partition fault cuts (tests/support/partition_proxy.py). Slot name -> forwarder.
+        self.proxies: dict[str, PartitionProxy] = {}
         self.receiver_port = 0
         self.arrivals_path = out / "arrivals.jsonl"
 
@@ -91,7 +95,8 @@ class Wheel:
         return f"http://127.0.0.1:{self.receiver_port}/soak/{behaviour}"
 
     def _start(self, name: str) -> Service:
-        service = Service(self.out / "procs", self.redis_url, **self._settings())
+        url = self.proxies[name].url if name in self.proxies else self.redis_url
+        service = Service(self.out / "procs", url, **self._settings())
         # A reused port appends to an earlier process's log: this one's lines start here.
         offset = service.log_path.stat().st_size if service.log_path.exists() else 0
         service.start()
@@ -102,6 +107,9 @@ class Wheel:
 
     def start_processes(self, redis_url: str, n: int) -> None:
         self.redis_url = redis_url
+        if isinstance(self.redis, RedisServer):
+            self.proxies = {f"p{i}": PartitionProxy("127.0.0.1", self.redis.port).start()
+                            for i in range(n)}
         self.slots = [Slot(f"p{i}", self._start(f"p{i}")) for i in range(n)]
 
     def restart(self, slot: Slot) -> None:
@@ -123,6 +131,8 @@ class Wheel:
                 slot.service.kill()
             self.history.add("proc_end", name=slot.name, pid=slot.pid, end=time.time(),
                              how=f"SIGTERM exit {codes[slot.name]}")
+        for proxy in self.proxies.values():
+            proxy.stop()
         self.redis.stop()
         return codes
 

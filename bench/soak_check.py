@@ -18,7 +18,8 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   fault when the process that sent the first 2xx-answered attempt was killed or stopped while
   that attempt could still be unrecorded: from one task timeout before its arrival (a process
   killed or stopped before the receiver read the request had sent it before) to ``timeout +
-  lease margin + tick`` after (the dispatcher retries recording an outcome that long); when
+  lease margin + tick`` after (the dispatcher retries recording an outcome that long), or was
+  cut from Redis (a partition) at any time in that window; when
   the sender is unknown (no live process owned the connection when the receiver looked, a
   few ms after the accept: it had died), by a SIGKILL in that same window; explained by a
   Redis fault when one (restart, stall, failover, migration) overlaps that window or the
@@ -58,7 +59,7 @@ from bench.common import summary_ms
 from bench.soak_history import Event, read
 from timewheel.engine.attempt import SEND_SAFETY_MS
 
-PROCESS_FAULTS = {"proc_kill", "proc_stop"}
+PROCESS_FAULTS = {"proc_kill", "proc_stop", "proc_partition"}
 # The receiver's clock against the service's estimate of Redis's (on this host): a margin for
 # the lease end a late write's log line implies.
 LEASE_END_SLACK_S = 0.05
@@ -113,7 +114,7 @@ class Checker:
         lo, hi = self._record_window(first["t"])
         pid = first.get("pid")
         for f in self.faults:
-            if f["kind"] not in PROCESS_FAULTS or not lo - self.timeout <= f["start"] <= hi:
+            if f["kind"] not in PROCESS_FAULTS or not self._overlaps(f, lo - self.timeout, hi):
                 continue
             if pid is not None and f.get("pid") == pid:
                 return f"{f['kind']} of {f['target']} at {f['start']:.3f}"
@@ -125,6 +126,14 @@ class Checker:
             if f["kind"] not in PROCESS_FAULTS and f["start"] <= hi and end >= lo - 1.0:
                 return f"{f['kind']} {f['target']} {f['start']:.3f}-{end:.3f}"
         return None
+
+    def _overlaps(self, fault: Event, lo: float, hi: float) -> bool:
+        """A kill or stop began within [lo, hi] (a stopped process sends nothing until it
+        resumes); a partition was on at any time in it (a process cut from Redis still sends
+        what it had started, and cannot record its outcome)."""
+        if fault["kind"] == "proc_partition":
+            return bool(fault["start"] <= hi and (fault.get("end") or self.end) >= lo)
+        return bool(lo <= fault["start"] <= hi)
 
     def _written_late(self, first: Event, dup: Event) -> str | None:
         """The duplicate's own sender logged it as written after its send-by, and the first

@@ -12,11 +12,15 @@ Faults run one after the other; each is logged with the time it began and the ti
 was whole again (the process restarted or resumed, Redis answering, the cluster ok).
 
 Kinds: ``proc_kill`` (SIGKILL, restart 1 s later), ``proc_stop`` (SIGSTOP longer than any
-lease, then SIGCONT), ``redis_restart`` (SIGKILL of redis-server, restart from its AOF on the
-same port), ``redis_stall`` (SIGSTOP of redis-server longer than the service's socket timeout);
-with a cluster, ``failover`` (CLUSTER FAILOVER FORCE on a replica), ``master_kill`` (SIGKILL
-of a master, its replica promoted, the old master restarted as a replica) and
-``slot_migration`` (a task bucket's slot moved to another master, key batch by key batch).
+lease, then SIGCONT), ``proc_partition`` (one Redis only: the process's connections to Redis
+held, both ways, longer than any lease, while it runs and the others go on; what it sent
+meanwhile reaches Redis after the heal, unless it aborted the connection:
+tests/support/partition_proxy.py), ``redis_restart`` (SIGKILL of redis-server, restart from
+its AOF on the same port), ``redis_stall`` (SIGSTOP of redis-server longer than the
+service's socket timeout); with a cluster, ``failover``
+(CLUSTER FAILOVER FORCE on a replica), ``master_kill`` (SIGKILL of a master, its replica
+promoted, the old master restarted as a replica) and ``slot_migration`` (a task bucket's slot
+moved to another master, key batch by key batch).
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ from timewheel.store.keys import Keyspace
 if TYPE_CHECKING:
     from bench.soak import Wheel
 
-PROCESS_FAULTS = ("proc_kill", "proc_stop")
-SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall")
+PROCESS_FAULTS = ("proc_kill", "proc_stop", "proc_partition")
+# (proc_partition last: the short mode's first four faults stay where they were before it)
+SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall", "proc_partition")
 CLUSTER_KINDS = ("proc_kill", "proc_stop", "failover", "master_kill", "slot_migration")
 RESTART_AFTER_S = 1.0
 LEAD_S = 0.002  # a fault starts this long before the middle of its burst
@@ -87,7 +92,7 @@ def plan(seed: int, load_s: float, processes: int, *, cluster: bool, short: bool
                 rng.shuffle(bag)
             kind = bag.pop()
         duration = 0.0
-        if kind == "proc_stop":
+        if kind in ("proc_stop", "proc_partition"):
             duration = stop_seconds(timeout, margin, tick) + (0 if short else rng.uniform(0, 4))
         elif kind == "redis_stall":
             duration = stall_seconds() + (0 if short else rng.uniform(0, 3))
@@ -178,6 +183,19 @@ class Injector:
         os.kill(slot.pid, signal.SIGCONT)
         slot.up = True
         return {"target": slot.name, "pid": slot.pid, "detail": f"stopped {fault.duration} s"}
+
+    def _proc_partition(self, fault: Fault) -> dict[str, Any]:
+        # The process stays up (slot.up): the load goes on sending it requests, answered 503
+        # (or not at all) while it cannot reach Redis.
+        slot = self.wheel.slots[fault.target]
+        proxy = self.wheel.proxies[slot.name]
+        proxy.partition()
+        try:
+            time.sleep(fault.duration)
+        finally:
+            proxy.heal()
+        return {"target": slot.name, "pid": slot.pid,
+                "detail": f"cut from Redis {fault.duration} s"}
 
     # -- one Redis ---------------------------------------------------------------------
 
@@ -290,7 +308,7 @@ class Injector:
 def _chain(exc: BaseException) -> str:
     """An error with the errors it was raised from or during (the first harness logged only
     its undo's MovedError, which hid why the move itself had failed)."""
-    parts = []
+    parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 4:
         parts.append(repr(seen))

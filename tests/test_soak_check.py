@@ -173,6 +173,28 @@ def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None
     assert c["duplicates_unexplained"] == 1
 
 
+def test_a_duplicate_after_the_first_senders_partition_is_explained() -> None:
+    """p0 sent at 5.001 and was cut from Redis from before its send (it could not record the
+    outcome; a cut process still sends what it had started) or from just after it; p1
+    re-sends once the lease ran out. Not explained when the partition hit p1, or ended before
+    p0's attempt could have been sent."""
+    def dup_with(partition: dict[str, Any]) -> dict[str, int]:
+        return counts(create("a", T0 + 5), partition,
+                      arrival("a", T0 + 5.001, T0 + 5, pid=1),
+                      arrival("a", T0 + 9.5, T0 + 5, pid=2, attempt=2), end(T0 + 60))
+
+    for start in (T0 - 1.0, T0 + 4.99, T0 + 5.5):  # began 6 s before, just before, after
+        c = dup_with(fault("proc_partition", start, T0 + 14, pid=1))
+        assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (1, 0), start
+    c = dup_with(fault("proc_partition", T0 + 4.99, T0 + 14, pid=2))
+    assert c["duplicates_unexplained"] == 1
+    c = dup_with(fault("proc_partition", T0 - 9.0, T0 + 2.5, pid=1))  # over before t - timeout
+    assert c["duplicates_unexplained"] == 1
+    # a stop that began 6 s before the send explains nothing: a stopped process sends nothing
+    c = dup_with(fault("proc_stop", T0 - 1.0, T0 + 14, pid=1))
+    assert c["duplicates_unexplained"] == 1
+
+
 def test_a_duplicate_after_a_redis_fault_or_a_receiver_stall_is_explained() -> None:
     base = [create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
             arrival("a", T0 + 12, T0 + 5, pid=2, attempt=2), end(T0 + 60)]

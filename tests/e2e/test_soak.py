@@ -1,7 +1,8 @@
 """The fault-injection soak's short mode (bench/soak.py --short): three `timewheel serve`
 processes on one Redis with AOF (appendfsync always), a real receiver, a continuous load, and
 one fault of each kind while it runs: a SIGKILL and restart, a SIGSTOP longer than any lease,
-a Redis SIGKILL and restart from its AOF, a Redis SIGSTOP longer than the socket timeout.
+a Redis SIGKILL and restart from its AOF, a Redis SIGSTOP longer than the socket timeout, and
+one process cut from Redis (its connections held both ways) longer than any lease.
 
 The checker (bench/soak_check.py, unit-tested in tests/test_soak_check.py) reads the history;
 nothing here is timed: every bound comes from the settings (task timeout, lease margin, tick).
@@ -21,7 +22,7 @@ from bench.soak_history import read
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = {"proc_kill", "proc_stop", "redis_restart", "redis_stall"}
+KINDS = {"proc_kill", "proc_stop", "redis_restart", "redis_stall", "proc_partition"}
 
 
 @pytest.mark.timeout(600)

@@ -1,0 +1,119 @@
+"""A TCP forwarder between one client (a serve process) and Redis that can be cut: the soak's
+``proc_partition`` fault (bench/soak_faults.py) and tests/e2e/test_partition.py.
+
+While partitioned it forwards nothing either way: what either side sent waits, and arrives
+once the partition heals, as TCP retransmits across a partition that ends before its own
+timeout. It emulates what the client's kernel does with data it sent during the cut:
+- the client closed the connection normally (FIN) meanwhile: its data still reaches Redis
+  after the heal, and runs then, though the client gave up on it long before (a real kernel
+  keeps retransmitting what it sent before the FIN);
+- the client aborted the connection (RST, SO_LINGER 0): its data is dropped (a real kernel
+  discards unacknowledged data on an abortive close).
+A new connection during the cut is accepted (on loopback the kernel completes the handshake)
+and joined to Redis only once healed: the client's first commands on it wait, where across a
+real partition its connect would time out first.
+
+Hand-written rather than toxiproxy: ~70 lines in the test's own process, no binary to install,
+and a pause that holds data instead of dropping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from tests.support.redis_server import free_port
+
+HOST = "127.0.0.1"
+CHUNK = 65536
+
+
+class PartitionProxy:
+    """``redis://127.0.0.1:<port>`` forwarded to ``target``; ``partition()`` and ``heal()``
+    from any thread."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._healed = asyncio.Event()
+        self._healed.set()
+        self._server: asyncio.Server | None = None
+        self.joined = 0  # connections joined to Redis and not yet closed on both sides
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"soak-proxy-{self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> PartitionProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._join, HOST, self.port), self._loop).result(10)
+        return self
+
+    def partition(self) -> None:
+        """In effect when this returns: nothing sent afterwards goes through."""
+        async def cut() -> None:
+            self._healed.clear()
+        asyncio.run_coroutine_threadsafe(cut(), self._loop).result(10)
+
+    def heal(self) -> None:
+        async def heal() -> None:
+            # A few turns of the loop first: each polls the sockets, so what happened during
+            # the cut (a client's reset) is taken in before anything held is sent on.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            self._healed.set()
+        asyncio.run_coroutine_threadsafe(heal(), self._loop).result(10)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            joins = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for join in joins:  # each closes its sockets on the way out
+                join.cancel()
+            await asyncio.gather(*joins, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _join(self, client_in: asyncio.StreamReader,
+                    client_out: asyncio.StreamWriter) -> None:
+        try:
+            await self._healed.wait()
+            redis_in, redis_out = await asyncio.open_connection(*self.target)
+        except OSError:  # Redis is down (a restart fault): as a refused connection would
+            client_out.close()
+            return
+        except asyncio.CancelledError:  # stop() during a partition
+            client_out.close()
+            raise
+        self.joined += 1
+        try:
+            await asyncio.gather(self._pump(client_in, redis_out),
+                                 self._pump(redis_in, client_out))
+        finally:
+            self.joined -= 1
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await self._healed.wait()
+                data = await source.read(CHUNK)
+                if not data:
+                    break
+                if not self._healed.is_set():
+                    # Sent during the cut: unacknowledged, it waits in the sender's kernel.
+                    await self._healed.wait()
+                    if isinstance(source.exception(), ConnectionResetError):
+                        break  # the sender aborted the connection meanwhile: its kernel dropped it
+                sink.write(data)
+                await sink.drain()
+        except OSError:  # the other side went away (a kill, a restart): close this one too
+            pass
+        finally:
+            sink.close()
