@@ -12,6 +12,7 @@ import json
 import json.encoder
 import math
 import socket
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +40,7 @@ from timewheel.delivery.netguard import (
     guarded_httpx_transport,
 )
 from timewheel.operations import prepare as record  # the fingerprint and body encoders
-from timewheel.store.connection import HiredisPacking, hiredis_packing, make_redis
+from timewheel.store.connection import HiredisPacking, make_redis, wheel_connection
 
 # ------------------------------------------------------------------ json.encoder.c_make_encoder
 # operations/prepare.py builds json.dumps's C encoder once (_json_encoder) instead of on every call.
@@ -155,7 +156,7 @@ def test_hiredis_packing_writes_the_bytes_redis_py_writes(args: tuple[Any, ...])
     from redis.asyncio.connection import Connection
 
     python = b"".join(Connection().pack_command(*args))
-    packing = hiredis_packing(Connection)()
+    packing = wheel_connection(Connection)()
     assert b"".join(packing.pack_command(*args)) == python
 
 
@@ -166,15 +167,18 @@ def test_hiredis_packing_refuses_what_redis_py_refuses(value: Any) -> None:
     with pytest.raises(redis.exceptions.DataError):
         Connection().pack_command("SET", "k", value)  # the control: redis-py's own refusal
     with pytest.raises(redis.exceptions.DataError):
-        hiredis_packing(Connection)().pack_command("SET", "k", value)
+        wheel_connection(Connection)().pack_command("SET", "k", value)
 
 
-async def test_the_service_client_packs_with_hiredis_and_round_trips(
+async def test_the_service_client_packs_with_hiredis_resets_on_close_and_round_trips(
         redis_server: RedisServer) -> None:
     client = make_redis(redis_server.url)
     try:
         conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
         assert isinstance(conn, HiredisPacking)
+        # AbortiveClose overrides redis-py's Connection._connect and reads its _writer
+        sock = conn._writer.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_LINGER, 8) == struct.pack("ii", 1, 0)
         await client.connection_pool.release(conn)
         await client.set("internals:packed", "ü" * 10_000)
         assert await client.get("internals:packed") == "ü".encode() * 10_000

@@ -25,7 +25,8 @@ wheel depends on (docs/design.md, "Durability" and "Redis Cluster"):
 Both clients pack commands with hiredis (``HiredisPacking``): redis-py's asyncio connections
 pack every argument in Python (its sync client uses hiredis when it is installed, the asyncio
 one cannot be told to), ~4.8 µs per complete outcome of nine arguments against ~0.6 in C
-(bench/README.md, "Packing, encoding and script text").
+(bench/README.md, "Packing, encoding and script text"). And both reset a connection they
+close (``AbortiveClose``), so that a command given up on is not delivered after a partition.
 
 The single-Redis client's pool (``WheelPool``) is redis-py's blocking pool with a fast path
 while no caller waits for a connection: redis-py's takes an ``asyncio.Condition`` and a timeout
@@ -42,8 +43,11 @@ callers see StoreUnavailable rather than a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import re
+import socket
+import struct
 from collections import Counter
 from typing import Any
 
@@ -119,19 +123,44 @@ class HiredisPacking:
         return packed
 
 
-_packing_classes: dict[type, type] = {}
+# SO_LINGER on, with a zero timeout: close() resets the connection.
+_ABORT_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
-def hiredis_packing(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` (TCP, Unix socket or TLS) with ``HiredisPacking`` mixed in."""
+class AbortiveClose:
+    """Mixed into a redis-py asyncio connection class: closing the connection resets it (RST)
+    instead of closing it normally (FIN), so that the kernel drops a command not delivered yet.
+
+    redis-py closes a connection when a command's socket timeout runs out. After a normal
+    close the kernel goes on retransmitting what it sent, for many minutes: across a network
+    partition Redis runs the command once the partition heals, after the API has answered 503
+    and after the client's next write of the same task through another process (a PUT answered
+    503 then overwrote a later PUT: tests/e2e/test_partition.py). A command Redis has received
+    runs whichever way the connection closes; only the undelivered one is dropped."""
+
+    async def _connect(self) -> None:
+        await super()._connect()  # type: ignore[misc]
+        sock = self._writer.transport.get_extra_info("socket")  # type: ignore[attr-defined]
+        if sock is not None:
+            with contextlib.suppress(OSError):  # a socket kind without SO_LINGER: as before
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_ON_CLOSE)
+
+
+_wheel_classes: dict[type, type] = {}
+
+
+def wheel_connection(connection_class: type[AbstractConnection]
+                     ) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, Unix socket or TLS) with ``HiredisPacking`` and
+    ``AbortiveClose`` mixed in."""
     if issubclass(connection_class, HiredisPacking):
         return connection_class
-    packing = _packing_classes.get(connection_class)
-    if packing is None:
-        packing = type(f"HiredisPacking{connection_class.__name__}",
-                       (HiredisPacking, connection_class), {})
-        _packing_classes[connection_class] = packing
-    return packing
+    wheel = _wheel_classes.get(connection_class)
+    if wheel is None:
+        wheel = type(f"Wheel{connection_class.__name__}",
+                     (HiredisPacking, AbortiveClose, connection_class), {})
+        _wheel_classes[connection_class] = wheel
+    return wheel
 
 
 class WheelPool(BlockingConnectionPool):
@@ -199,10 +228,10 @@ class WheelCluster(RedisCluster):
         super().__init__(*args, **kwargs)
         # Nodes found later are built from these keyword arguments (redis-py's NodesManager
         # shares the dict); the startup nodes were built already.
-        packing = hiredis_packing(self.connection_kwargs["connection_class"])
-        self.connection_kwargs["connection_class"] = packing
+        wheel = wheel_connection(self.connection_kwargs["connection_class"])
+        self.connection_kwargs["connection_class"] = wheel
         for node in self.nodes_manager.startup_nodes.values():
-            node.connection_class = packing  # type: ignore[assignment]  # a Connection subclass
+            node.connection_class = wheel  # type: ignore[assignment]  # a Connection subclass
         self._commands = asyncio.Semaphore(MAX_CONNECTIONS)
         self._retired: dict[int, ClusterNode] = {}  # nodes dropped from the slot map
 
@@ -263,7 +292,7 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
         socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
         retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,
         health_check_interval=30)
-    pool.connection_class = hiredis_packing(pool.connection_class)
+    pool.connection_class = wheel_connection(pool.connection_class)
     return Redis.from_pool(pool)
 
 
