@@ -141,8 +141,10 @@ class Dispatcher:
         if self._late_for_its_rate(attempt, now):
             return
         if not attempt.may_send(now):
-            self._hand_back(attempt, "it could not start in time (saturated: add processes "
-                                     "or concurrency)")
+            # Seen in the soak during Redis stalls and partitions too: the flow's permit
+            # call waited on Redis, not on a busy process.
+            self._hand_back(attempt, "it could not start in time (the process saturated or "
+                                     "stalled, or its flow's permit waited on Redis)")
             return
         await self._clock.sleep_until(on_grid(task.due_ms - CHECK_LEAD_MS))
         try:
