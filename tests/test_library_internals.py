@@ -40,7 +40,12 @@ from timewheel.delivery.netguard import (
     guarded_httpx_transport,
 )
 from timewheel.operations import prepare as record  # the fingerprint and body encoders
-from timewheel.store.connection import HiredisPacking, make_redis, wheel_connection
+from timewheel.store.connection import (
+    AbortiveClose,
+    HiredisPacking,
+    make_redis,
+    wheel_connection,
+)
 
 # ------------------------------------------------------------------ json.encoder.c_make_encoder
 # operations/prepare.py builds json.dumps's C encoder once (_json_encoder) instead of on every call.
@@ -189,13 +194,14 @@ async def test_the_service_client_packs_with_hiredis_resets_on_close_and_round_t
         await client.aclose()
 
 
-def test_hiredis_packing_keeps_the_url_connection_class() -> None:
+def test_the_wheel_connection_keeps_the_url_connection_class() -> None:
     from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 
     for url, base in [("unix:///tmp/internals.sock", UnixDomainSocketConnection),
                       ("rediss://127.0.0.1:1", SSLConnection)]:
         cls = make_redis(url).connection_pool.connection_class
-        assert issubclass(cls, HiredisPacking) and issubclass(cls, base)
+        assert issubclass(cls, HiredisPacking) and issubclass(cls, AbortiveClose)
+        assert issubclass(cls, base)
 
 
 # ------------------------------------------------------------------ aiohttp's _resolve_host

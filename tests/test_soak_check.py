@@ -190,6 +190,9 @@ def test_a_duplicate_after_the_first_senders_partition_is_explained() -> None:
     assert c["duplicates_unexplained"] == 1
     c = dup_with(fault("proc_partition", T0 - 9.0, T0 + 2.5, pid=1))  # over before t - timeout
     assert c["duplicates_unexplained"] == 1
+    # began after the attempt's outcome was recorded (t + timeout + margin + tick = 10.001)
+    c = dup_with(fault("proc_partition", T0 + 10.5, T0 + 20, pid=1))
+    assert c["duplicates_unexplained"] == 1
     # a stop that began 6 s before the send explains nothing: a stopped process sends nothing
     c = dup_with(fault("proc_stop", T0 - 1.0, T0 + 14, pid=1))
     assert c["duplicates_unexplained"] == 1

@@ -20,6 +20,8 @@ and a pause that holds data instead of dropping it.
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 import threading
 
 from tests.support.redis_server import free_port
@@ -89,17 +91,20 @@ class PartitionProxy:
         except OSError:  # Redis is down (a restart fault): as a refused connection would
             client_out.close()
             return
-        except asyncio.CancelledError:  # stop() during a partition
+        except asyncio.CancelledError:  # stop() during a partition: quietly (a server callback)
             client_out.close()
-            raise
+            return
         self.joined += 1
         try:
-            await asyncio.gather(self._pump(client_in, redis_out),
-                                 self._pump(redis_in, client_out))
+            await asyncio.gather(self._pump(client_in, redis_out, client_out),
+                                 self._pump(redis_in, client_out, redis_out))
+        except asyncio.CancelledError:  # stop(): each pump closed its side on the way out
+            pass
         finally:
             self.joined -= 1
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                    source_end: asyncio.StreamWriter) -> None:
         try:
             while True:
                 await self._healed.wait()
@@ -107,13 +112,27 @@ class PartitionProxy:
                 if not data:
                     break
                 if not self._healed.is_set():
-                    # Sent during the cut: unacknowledged, it waits in the sender's kernel.
+                    # Sent during the cut: unacknowledged, it waits in the sender's kernel,
+                    # which drops it if the sender resets the connection before the heal.
                     await self._healed.wait()
-                    if isinstance(source.exception(), ConnectionResetError):
-                        break  # the sender aborted the connection meanwhile: its kernel dropped it
+                    if _was_reset(source, source_end):
+                        break
                 sink.write(data)
                 await sink.drain()
         except OSError:  # the other side went away (a kill, a restart): close this one too
             pass
         finally:
             sink.close()
+
+
+def _was_reset(source: asyncio.StreamReader, end: asyncio.StreamWriter) -> bool:
+    """Whether the sender reset the connection: seen by the stream, or still pending on the
+    socket (the stream stops reading once its buffer is full, and so may not have seen it)."""
+    if isinstance(source.exception(), ConnectionResetError):
+        return True
+    sock = end.transport.get_extra_info("socket")
+    try:
+        return sock is not None and \
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+    except OSError:  # closed meanwhile: the stream's exception above is the word on it
+        return False

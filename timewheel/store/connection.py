@@ -128,15 +128,18 @@ _ABORT_ON_CLOSE = struct.pack("ii", 1, 0)
 
 
 class AbortiveClose:
-    """Mixed into a redis-py asyncio connection class: closing the connection resets it (RST)
-    instead of closing it normally (FIN), so that the kernel drops a command not delivered yet.
+    """Mixed into a redis-py asyncio connection class: a connection redis-py closes (after a
+    timeout, an error, a cancelled call, or at shutdown) is aborted, not closed normally, so
+    that a command not delivered yet is dropped instead of sent later.
 
-    redis-py closes a connection when a command's socket timeout runs out. After a normal
-    close the kernel goes on retransmitting what it sent, for many minutes: across a network
-    partition Redis runs the command once the partition heals, after the API has answered 503
-    and after the client's next write of the same task through another process (a PUT answered
-    503 then overwrote a later PUT: tests/e2e/test_partition.py). A command Redis has received
-    runs whichever way the connection closes; only the undelivered one is dropped."""
+    A normal close delivers what is still buffered first: the transport's own buffer (a write
+    bigger than the kernel's send buffer: a batch of 1,000 creates), a TLS shutdown (up to 30
+    s), then the kernel retransmits, for a minute or two. Across a network partition Redis
+    would run the command once the partition heals, after the API had answered 503 and after
+    the client's next write of the same task through another process (a PUT answered 503 then
+    replaced the later PUT: tests/e2e/test_partition.py). So the socket has SO_LINGER 0 (its
+    close is a reset and the kernel drops its unsent data) and the transport is aborted (its
+    buffer dropped, no TLS shutdown). A command Redis has received runs either way."""
 
     async def _connect(self) -> None:
         await super()._connect()  # type: ignore[misc]
@@ -144,6 +147,19 @@ class AbortiveClose:
         if sock is not None:
             with contextlib.suppress(OSError):  # a socket kind without SO_LINGER: as before
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _ABORT_ON_CLOSE)
+
+    async def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        self._abort()
+        await super().disconnect(*args, **kwargs)  # type: ignore[misc]
+
+    def _close(self) -> None:
+        self._abort()
+        super()._close()  # type: ignore[misc]
+
+    def _abort(self) -> None:
+        writer = self._writer  # type: ignore[attr-defined]
+        if writer is not None:
+            writer.transport.abort()
 
 
 _wheel_classes: dict[type, type] = {}
