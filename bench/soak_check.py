@@ -14,7 +14,10 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   receiver and the service read the same host clock; the service's estimate may lag by a
   Redis round trip). Also: an acknowledged execute_at below the requested one (the service must
   round up to the millisecond, never down).
-- duplicate: an arrival of a webhook-id that was already answered 2xx. Explained by a process
+- duplicate: an arrival of a webhook-id that was already answered 2xx, unless it is the
+  first delivery of a new task under the same key (a PUT answered 201 after the first 2xx,
+  due at the arrival's scheduled-at: the PUT found the task finished and created it again;
+  that task's own duplicates are counted from it). Explained by a process
   fault when the process that sent the first 2xx-answered attempt was killed or stopped while
   that attempt could still be unrecorded: from one task timeout before its arrival (a process
   killed or stopped before the receiver read the request had sent it before) to ``timeout +
@@ -77,6 +80,7 @@ def _occurrence_schedule(key: str, schedules: set[str]) -> str | None:
 
 class Checker:
     def __init__(self, events: list[Event]) -> None:
+        self.writes_by_key: dict[str, list[Event]] = {}  # key -> its writes (run)
         self.meta: dict[str, Any] = next((e for e in events if e["type"] == "meta"), {})
         self.timeout = float(self.meta.get("task_timeout_s", 10.0))
         self.margin = float(self.meta.get("lease_margin_s", 5.0))
@@ -196,6 +200,7 @@ class Checker:
                                "after_cancel": [], "superseded": [], "late_beyond_bound": [],
                                "duplicates_explained": [], "duplicates_unexplained": []}
         tally: Counter[str] = Counter()
+        self.writes_by_key = by_key
         for key, ops in by_key.items():
             self._task(key, sorted(ops, key=lambda e: e["t0"]), arrivals.get(key, []), out,
                        tally)
@@ -293,7 +298,9 @@ class Checker:
             return 0
         first = group[ok]
         why = self._explain(first)
-        for dup in group[ok + 1:]:
+        for n, dup in enumerate(group[ok + 1:], start=ok + 1):
+            if self._recreated(key, first, dup):  # a task of its own: counted from its first
+                return n - ok - 1 + self._duplicates(key, group[n:], out)
             dup_why = why or self._written_late(first, dup)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
@@ -304,6 +311,17 @@ class Checker:
                     dup.get("pid"), group[0]["t"] - self.bound, dup["t"])
             out["duplicates_explained" if dup_why else "duplicates_unexplained"].append(entry)
         return len(group) - ok - 1
+
+    def _recreated(self, key: str, first: Event, dup: Event) -> bool:
+        """``dup`` is the first delivery of a new task under the same key: a PUT or create
+        answered 201 (it created the task, so the one before had finished) after ``first``
+        arrived, due when ``dup`` says. A replace held up by a fault answers so when it runs
+        only after the task it meant to replace was delivered."""
+        sched = dup.get("scheduled_at")
+        return sched is not None and any(
+            o["op"] != "cancel" and o.get("status") == 201 and o["t1"] >= first["t"]
+            and o.get("execute_at") is not None and abs(o["execute_at"] - sched) <= 0.0005
+            for o in self.writes_by_key.get(key, []))
 
     def _summary(self, out: dict[str, Any], tally: Counter[str], late_in: list[float],
                  late_out: list[float]) -> dict[str, Any]:
@@ -426,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("history", type=Path)
     p.add_argument("--json", type=Path, help="write the summary here")
     args = p.parse_args(argv)
-    summary = check(read(args.history))
+    events = read(args.history)
+    arrivals = args.history.with_name("arrivals.jsonl")  # the receiver's, beside it (soak.py)
+    if arrivals.exists():
+        events += read(arrivals)
+    summary = check(events)
     print(table(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))

@@ -198,6 +198,27 @@ def test_a_duplicate_after_the_first_senders_partition_is_explained() -> None:
     assert c["duplicates_unexplained"] == 1
 
 
+def test_a_put_that_created_the_task_again_after_its_delivery_is_no_duplicate() -> None:
+    """A PUT sent before the task was due, held up by a fault until after it was delivered:
+    it found the task finished and created it again (201), due at 9. That task's delivery is
+    its own first one; a delivery of it again is a duplicate of it."""
+    def replace(status: int, t1: float) -> dict[str, Any]:
+        return {"type": "op", "op": "replace", "key": "a", "t0": T0 + 1, "t1": t1,
+                "status": status, "requested_at": T0 + 9, "execute_at": T0 + 9}
+
+    first, again = arrival("a", T0 + 5.001, T0 + 5), arrival("a", T0 + 9.001, T0 + 9, pid=2)
+    c = counts(create("a", T0 + 5), replace(201, T0 + 8), first, again, end(T0 + 60))
+    assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (0, 0)
+    c = counts(create("a", T0 + 5), replace(201, T0 + 8), first, again,
+               arrival("a", T0 + 12, T0 + 9, pid=1, attempt=2), end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1  # the new task's own duplicate
+    # controls: answered 200 (it replaced a task that had not finished: the first delivery
+    # and this one are the same task's), or answered before the first delivery
+    for write in (replace(200, T0 + 8), replace(201, T0 + 4)):
+        c = counts(create("a", T0 + 5), write, first, again, end(T0 + 60))
+        assert c["duplicates_unexplained"] == 1, write
+
+
 def test_a_duplicate_after_a_redis_fault_or_a_receiver_stall_is_explained() -> None:
     base = [create("a", T0 + 5), arrival("a", T0 + 5.001, T0 + 5, pid=1),
             arrival("a", T0 + 12, T0 + 5, pid=2, attempt=2), end(T0 + 60)]
