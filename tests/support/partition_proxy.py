@@ -43,7 +43,7 @@ class PartitionProxy:
         self._server: asyncio.Server | None = None
         self.joined = 0  # connections joined to Redis and not yet closed on both sides
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"soak-proxy-{self.port}")
+                                        name=f"partition-proxy-{self.port}")
 
     @property
     def url(self) -> str:
