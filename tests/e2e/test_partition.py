@@ -3,9 +3,10 @@ reaches it (tests/support/partition_proxy.py between the first process and Redis
 
 What the cut process answered 503 for must not take effect once the partition heals: the
 client has seen the 503 and acted on it through the other process. The cut process's Redis
-client aborts a connection it gave up on (SO_LINGER 0, timewheel/store/connection.py), so
-its kernel drops the request it could not deliver; a normal close would leave the kernel
-retransmitting it, and Redis would run it after the heal, over the client's later write.
+client aborts a connection it gave up on (SO_LINGER 0 and the transport aborted,
+timewheel/store/connection.py ``AbortiveClose``), so the request it could not deliver is
+dropped; a normal close would leave the kernel retransmitting it, and Redis would run it
+after the heal, over the client's later write.
 """
 
 from __future__ import annotations
