@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.partition_proxy import PartitionProxy
+from tests.support.partition_proxy import PartitionProxy, forwarding
 from tests.support.redis_server import RedisServer
 
 
@@ -29,11 +29,8 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def proxy(server: RedisServer) -> Iterator[PartitionProxy]:
-    forwarder = PartitionProxy("127.0.0.1", server.port).start()
-    try:
+    with forwarding(server.port) as forwarder:
         yield forwarder
-    finally:
-        forwarder.stop()
 
 
 def wait_for(probe: object, timeout: float = 10.0) -> None:

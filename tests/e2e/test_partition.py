@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Service
-from tests.support.partition_proxy import PartitionProxy
+from tests.support.partition_proxy import PartitionProxy, forwarding
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer
 
@@ -32,12 +32,8 @@ ANSWER_WITHIN_S = 60
 
 @pytest.fixture
 def proxy(redis_server_e2e: RedisServer) -> Iterator[PartitionProxy]:
-    forwarder = PartitionProxy("127.0.0.1", redis_server_e2e.port).start()
-    try:
+    with forwarding(redis_server_e2e.port) as forwarder:
         yield forwarder
-    finally:
-        forwarder.heal()
-        forwarder.stop()
 
 
 def call(service: Service, method: str, path: str, body: Any = None) -> httpx.Response:

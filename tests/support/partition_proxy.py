@@ -20,14 +20,26 @@ and a pause that holds data instead of dropping it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
 import threading
+from collections.abc import Iterator
 
 from tests.support.redis_server import free_port
 
 HOST = "127.0.0.1"
 CHUNK = 65536
+
+
+@contextlib.contextmanager
+def forwarding(redis_port: int) -> Iterator[PartitionProxy]:
+    """A started forwarder to the Redis on ``redis_port`` of 127.0.0.1, stopped on the way out."""
+    proxy = PartitionProxy(HOST, redis_port).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
 
 
 class PartitionProxy:
