@@ -70,6 +70,19 @@ class Replicated:
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
+            self.wait_acknowledged()
+
+    def wait_acknowledged(self) -> None:
+        """Until the master has the replica's acknowledgement of all it sent: a resumed replica
+        may take longer than a WAIT's WAIT_MS to be scheduled and catch up on a busy machine
+        (CI, 4 workers on 2 cores), and the next acknowledged write must not pay for that."""
+        with self.master.client() as conn:
+            def acked() -> bool:
+                info = conn.info("replication")
+                replica = info.get("slave0")
+                return isinstance(replica, dict) and \
+                    int(replica["offset"]) >= int(info["master_repl_offset"])
+            settle(acked, 30, "the resumed replica to acknowledge everything")
 
     def stop(self) -> None:
         if self.replica is not None:
