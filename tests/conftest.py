@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
 import pytest
 import uvloop
 from redis.asyncio import Redis
@@ -23,6 +24,13 @@ from timewheel.settings import Settings
 from timewheel.store import Store
 
 START_MS = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a minute boundary
+
+# No time limits on property tests: Hypothesis's deadline (200 ms an example) and its
+# too_slow health check are timed assertions, and 4 workers on 2 cores (CI) miss them at
+# random (an example took 329 ms, then 0.18 ms when replayed).
+hypothesis.settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+hypothesis.settings.load_profile("suite")
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
