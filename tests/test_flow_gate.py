@@ -540,15 +540,21 @@ async def test_any_process_takes_back_tasks_another_parked(
             await harness.sender.aclose()
 
 
-def bare_gate(store: Store, clock: FakeClock
-              ) -> tuple[FlowGate, Lifecycle, asyncio.Queue[Attempt]]:
+Bare = tuple[FlowGate, Lifecycle, asyncio.Queue[Attempt]]
+
+
+@pytest.fixture
+async def bare_gate(store: Store, fake_clock: FakeClock) -> AsyncIterator[Bare]:
     """A flow gate alone, for driving its internals directly: admitted attempts go to the
-    queue returned."""
+    queue yielded. Closed at the end: a permit given back arms a linger timer whose permits
+    call, left to run after the test, would reopen the test's Redis client as its loop
+    closes (and uvloop waits for that connection for ever)."""
     lifecycle, ready, metrics = Lifecycle(), asyncio.Queue[Attempt](), Metrics()
-    gate = FlowGate(flow_store(store), store, Recorder(store, clock, metrics), lifecycle, ready,
-                    clock, metrics, tokens=claim_tokens(), lease_margin_ms=5000,
+    gate = FlowGate(flow_store(store), store, Recorder(store, fake_clock, metrics), lifecycle,
+                    ready, fake_clock, metrics, tokens=claim_tokens(), lease_margin_ms=5000,
                     batch_deadline_ms=30_000, local_cap=10, max_waiting=10)
-    return gate, lifecycle, ready
+    yield gate, lifecycle, ready
+    await gate.close()
 
 
 def waiting_attempt(lifecycle: Lifecycle, key: str) -> Attempt:
@@ -615,11 +621,11 @@ async def test_stop_hands_back_waiters_and_gives_permits_back(
 
 
 async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
-        store: Store, fake_clock: FakeClock) -> None:
+        bare_gate: Bare) -> None:
     """The race between a park deadline and a permits reply: a waiter already parked when
     its permit arrives does not start, and its permit goes back (no one else uses it)."""
-    gate, lifecycle, ready = bare_gate(store, fake_clock)
-    state = FlowState(FLOW)
+    gate, lifecycle, ready = bare_gate
+    state = gate._flow(FLOW)  # the gate's own: closing it ends its linger
     waiters = [waiting_attempt(lifecycle, name) for name in "abc"]
     state.queue.extend(waiters)
     state.queue.popleft()  # what the park deadline did while the call was out
@@ -632,11 +638,11 @@ async def test_a_waiter_parked_while_its_permit_was_asked_for_gives_it_back(
 
 
 async def test_a_waiter_admitted_on_a_handed_on_permit_gives_its_own_back(
-        store: Store, fake_clock: FakeClock) -> None:
+        bare_gate: Bare) -> None:
     """The race between a permit handed on in this process and a permits reply: the waiter
     runs on the permit handed on, and the permit granted for it meanwhile goes back."""
-    gate, lifecycle, ready = bare_gate(store, fake_clock)
-    state = FlowState(FLOW)
+    gate, lifecycle, ready = bare_gate
+    state = gate._flow(FLOW)  # the gate's own: closing it ends its linger
     [waiter] = [waiting_attempt(lifecycle, "a")]
     state.queue.append(waiter)
     state.queue.popleft()  # what give_back did while the call was out: handed on
@@ -762,11 +768,11 @@ class ReplyLost:
 
 
 async def test_permits_granted_in_a_call_whose_reply_was_lost_go_back(
-        store: Store, fake_clock: FakeClock) -> None:
+        bare_gate: Bare, store: Store, fake_clock: FakeClock) -> None:
     """A permits call that ran in Redis but whose reply was lost leaves its permits held
     there. A waiter that parks before the next call never asks for its id again: that call
     gives it back (as unused: no start of it stays in a rated flow's log)."""
-    gate, lifecycle, _ = bare_gate(store, fake_clock)
+    gate, lifecycle, _ = bare_gate
     await limit(store, FLOW, parallelism=5, rate=100)
     state = gate._flow(FLOW)
     state.room = 5
@@ -786,10 +792,10 @@ async def test_permits_granted_in_a_call_whose_reply_was_lost_go_back(
 
 
 async def test_a_waiter_still_here_after_a_lost_reply_gets_its_permit(
-        store: Store, fake_clock: FakeClock) -> None:
+        bare_gate: Bare, store: Store, fake_clock: FakeClock) -> None:
     """The same lost reply with the waiter still waiting: the next call gives its permit
     back and grants it again in one step; it is admitted, holding one permit."""
-    gate, lifecycle, ready = bare_gate(store, fake_clock)
+    gate, lifecycle, ready = bare_gate
     await limit(store, FLOW, parallelism=1)
     state = gate._flow(FLOW)
     state.room = 1
@@ -804,10 +810,10 @@ async def test_a_waiter_still_here_after_a_lost_reply_gets_its_permit(
 
 
 async def test_permits_granted_for_parked_tasks_go_back_when_taking_them_back_fails(
-        store: Store, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+        bare_gate: Bare, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Permits granted to take parked tasks back, then the take-back fails (Redis gone):
     no task was adopted, so the permits are given back with the next call."""
-    gate, _, ready = bare_gate(store, fake_clock)
+    gate, _, ready = bare_gate
     state = gate._flow(FLOW)
 
     async def fails(state: FlowState, count: int) -> list[Attempt]:
