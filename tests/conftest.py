@@ -14,6 +14,7 @@ import httpx
 import hypothesis
 import pytest
 import uvloop
+from pytest_timeout import _get_item_settings  # private: the item's limit, as it reads it
 from redis.asyncio import Redis
 
 from tests.support.receiver import ThreadedReceiver
@@ -38,6 +39,18 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
     """Async tests run on uvloop, the loop `timewheel serve` runs on (cli.py), whose timers
     differ from asyncio's own (whole milliseconds; a delay under 0.5 ms runs at once)."""
     return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_exception_interact(node: pytest.Item | pytest.Collector) -> None:
+    """pytest-timeout stops timing a test once it has failed (for --pdb), and a teardown
+    that then hung would hold the run for ever: time the rest of the test again, with the
+    test's own limit (tests/test_suite_hangs.py), unless a debugger comes next."""
+    if not isinstance(node, pytest.Item) or node.config.getoption("usepdb"):
+        return
+    settings = _get_item_settings(node)
+    if settings.timeout and not settings.func_only:  # timed, setup and teardown included
+        node.config.hook.pytest_timeout_set_timer(item=node, settings=settings)
 
 
 @pytest.fixture(scope="session")
