@@ -548,7 +548,7 @@ async def bare_gate(store: Store, fake_clock: FakeClock) -> AsyncIterator[Bare]:
     """A flow gate alone, for driving its internals directly: admitted attempts go to the
     queue yielded. Closed at the end: a permit given back arms a linger timer whose permits
     call, left to run after the test, would reopen the test's Redis client as its loop
-    closes (and uvloop waits for that connection for ever)."""
+    closes, and leave that connection open."""
     lifecycle, ready, metrics = Lifecycle(), asyncio.Queue[Attempt](), Metrics()
     gate = FlowGate(flow_store(store), store, Recorder(store, fake_clock, metrics), lifecycle,
                     ready, fake_clock, metrics, tokens=claim_tokens(), lease_margin_ms=5000,
