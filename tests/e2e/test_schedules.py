@@ -152,7 +152,14 @@ def test_after_every_process_was_down_only_the_latest_missed_fires(
     settle(lambda: count_after(receiver, "d", restarted) >= 2, 15, "occurrences again")
 
     found = occurrences(receiver, "d")
-    assert_once_and_never_early(found)
+    # At least once across crashes: one being sent at the SIGKILL (its outcome never recorded)
+    # is sent again after the restart, once; what arrived before the restart was sent before
+    # the kill. Any other repeat is a double fire.
+    for occ, n in Counter(occ for occ, _ in found).items():
+        if n > 1:
+            times = sorted(at for o, at in found if o == occ)
+            assert n == 2 and times[0] < restarted <= times[1], (occ, times, restarted)
+    assert [(occ, at) for occ, at in found if at < occ] == []
     after_crash = sorted(occ for occ, _ in found if occ > hi)
     latest_missed = after_crash[0]
     # Older missed occurrences are skipped: the first one fired is the latest at or before the
