@@ -54,6 +54,10 @@ def assert_once_and_never_early(found: list[tuple[int, float]]) -> None:
     counts = Counter(occ for occ, _ in found)
     again = [(occ, at) for occ, at in found if counts[occ] > 1]
     assert again == [], again  # (occurrence, arrival) of each repeated one
+    assert_never_early(found)
+
+
+def assert_never_early(found: list[tuple[int, float]]) -> None:
     early = [(occ, at) for occ, at in found if at < occ]
     assert early == [], early
 
@@ -160,7 +164,7 @@ def test_after_every_process_was_down_only_the_latest_missed_fires(
         if n > 1:
             times = sorted(at for o, at in found if o == occ)
             assert n == 2 and times[0] < restarted <= times[1], (occ, times, restarted)
-    assert [(occ, at) for occ, at in found if at < occ] == []
+    assert_never_early(found)
     after_crash = sorted(occ for occ, _ in found if occ > hi)
     latest_missed = after_crash[0]
     # Older missed occurrences are skipped: the first one fired is the latest at or before the
