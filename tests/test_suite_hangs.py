@@ -2,13 +2,13 @@
 tests/conftest.py (uvloop), runs a test that awaits forever, one that leaves a connection
 open, and one that fails and then hangs in its teardown.
 
-- pytest-timeout's "signal" method never fires under uvloop while a test awaits something
-  that never comes; one such test held a CI run until CI's own limit. The "thread" method
-  ends the worker.
+- pytest-timeout's "signal" method never fires under uvloop while the loop waits (a test
+  awaiting something that never comes, a loop's close waiting for a connection). The
+  "thread" method ends the worker.
 - uvloop closes a handle still open when the loop closes from a callback that first warns:
   with warnings as errors the warning raises there, the handle stays open, and the loop's
-  close waits for it for ever (a flow gate test's late permits call did that). The warning
-  is shown instead.
+  close waits for it for ever. A flow gate test's late permits call did that, and held a CI
+  run until CI's own limit. The warning is shown instead.
 - pytest-timeout stops its timer when a test fails; tests/conftest.py starts it again."""
 
 from __future__ import annotations
