@@ -26,7 +26,7 @@ from typing import Any
 from bench.common import machine_facts, start_receiver, stop_process
 from bench.soak_check import check, table
 from bench.soak_faults import Injector, plan, stall_seconds, stop_seconds
-from bench.soak_history import History, logged_late_writes, read
+from bench.soak_history import History, logged_late_writes, logged_timeouts, read
 from bench.soak_load import Load
 from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
@@ -137,17 +137,20 @@ class Wheel:
         return codes
 
 
-def _add_late_writes(history: History) -> None:
-    """The writes each serve process logged as late (``late_write``), from its own lines of
-    its log (a later process on the same port appends to the same file)."""
+def _add_logged(history: History) -> None:
+    """The writes each serve process logged as late (``late_write``) and the attempts it logged
+    as timed out (``timed_out``), from its own lines of its log (a later process on the same
+    port appends to the same file)."""
     procs = [e for e in history.events() if e["type"] == "proc"]
     for proc in procs:
         later = [p["log_offset"] for p in procs
                  if p["log"] == proc["log"] and p["log_offset"] > proc["log_offset"]]
-        for key, attempt, late_ms in logged_late_writes(
-                Path(proc["log"]), proc["log_offset"], min(later, default=None)):
+        own = (Path(proc["log"]), proc["log_offset"], min(later, default=None))
+        for key, attempt, late_ms in logged_late_writes(*own):
             history.add("late_write", pid=proc["pid"], key=key, attempt=attempt,
                         late_ms=late_ms)
+        for key, attempt in logged_timeouts(*own):
+            history.add("timed_out", pid=proc["pid"], key=key, attempt=attempt)
 
 
 async def _drain(wheel: Wheel, load: Load, bound: float, quiet: float) -> float:
@@ -199,7 +202,7 @@ async def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     finally:
         codes = wheel.stop() if wheel.slots else {}
         stop_process(receiver, 10)
-        _add_late_writes(history)
+        _add_logged(history)
         history.close()
     summary = check(history.events() + read(wheel.arrivals_path))
     summary["exit_codes"] = codes

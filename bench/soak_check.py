@@ -33,7 +33,11 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   its send-by (a ``late_write`` record: it was paused between its last check and the write, a
   window no check can close) and the first 2xx came once that sender's lease could have run
   out (before it, another process held the task during the lease: a double claim). A stopped
-  process that sends without having checked again logs nothing and stays unexplained.
+  process that sends without having checked again logs nothing and stays unexplained; by a
+  timeout when the lower-numbered attempt of the two was logged as timed out by its sender
+  (a ``timed_out`` record) and the receiver named no other sender for it: the receiver read
+  it only after its sender had given up (a receiver behind on its backlog, with no single
+  long stall), and the retry that at-least-once asks for arrived too.
   Otherwise UNEXPLAINED.
 - delivered after cancel: an arrival after a DELETE answered 204, unless the attempt was in
   flight when the DELETE returned. In flight = it could have started before the answer (its
@@ -102,6 +106,8 @@ class Checker:
         self.proc_of_pid = {p["pid"]: p["name"] for p in self.procs}
         self.late_writes = {(e["pid"], e["key"], e["attempt"]): e for e in events
                             if e["type"] == "late_write"}
+        self.timed_out = {(e["key"], e["attempt"]): e["pid"] for e in events
+                          if e["type"] == "timed_out"}
         self.schedules = {e["key"] for e in self.ops if e["op"] == "schedule_put"}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -154,6 +160,20 @@ class Checker:
             return None
         return (f"written {late['late_ms']} ms after its send-by by {self._who(dup)} (logged: "
                 "paused between its last check and the write)")
+
+    def _timed_out(self, first: Event, dup: Event) -> str | None:
+        """The lower-numbered attempt of the two timed out at its sender (logged), which sent
+        the next one, and the receiver named no other sender for it (none: the sender had
+        closed the connection when the receiver looked)."""
+        early, late = sorted((first, dup), key=lambda a: a.get("attempt") or 0)
+        if not early.get("attempt") or early["attempt"] == late.get("attempt"):
+            return None
+        pid = self.timed_out.get((early["key"], early["attempt"]))
+        if pid is None or early.get("pid") not in (None, pid):
+            return None
+        return (f"attempt {early['attempt']} timed out at {self.proc_of_pid.get(pid, '?')} "
+                f"(pid {pid}, logged) and was retried; the receiver read it after its sender "
+                "had given up")
 
     def _in_fault_window(self, due: float) -> bool:
         after = self.timeout + self.margin + self.tick
@@ -301,7 +321,7 @@ class Checker:
         for n, dup in enumerate(group[ok + 1:], start=ok + 1):
             if self._recreated(key, first, dup):  # a task of its own: counted from its first
                 return n - ok - 1 + self._duplicates(key, group[n:], out)
-            dup_why = why or self._written_late(first, dup)
+            dup_why = why or self._written_late(first, dup) or self._timed_out(first, dup)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
                      "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),

@@ -18,6 +18,9 @@ Record types (the ``type`` field), all times Unix seconds from ``time.time()`` o
 - ``late_write``: an attempt its process logged as written after its send-by (it was paused
   between the last check and the write): ``pid``, ``key``, ``attempt``, ``late_ms``; read
   from the processes' logs when the run ends (``logged_late_writes``).
+- ``timed_out``: an attempt its process logged as timed out (no answer within the task's
+  timeout; retried unless it was the last): ``pid``, ``key``, ``attempt``; read the same way
+  (``logged_timeouts``).
 """
 
 from __future__ import annotations
@@ -85,13 +88,36 @@ def late_writes(lines: Iterable[str]) -> Iterator[tuple[str, int, int]]:
             yield found[1], int(found[2]), int(found[3])
 
 
-def logged_late_writes(log_path: Path, start: int = 0,
-                       end: int | None = None) -> list[tuple[str, int, int]]:
-    """``late_writes`` of a serve process's log file, its bytes from ``start`` to ``end``
-    (None: the file's end); none if there is no file."""
+def _log_lines(log_path: Path, start: int = 0, end: int | None = None) -> list[str]:
+    """The lines of a serve process's log file, its bytes from ``start`` to ``end`` (None: the
+    file's end); none if there is no file."""
     if not log_path.exists():
         return []
     with log_path.open("rb") as fh:
         fh.seek(start)
         data = fh.read() if end is None else fh.read(max(0, end - start))
-    return list(late_writes(data.decode(errors="replace").splitlines()))
+    return data.decode(errors="replace").splitlines()
+
+
+def logged_late_writes(log_path: Path, start: int = 0,
+                       end: int | None = None) -> list[tuple[str, int, int]]:
+    """``late_writes`` of a serve process's log file (see ``_log_lines``)."""
+    return list(late_writes(_log_lines(log_path, start, end)))
+
+
+# timewheel/engine/executor.py's outcome line of an attempt with no answer in time
+# ("callback KEY attempt=N timeout: no answer within 2s 2.001s -> retry"), in either format.
+_TIMED_OUT = re.compile(r"callback (\S+) attempt=(\d+) timeout: ")
+
+
+def timeouts(lines: Iterable[str]) -> Iterator[tuple[str, int]]:
+    """(key, attempt) of each attempt a serve process logged as timed out."""
+    for line in lines:
+        if " timeout: " in line and (found := _TIMED_OUT.search(line)):
+            yield found[1], int(found[2])
+
+
+def logged_timeouts(log_path: Path, start: int = 0,
+                    end: int | None = None) -> list[tuple[str, int]]:
+    """``timeouts`` of a serve process's log file (see ``_log_lines``)."""
+    return list(timeouts(_log_lines(log_path, start, end)))

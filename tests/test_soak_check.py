@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.soak_check import check
-from bench.soak_history import logged_late_writes
+from bench.soak_history import logged_late_writes, logged_timeouts
 
 T0 = 1_800_000_000.0
 META = {"type": "meta", "task_timeout_s": 2.0, "lease_margin_s": 2.0, "tick_s": 1.0,
@@ -149,6 +149,46 @@ def test_late_writes_are_read_from_a_serve_log(tmp_path: Path) -> None:
                  "may send it too\n")
     assert logged_late_writes(log, 0, first_end) == [("b15-120", 1, 9812)]
     assert logged_late_writes(log, first_end) == [("c-1", 2, 5)]
+
+
+def test_a_duplicate_of_an_attempt_its_sender_logged_as_timed_out_is_explained() -> None:
+    """p0's attempt 1 waits in a receiver behind on its backlog (no single long stall) past
+    the 2 s timeout: p0 logs the timeout and retries, and the receiver reads attempt 1 after
+    p0 closed the connection (no sender to name), before or after attempt 2. A timeout logged
+    for another attempt, key or process, or an attempt 1 the receiver saw from another
+    process, explains nothing."""
+    logged = {"type": "timed_out", "pid": 1, "key": "a", "attempt": 1}
+    for late_first in (True, False):  # attempt 1 read before, or after, attempt 2
+        events = [create("a", T0 + 5),
+                  arrival("a", T0 + 7.4 if late_first else T0 + 7.9, T0 + 5, pid=None),
+                  arrival("a", T0 + 7.6, T0 + 5, pid=1, attempt=2), end(T0 + 60)]
+        summary = run(*events, logged)
+        [dup] = summary["details"]["duplicates_explained"]
+        assert "attempt 1 timed out at p0" in dup["explained_by"], late_first
+        assert summary["counts"]["duplicates_unexplained"] == 0
+        assert counts(*events)["duplicates_unexplained"] == 1  # no timeout logged
+        for other in ({"attempt": 2}, {"key": "b"}):
+            c = counts(*events, {**logged, **other})
+            assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (0, 1), other
+        seen_from_p1 = [events[0], {**events[1], "pid": 2}, *events[2:]]
+        assert counts(*seen_from_p1, logged)["duplicates_unexplained"] == 1
+    # the same attempt twice is a double send, whatever was logged
+    same = counts(create("a", T0 + 5), arrival("a", T0 + 7.4, T0 + 5, pid=None),
+                  arrival("a", T0 + 7.6, T0 + 5, pid=2), end(T0 + 60), logged)
+    assert (same["duplicates_explained"], same["duplicates_unexplained"]) == (0, 1)
+
+
+def test_timeouts_are_read_from_a_serve_log(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    log.write_text(
+        "2026-11-27 21:26:10,376 INFO timewheel.engine.executor: callback t453 attempt=1 "
+        "timeout: no answer within 2s 2.000s -> retry\n"
+        "2026-11-27 21:26:10,400 INFO timewheel.engine.executor: callback t454 attempt=2 "
+        "HTTP 503 0.004s -> retry\n"
+        '{"message": "callback every2.17 attempt=3 timeout: no answer within 2s 2.001s -> '
+        'fail", "outcome": "fail"}\n')
+    assert logged_timeouts(log) == [("t453", 1), ("every2.17", 3)]
+    assert logged_timeouts(tmp_path / "none.log") == []
 
 
 def test_a_duplicate_after_the_first_senders_kill_or_stop_is_explained() -> None:
