@@ -149,8 +149,8 @@ def _add_logged(history: History) -> None:
         for key, attempt, late_ms in logged_late_writes(*own):
             history.add("late_write", pid=proc["pid"], key=key, attempt=attempt,
                         late_ms=late_ms)
-        for key, attempt in logged_timeouts(*own):
-            history.add("timed_out", pid=proc["pid"], key=key, attempt=attempt)
+        for key, attempt, at in logged_timeouts(*own):
+            history.add("timed_out", pid=proc["pid"], key=key, attempt=attempt, t=at)
 
 
 async def _drain(wheel: Wheel, load: Load, bound: float, quiet: float) -> float:

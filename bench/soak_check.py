@@ -35,9 +35,11 @@ Definitions (every bound comes from the run's settings in the ``meta`` record):
   out (before it, another process held the task during the lease: a double claim). A stopped
   process that sends without having checked again logs nothing and stays unexplained; by a
   timeout when the lower-numbered attempt of the two was logged as timed out by its sender
-  (a ``timed_out`` record) and the receiver named no other sender for it: the receiver read
-  it only after its sender had given up (a receiver behind on its backlog, with no single
-  long stall), and the retry that at-least-once asks for arrived too.
+  (a ``timed_out`` record) and the receiver named no other sender for it, and each attempt
+  from it up to the higher one timed out (logged) or was answered non-2xx, each timeout
+  logged by one process only, after the task was due and before the higher attempt arrived:
+  the receiver read the attempt only after its sender had given up (a receiver behind on its
+  backlog, with no single long stall), and the retry that at-least-once asks for arrived too.
   Otherwise UNEXPLAINED.
 - delivered after cancel: an arrival after a DELETE answered 204, unless the attempt was in
   flight when the DELETE returned. In flight = it could have started before the answer (its
@@ -70,6 +72,9 @@ PROCESS_FAULTS = {"proc_kill", "proc_stop", "proc_partition"}
 # The receiver's clock against the service's estimate of Redis's (on this host): a margin for
 # the lease end a late write's log line implies.
 LEASE_END_SLACK_S = 0.05
+# A logged timeout's time is its log line's (to the millisecond, written just after the
+# timeout, on this host's clock): how far it may be from the arrivals' times.
+TIMEOUT_LOG_SLACK_S = 0.05
 ACKED = {200, 201}
 
 
@@ -106,8 +111,10 @@ class Checker:
         self.proc_of_pid = {p["pid"]: p["name"] for p in self.procs}
         self.late_writes = {(e["pid"], e["key"], e["attempt"]): e for e in events
                             if e["type"] == "late_write"}
-        self.timed_out = {(e["key"], e["attempt"]): e["pid"] for e in events
-                          if e["type"] == "timed_out"}
+        self.timed_out: dict[tuple[str, int], list[Event]] = defaultdict(list)
+        for e in events:
+            if e["type"] == "timed_out":
+                self.timed_out[e["key"], e["attempt"]].append(e)
         self.schedules = {e["key"] for e in self.ops if e["op"] == "schedule_put"}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -161,16 +168,31 @@ class Checker:
         return (f"written {late['late_ms']} ms after its send-by by {self._who(dup)} (logged: "
                 "paused between its last check and the write)")
 
-    def _timed_out(self, first: Event, dup: Event) -> str | None:
-        """The lower-numbered attempt of the two timed out at its sender (logged), which sent
-        the next one, and the receiver named no other sender for it (none: the sender had
-        closed the connection when the receiver looked)."""
+    def _timed_out(self, first: Event, dup: Event, group: list[Event]) -> str | None:
+        """A retry after a timeout: the lower-numbered attempt of the two timed out at its
+        sender (logged), and so did each attempt after it up to the higher one, or answered
+        non-2xx; each timeout logged by one process only, after the task was due and before
+        the higher attempt arrived (a retry goes out only after its predecessor gave up); and
+        the receiver named no other sender for the lower attempt (none: its sender had closed
+        the connection when the receiver looked)."""
         early, late = sorted((first, dup), key=lambda a: a.get("attempt") or 0)
-        if not early.get("attempt") or early["attempt"] == late.get("attempt"):
+        if not early.get("attempt") or early["attempt"] >= late.get("attempt", 0):
             return None
-        pid = self.timed_out.get((early["key"], early["attempt"]))
-        if pid is None or early.get("pid") not in (None, pid):
-            return None
+        due = early.get("scheduled_at") or 0.0
+        failed = {a.get("attempt") for a in group if not 200 <= a["answered"] < 300}
+        sender = None
+        for n in range(early["attempt"], late["attempt"]):
+            senders = {e["pid"] for e in self.timed_out.get((early["key"], n), [])
+                       if due - TIMEOUT_LOG_SLACK_S <= e["t"] <= late["t"] + TIMEOUT_LOG_SLACK_S}
+            if len(senders) > 1:  # one attempt sent by two processes: a double claim
+                return None
+            if n == early["attempt"]:
+                if not senders or early.get("pid") not in (None, *senders):
+                    return None
+                sender = senders.pop()
+            elif not senders and n not in failed:
+                return None
+        pid = sender
         return (f"attempt {early['attempt']} timed out at {self.proc_of_pid.get(pid, '?')} "
                 f"(pid {pid}, logged) and was retried; the receiver read it after its sender "
                 "had given up")
@@ -321,7 +343,7 @@ class Checker:
         for n, dup in enumerate(group[ok + 1:], start=ok + 1):
             if self._recreated(key, first, dup):  # a task of its own: counted from its first
                 return n - ok - 1 + self._duplicates(key, group[n:], out)
-            dup_why = why or self._written_late(first, dup) or self._timed_out(first, dup)
+            dup_why = why or self._written_late(first, dup) or self._timed_out(first, dup, group)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
                      "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),

@@ -19,8 +19,8 @@ Record types (the ``type`` field), all times Unix seconds from ``time.time()`` o
   between the last check and the write): ``pid``, ``key``, ``attempt``, ``late_ms``; read
   from the processes' logs when the run ends (``logged_late_writes``).
 - ``timed_out``: an attempt its process logged as timed out (no answer within the task's
-  timeout; retried unless it was the last): ``pid``, ``key``, ``attempt``; read the same way
-  (``logged_timeouts``).
+  timeout; retried unless it was the last): ``pid``, ``key``, ``attempt``, ``t`` (the log
+  line's time); read the same way (``logged_timeouts``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import json
 import re
 import threading
 from collections.abc import Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,18 +107,23 @@ def logged_late_writes(log_path: Path, start: int = 0,
 
 
 # timewheel/engine/executor.py's outcome line of an attempt with no answer in time
-# ("callback KEY attempt=N timeout: no answer within 2s 2.001s -> retry"), in either format.
-_TIMED_OUT = re.compile(r"callback (\S+) attempt=(\d+) timeout: ")
+# ("callback KEY attempt=N timeout: no answer within 2s 2.001s -> retry"), in the text format,
+# whose line starts with the local time (logs.py TEXT_FORMAT: "2026-11-27 21:26:10,376 ...").
+_TIMED_OUT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*callback (\S+) "
+                        r"attempt=(\d+) timeout: ")
 
 
-def timeouts(lines: Iterable[str]) -> Iterator[tuple[str, int]]:
-    """(key, attempt) of each attempt a serve process logged as timed out."""
+def timeouts(lines: Iterable[str]) -> Iterator[tuple[str, int, float]]:
+    """(key, attempt, Unix time of the line) of each attempt a serve process logged as timed
+    out (the soak's serve processes log text)."""
     for line in lines:
         if " timeout: " in line and (found := _TIMED_OUT.search(line)):
-            yield found[1], int(found[2])
+            # the service logs its local time, as this host reads it
+            at = datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").astimezone().timestamp()
+            yield found[2], int(found[3]), at
 
 
 def logged_timeouts(log_path: Path, start: int = 0,
-                    end: int | None = None) -> list[tuple[str, int]]:
+                    end: int | None = None) -> list[tuple[str, int, float]]:
     """``timeouts`` of a serve process's log file (see ``_log_lines``)."""
     return list(timeouts(_log_lines(log_path, start, end)))

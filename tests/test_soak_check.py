@@ -3,6 +3,7 @@ on the history that has it, and stays at zero on the same history without the fa
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -151,13 +152,17 @@ def test_late_writes_are_read_from_a_serve_log(tmp_path: Path) -> None:
     assert logged_late_writes(log, first_end) == [("c-1", 2, 5)]
 
 
+def timed_out(key: str, attempt: int, t: float, pid: int = 1) -> dict[str, Any]:
+    return {"type": "timed_out", "pid": pid, "key": key, "attempt": attempt, "t": t}
+
+
 def test_a_duplicate_of_an_attempt_its_sender_logged_as_timed_out_is_explained() -> None:
-    """p0's attempt 1 waits in a receiver behind on its backlog (no single long stall) past
-    the 2 s timeout: p0 logs the timeout and retries, and the receiver reads attempt 1 after
-    p0 closed the connection (no sender to name), before or after attempt 2. A timeout logged
-    for another attempt, key or process, or an attempt 1 the receiver saw from another
-    process, explains nothing."""
-    logged = {"type": "timed_out", "pid": 1, "key": "a", "attempt": 1}
+    """p0's attempt 1 (due at 5) waits in a receiver behind on its backlog (no single long
+    stall) past the 2 s timeout: p0 logs the timeout at 7.0 and retries, and the receiver reads
+    attempt 1 after p0 closed the connection (no sender to name), before or after attempt 2.
+    A timeout logged for another attempt, key or process, or an attempt 1 the receiver saw
+    from another process, explains nothing."""
+    logged = timed_out("a", 1, T0 + 7.0)
     for late_first in (True, False):  # attempt 1 read before, or after, attempt 2
         events = [create("a", T0 + 5),
                   arrival("a", T0 + 7.4 if late_first else T0 + 7.9, T0 + 5, pid=None),
@@ -172,10 +177,33 @@ def test_a_duplicate_of_an_attempt_its_sender_logged_as_timed_out_is_explained()
             assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (0, 1), other
         seen_from_p1 = [events[0], {**events[1], "pid": 2}, *events[2:]]
         assert counts(*seen_from_p1, logged)["duplicates_unexplained"] == 1
-    # the same attempt twice is a double send, whatever was logged
-    same = counts(create("a", T0 + 5), arrival("a", T0 + 7.4, T0 + 5, pid=None),
-                  arrival("a", T0 + 7.6, T0 + 5, pid=2), end(T0 + 60), logged)
-    assert (same["duplicates_explained"], same["duplicates_unexplained"]) == (0, 1)
+
+
+def test_a_timeout_does_not_explain_a_double_send() -> None:
+    """What a retry after a timeout cannot look like: the same attempt twice; a retry that
+    arrived before its predecessor timed out (a double claim: p1 sent attempt 2 while p0 still
+    waited); a timeout of that attempt logged by two processes; one logged before the task was
+    due (an earlier task under the key); a gap (attempt 3 after attempt 1 timed out and
+    attempt 2 was answered 2xx)."""
+    create_a, due = create("a", T0 + 5), T0 + 5
+    read_late = arrival("a", T0 + 7.4, due, pid=None)
+    retry = arrival("a", T0 + 7.6, due, pid=2, attempt=2)
+    for events in (
+            [read_late, arrival("a", T0 + 7.6, due, pid=2), timed_out("a", 1, T0 + 7.0)],
+            [read_late, arrival("a", T0 + 5.2, due, pid=2, attempt=2),
+             timed_out("a", 1, T0 + 7.0)],
+            [read_late, retry, timed_out("a", 1, T0 + 7.0), timed_out("a", 1, T0 + 7.1, pid=2)],
+            [read_late, retry, timed_out("a", 1, T0 + 1.0)],
+            [read_late, arrival("a", T0 + 9.7, due, pid=2, attempt=2),
+             arrival("a", T0 + 12.0, due, pid=2, attempt=3), timed_out("a", 1, T0 + 7.0)]):
+        c = counts(create_a, *events, end(T0 + 60))
+        assert c["duplicates_unexplained"] >= 1, events
+    # control for the gap: attempt 2 answered 503 and was retried, which explains attempt 3
+    # (both arrivals after attempt 1's 2xx count as duplicates, both explained)
+    c = counts(create_a, read_late, arrival("a", T0 + 9.7, due, pid=2, attempt=2, answered=503),
+               arrival("a", T0 + 12.0, due, pid=2, attempt=3), timed_out("a", 1, T0 + 7.0),
+               end(T0 + 60))
+    assert (c["duplicates_explained"], c["duplicates_unexplained"]) == (2, 0)
 
 
 def test_timeouts_are_read_from_a_serve_log(tmp_path: Path) -> None:
@@ -185,9 +213,10 @@ def test_timeouts_are_read_from_a_serve_log(tmp_path: Path) -> None:
         "timeout: no answer within 2s 2.000s -> retry\n"
         "2026-11-27 21:26:10,400 INFO timewheel.engine.executor: callback t454 attempt=2 "
         "HTTP 503 0.004s -> retry\n"
-        '{"message": "callback every2.17 attempt=3 timeout: no answer within 2s 2.001s -> '
-        'fail", "outcome": "fail"}\n')
-    assert logged_timeouts(log) == [("t453", 1), ("every2.17", 3)]
+        "2026-11-27 21:26:11,001 INFO timewheel.engine.executor: callback every2.17 attempt=3 "
+        "timeout: no answer within 2s 2.001s -> fail\n")
+    at = datetime(2026, 11, 27, 21, 26, 10, 376000).astimezone().timestamp()  # local time
+    assert logged_timeouts(log) == [("t453", 1, at), ("every2.17", 3, at + 0.625)]
     assert logged_timeouts(tmp_path / "none.log") == []
 
 
