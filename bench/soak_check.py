@@ -192,9 +192,8 @@ class Checker:
                 sender = senders.pop()
             elif not senders and n not in failed:
                 return None
-        pid = sender
-        return (f"attempt {early['attempt']} timed out at {self.proc_of_pid.get(pid, '?')} "
-                f"(pid {pid}, logged) and was retried; the receiver read it after its sender "
+        return (f"attempt {early['attempt']} timed out at {self.proc_of_pid.get(sender, '?')} "
+                f"(pid {sender}, logged) and was retried; the receiver read it after its sender "
                 "had given up")
 
     def _in_fault_window(self, due: float) -> bool:
