@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from timewheel.store.embedded import _die_with_parent
 from timewheel.store.embedded import redis_server_binary as embedded_redis_server_binary
 
 T = TypeVar("T")
@@ -234,6 +235,7 @@ def start_receiver(args: Sequence[str] = (), *, timeout: float = 15.0,
         proc = subprocess.Popen(
             [sys.executable, "-m", module, "--port", "0", *args],
             cwd=str(BENCH_DIR.parent), stdout=subprocess.PIPE, stderr=stderr,
+            preexec_fn=_die_with_parent,  # dies with the bench, as its services do
         )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)

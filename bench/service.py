@@ -36,6 +36,7 @@ from bench.common import (
 )
 from bench.gc_log import ENV as GC_LOG_ENV
 from bench.gc_log import read as gc_read
+from timewheel.store.embedded import _die_with_parent
 
 # bench.gc_log first: it logs the service's GC pauses when TIMEWHEEL_BENCH_GC_LOG is set.
 SERVE_CMD = ("{python} -c 'import sys; import bench.gc_log; from timewheel.cli import main; "
@@ -111,8 +112,11 @@ def start_service(args: argparse.Namespace, tmp: Path, run_id: str,
     command = template.format(python=shlex.quote(sys.executable), host="127.0.0.1", port=port)
     log_path = tmp / "service.log"
     with log_path.open("ab") as log:
+        # dies with the bench (PR_SET_PDEATHSIG), so a bench killed before its finally blocks
+        # leaves no service firing its tasks into the next benchmark
         proc = subprocess.Popen(shlex.split(command), cwd=str(BENCH_DIR.parent), env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
     shown_env = {k: ("<set>" if "SECRET" in k or "TOKEN" in k or "KEYS" in k else v)
                  for k, v in env.items() if k.startswith("TIMEWHEEL_")}
     return Service(proc, f"http://127.0.0.1:{port}", log_path, data_dir, command, shown_env,
