@@ -13,23 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from timewheel.store.embedded import _running
+
 ROOT = Path(__file__).resolve().parents[1]
 # A bench in miniature: start a receiver the bench's way, say its pid, then wait to be killed.
 BENCH = """
-import sys, time
+import time
 from bench.common import start_receiver
 proc, port = start_receiver()
 print(proc.pid, flush=True)
 time.sleep(60)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2:][:1] != "Z"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -40,18 +34,18 @@ def test_a_killed_benchs_receiver_goes_with_it() -> None:
     try:
         assert bench.stdout is not None
         child = int(bench.stdout.readline())
-        assert alive(child)
+        assert _running(child)
         os.kill(bench.pid, signal.SIGKILL)  # no finally block runs
         bench.wait(10)
         deadline = time.monotonic() + 10
-        while alive(child) and time.monotonic() < deadline:
+        while _running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not alive(child), "the receiver outlived its bench"
+        assert not _running(child), "the receiver outlived its bench"
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
         if bench.stdout is not None:
             bench.stdout.close()
-        if child and alive(child):  # the failure above: do not leave it behind
+        if child and _running(child):  # the failure above: do not leave it behind
             os.kill(child, signal.SIGKILL)
