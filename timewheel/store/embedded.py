@@ -179,13 +179,12 @@ class EmbeddedRedis:
             return
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             return  # gone already
-        # Ours only: a server's process title names its unix socket, which this data dir's
-        # path decides; after a reboot the pid may be anybody's, even a system Redis's.
-        assert self._socket_dir is not None
-        ours = f"unixsocket:{self._socket_dir}/redis.sock".encode()
-        if not any(name in cmdline for name in _SERVER_NAMES) or ours not in cmdline:
+        # Ours only: a server works in its --dir, this data dir (whatever the socket's folder,
+        # which TMPDIR decides); after a reboot the pid may be anybody's, even a system Redis's.
+        if not any(name in cmdline for name in _SERVER_NAMES) or cwd != str(self.data_dir):
             return
         log.warning("stopping left-over embedded redis-server pid=%d", pid)
         with contextlib.suppress(ProcessLookupError):
