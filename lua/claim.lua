@@ -103,10 +103,18 @@ end
 
 write_claims(P, record, claims)
 -- Finished-task indexes: entries older than the retention go with their records, at most
--- 1000 per index and call so that a long outage does not make one call long.
+-- 1000 per index and call so that a long outage does not make one call long. `fc` is the
+-- cancelled index from before its pages (lua/lib/record.lua): once only its keeper is left,
+-- it goes.
 for _, name in ipairs({'fs', 'ff', 'fc'}) do
   local old = redis.call('ZCOUNT', P .. name, '-inf', now - retention)
-  if old > 0 then redis.call('ZREMRANGEBYRANK', P .. name, 0, math.min(old, 1000) - 1) end
+  if old > 0 then
+    redis.call('ZREMRANGEBYRANK', P .. name, 0, math.min(old, 1000) - 1)
+    if name == 'fc' and redis.call('ZCOUNT', P .. name, '-inf', BELOW_KEEPER) == 0 then
+      redis.call('DEL', P .. name)
+    end
+  end
 end
+trim_paged(P, 'fc', now - retention)
 out[1] = more
 return out

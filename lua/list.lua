@@ -4,8 +4,9 @@
 -- entries (and minute slices) are looked at, however many are skipped.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
--- ARGV[1]  index: "slices" (the minute slices, through mn, in due order) or a zset of the
---          bucket: "pa" (parked), "ls" (leases), "fs" / "ff" / "fc" (finished)
+-- ARGV[1]  index: "slices" (the minute slices, through mn, in due order), "pages:fc" (the
+--          cancelled index's pages, lua/lib/record.lua) or a zset of the bucket: "pa"
+--          (parked), "ls" (leases), "fs" / "ff" / "fc" (finished; "fc" from before pages)
 -- ARGV[2]  order: "asc" or "desc" (by score, ties by key, as Redis orders a zset)
 -- ARGV[3]  status letters the record may have (timewheel/store/layout.py), e.g. "s" or "sr"
 -- ARGV[4]  attempts: "" any, "0" none yet, "+" at least one (parked tasks: scheduled or
@@ -34,6 +35,11 @@ local limit, budget = tonumber(ARGV[8]), tonumber(ARGV[9])
 local found, seen = {}, 0
 local reached, reached_key = '', ''
 local RANGE = desc and 'ZREVRANGE' or 'ZRANGE'
+-- A cancelled index's entry counts only at its record's finish time. A key created again after
+-- its record expired, and cancelled again before the retention trim, has a stale entry on
+-- another page than its new one (lua/lib/record.lua add_paged cannot know where), or in the
+-- zset from before pages; the record's time says which is its own.
+local exact = index == 'fc' or index == 'pages:fc'
 local cursor = cursor_of(P)
 
 -- Byte order, as Redis orders members (Lua's < follows the locale).
@@ -79,10 +85,12 @@ end
 
 -- Read one zset from the position on; true when it ran out of entries. A slice after the
 -- position's minute holds only later due times, so it is read from its start, except the
--- oldest slice (the cursor's), where late tasks keep earlier due times.
-local function walk(zkey, minute)
+-- oldest slice (the cursor's), where late tasks keep earlier due times; so is a page after
+-- the position's page (from_start).
+local function walk(zkey, minute, from_start)
   local rank = 0
-  if not minute or minute == cursor or minute == math.floor((after or 0) / 60000) then
+  local resumes = not minute or minute == cursor or minute == math.floor((after or 0) / 60000)
+  if resumes and not from_start then
     rank = resume_rank(zkey)
   end
   while true do
@@ -95,7 +103,7 @@ local function walk(zkey, minute)
       local key, score = rows[i], tonumber(rows[i + 1])
       seen = seen + 1
       reached, reached_key = score, key
-      if wanted(key, minute) then
+      if wanted(key, minute) and (not exact or head(P .. 't:' .. key)[FINISHED] == score) then
         found[#found + 1] = score
         found[#found + 1] = key
         if #found >= 2 * limit then return false end
@@ -120,6 +128,26 @@ if index == 'slices' then
       from = '(' .. m
     end
     if #minutes < 50 then break end
+  end
+elseif string.sub(index, 1, 6) == 'pages:' then
+  -- A paged index (lua/lib/record.lua): its pages in order, each holding the times from its
+  -- start up to the next page's, so this is the index's order. The first page read is the
+  -- position's (the last to start by it); later ones are read from their start.
+  local name = string.sub(index, 7)
+  local dir = P .. name .. 'p'
+  local bound, from_start = desc and '+inf' or '-inf', not after
+  if after then bound = desc and after or (page_start(P, name, after) or '-inf') end
+  while done do
+    local starts
+    if desc then starts = redis.call('ZREVRANGEBYSCORE', dir, bound, '-inf', 'LIMIT', 0, 50)
+    else starts = redis.call('ZRANGEBYSCORE', dir, bound, '+inf', 'LIMIT', 0, 50) end
+    for _, start in ipairs(starts) do
+      if (seen >= budget and reached ~= '') or #found >= 2 * limit then done = false; break end
+      seen = seen + 1
+      if not walk(P .. name .. ':' .. start, nil, from_start) then done = false; break end
+      from_start, bound = true, '(' .. start
+    end
+    if #starts < 50 then break end
   end
 else
   done = walk(P .. index, nil)

@@ -73,7 +73,7 @@ local function schedule(key, req, new, h, old, results)
       redis.call('SADD', P .. 'md:' .. pending_minute(old[DUE], cursor_of(P)), key)
     end
   elseif finished then
-    redis.call('ZREM', P .. finished, key)
+    remove_finished(P, status, old[FINISHED], key)
     keep_attempts(P, key)  -- created again: its history goes on, no longer expiring
   end
 

@@ -15,6 +15,7 @@ from tests.support.bucket_state import (
     MIN,
     NOW,
     RET,
+    cancelled,
     claim,
     delivering,
     dump,
@@ -253,7 +254,7 @@ async def test_cancel_parked(store: Store, redis: Redis) -> None:
     assert await run(store, "cancel", "a", NOW, RET, "r1") == 1
     assert await dump(redis) == {
         "t:a": rec("cancelled", due=NOW - 5, finished=NOW, op="r1"), f"pw:{FLOW}": {"b": 1},
-        "pa": {"b": 1}, "pf": {FLOW: 1}, "fc": {"a": NOW}}
+        "pa": {"b": 1}, "pf": {FLOW: 1}, **cancelled({"a": NOW})}
 
 
 async def test_cancel_parked_keeps_the_flows_index_exact(store: Store, redis: Redis) -> None:

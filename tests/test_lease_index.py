@@ -1,4 +1,4 @@
-"""The lease index ``ls`` and the finished indexes ``fs``, ``ff``, ``fc`` stay skiplists
+"""The lease index ``ls`` and the finished indexes ``fs``, ``ff`` stay skiplists
 whatever their size (lua/lib/record.lua ``INDEX_KEEPER``): a member longer than Redis's
 compact limit, scored past any time, is added in the same ZADD as every entry (claim's
 leases, a finished task) and never removed, so an index is never emptied (deleted) and never
@@ -88,15 +88,18 @@ async def _finish(store: Store, redis: Redis, outcome: str, *keys: str) -> None:
 
 
 async def test_finished_indexes_are_skiplists_with_the_keeper(store: Store, redis: Redis) -> None:
-    """Succeeded and failed (complete), cancelled (cancel): each index gets its keeper with
-    its first entry."""
+    """Succeeded and failed (complete): each index gets its keeper with its first entry. The
+    cancelled index's pages (cancel) are kept compact instead, with no keeper
+    (tests/test_cancelled_pages.py)."""
     await _finish(store, redis, "ok", "a")
     await _finish(store, redis, "fail", "b")
     await seed(redis, {"t:c": rec(due=NOW + 60_000), f"ms:{M0 + 1}": {"c": NOW + 60_000}})
     assert await run(store, "cancel", "c", NOW, 60_000, "r1", 20) == 1
-    for name, key in (("fs", "a"), ("ff", "b"), ("fc", "c")):
+    for name, key in (("fs", "a"), ("ff", "b")):
         assert await redis.zrange(P + name, 0, -1) == [key.encode(), INDEX_KEEPER.encode()]
         assert (await redis.object("encoding", P + name)).decode() == "skiplist"
+    assert await redis.zrange(f"{P}fc:{NOW}", 0, -1) == [b"c"]
+    assert (await redis.object("encoding", f"{P}fc:{NOW}")).decode() == "listpack"
 
 
 async def test_the_retention_trim_leaves_the_keeper(store: Store, redis: Redis) -> None:

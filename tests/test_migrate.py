@@ -16,6 +16,7 @@ from tests.support.bucket_state import (
     URL,
     P,
     assert_ttls,
+    cancelled,
     dump,
     minutes,
     rec,
@@ -101,7 +102,7 @@ async def test_every_v1_record_becomes_a_layout_2_task_in_its_index(store: Store
         **minutes(M0, M0 + 1), "cur": str(M0), "ls": {"d": NOW + 15_000},
         f"pw:{FLOW}": {"w": NOW - 7}, "pa": {"w": NOW - 7}, "pf": {FLOW: NOW - 7},
         "ff": {"f": NOW - 5, "bad": NOW}, "fs": {"o": NOW - 9},
-        "fc": {"c": NOW - 3, "tomb": NOW - 2}}
+        **cancelled({"c": NOW - 3, "tomb": NOW - 2})}
     await assert_ttls(redis, TTL)
     # Nothing is left to do; the tasks work as any other.
     assert await migrate_v1(redis, store.keys, now_ms=NOW) == 0

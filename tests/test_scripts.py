@@ -19,6 +19,7 @@ from tests.support.bucket_state import (
     B,
     P,
     assert_ttls,
+    cancelled,
     claim,
     delivering,
     dump,
@@ -142,7 +143,7 @@ async def test_cancel_scheduled(store: Store, redis: Redis) -> None:
     assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
     assert await dump(redis) == {"t:a": rec("cancelled", due=due, finished=NOW + 3, op="r1"),
                                  f"ms:{M0 + 10}": {"a": due}, f"md:{M0 + 10}": {"a"},
-                                 **minutes(M0 + 10), "fc": {"a": NOW + 3}, "cur": str(M0)}
+                                 **minutes(M0 + 10), **cancelled({"a": NOW + 3}), "cur": str(M0)}
     await assert_ttls(redis, {"t:a": RET})
 
 
@@ -154,7 +155,7 @@ async def test_cancel_delivering_not_started(store: Store, redis: Redis) -> None
     assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
     assert history_parsed(await dump(redis)) == {
         "t:a": rec("cancelled", finished=NOW + 3, op="r1", attempts=1),
-        "ls": {"b": NOW + 9}, "fc": {"a": NOW + 3}, "cl:tok": ["a"], "cur": str(M0),
+        "ls": {"b": NOW + 9}, **cancelled({"a": NOW + 3}), "cl:tok": ["a"], "cur": str(M0),
         "a:a": [{"e": "stopped by a DELETE before it was sent", "o": "cancelled", "n": 2}]}
     await assert_ttls(redis, {"t:a": RET, "a:a": RET})
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
@@ -168,13 +169,13 @@ async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
     await seed(redis, {"t:a": delivering(started=True, attempts=1),
                        "ls": {"a": NOW + 15_000}, "cur": str(M0)})
     assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
-    cancelled = rec("cancelled", finished=NOW + 3, op="r1", attempts=1)
-    assert await dump(redis) == {"t:a": {**cancelled, "claim": layout.digest("tok"),
+    record = rec("cancelled", finished=NOW + 3, op="r1", attempts=1)
+    assert await dump(redis) == {"t:a": {**record, "claim": layout.digest("tok"),
                                          "started": 1},
-                                 "fc": {"a": NOW + 3}, "cur": str(M0)}
+                                 **cancelled({"a": NOW + 3}), "cur": str(M0)}
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
     assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
-    assert await dump(redis) == {"t:a": cancelled, "fc": {"a": NOW + 3}, "cur": str(M0),
+    assert await dump(redis) == {"t:a": record, **cancelled({"a": NOW + 3}), "cur": str(M0),
                                  "a:a": [entry("a", "ok")]}
     await assert_ttls(redis, {"t:a": RET, "a:a": RET})
     assert await run(store, "complete", NOW + 301, RET, KEPT, *outcome("a", "ok", 200)) == [0]
@@ -540,7 +541,7 @@ async def test_release_of_a_claim_cancelled_after_its_start(store: Store, redis:
     assert await run(store, "release", KEPT, "a", "tok") == [2]
     assert history_parsed(await dump(redis)) == {
         "t:a": rec("cancelled", finished=NOW + 3, op="r1", attempts=1),
-        "fc": {"a": NOW + 3}, "cur": str(M0),
+        **cancelled({"a": NOW + 3}), "cur": str(M0),
         "a:a": [{"e": "stopped by a DELETE before it was sent", "o": "cancelled", "n": 1}]}
     assert await run(store, "release", KEPT, "a", "tok") == [0]
 

@@ -13,10 +13,10 @@ local NONE = string.rep('\0', 6)
 local PENDING = {s = true, r = true}
 local FINISHED_INDEX = {o = 'fs', f = 'ff', c = 'fc'}
 
--- The lease index `ls`, the finished indexes `fs`, `ff`, `fc` and a flow's `held` permits are kept
--- skiplists whatever their size. Redis keeps a zset of up to zset-max-listpack-entries members (512
--- here, store/redis_settings.py, for the slices' sake) as one listpack, where each insert scans it
--- and moves its tail: at 4,000 callbacks/s a few hundred leases cost 8 us of Redis CPU a callback,
+-- The lease index `ls`, the finished indexes `fs`, `ff` (and `fc` from before its pages, below)
+-- and a flow's `held` permits are kept skiplists whatever their size. Redis keeps a zset of up to
+-- zset-max-listpack-entries members (512 here, store/redis_settings.py, for the slices' sake) as
+-- one listpack, where each insert scans it and moves its tail: at 4,000 callbacks/s a few hundred leases cost 8 us of Redis CPU a callback,
 -- a finished index under 512 entries a bucket (any wheel's first hours, or a quiet one) ~6 us more,
 -- and a flow's held permits (lua/permits.lua) ~1.5 us (bench/README.md). A member longer than the
 -- compact limit (zset-max-listpack-value, 64 bytes) makes it a skiplist, and while this member
@@ -30,10 +30,92 @@ local INDEX_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact a
 -- A range bound just below it, as text: Lua's own number to text would round it (to 15 digits).
 local BELOW_KEEPER = '(9007199254740991'
 
+-- The cancelled index is paged: zsets `fc:<start>` of about PAGE_CAP tasks each, listed in the
+-- directory `fcp` (member and score: each page's start, ms). A page holds the finished times from
+-- its start up to the next page's start, so a time belongs to one page, and reading the pages in
+-- order reads the index in order (lua/list.lua). A page of up to 128 entries stays a listpack on
+-- any Redis (the default zset-max-listpack-entries): ~35 bytes a cancelled task where one skiplist
+-- costs ~109 (bench/README.md), and trimming drops whole pages. Cancels are not on the callbacks'
+-- path, so the listpack's insert cost does not matter here as it does for fs, ff and ls. A
+-- wheel written before pages keeps its `fc` zset until retention empties it: it is still listed,
+-- trimmed and removed from (store/listing.py).
+local PAGED = {fc = true}
+local PAGE_CAP = 128
+
+-- The start of the page of index `name` that holds time `at` ms; nil when no page starts by then.
+local function page_start(P, name, at)
+  return redis.call('ZREVRANGEBYSCORE', P .. name .. 'p', at, '-inf', 'LIMIT', 0, 1)[1]
+end
+
+local function add_paged(P, name, at, key)
+  local dir = P .. name .. 'p'
+  local start = page_start(P, name, at)
+  if not start then  -- earlier than every page: a page of its own
+    start = string.format('%d', at)
+    redis.call('ZADD', dir, at, start)
+  elseif tonumber(start) < at and redis.call('ZCARD', P .. name .. ':' .. start) >= PAGE_CAP then
+    -- A full page ends at `at`: a new page from there on takes `at` and the old page's entries
+    -- from `at` on (none when times come in order; some when a writer's clock is behind, or a
+    -- migration adds old times). So a page holds more than PAGE_CAP entries only when more
+    -- than that share its first millisecond (or one more, after a move).
+    local old_start = start
+    local old = P .. name .. ':' .. old_start
+    local moved = redis.call('ZRANGEBYSCORE', old, at, '+inf', 'WITHSCORES')
+    start = string.format('%d', at)
+    redis.call('ZADD', dir, at, start)
+    if #moved > 0 then
+      local scored = {}
+      for i = 1, #moved, 2 do
+        scored[#scored + 1] = moved[i + 1]
+        scored[#scored + 1] = moved[i]
+      end
+      redis.call('ZADD', P .. name .. ':' .. start, unpack(scored))
+      redis.call('ZREMRANGEBYSCORE', old, at, '+inf')
+      if redis.call('EXISTS', old) == 0 then redis.call('ZREM', dir, old_start) end
+    end
+  end
+  redis.call('ZADD', P .. name .. ':' .. start, at, key)
+end
+
+-- Its page's range goes to the page before it when a page empties (its times are all later).
+local function remove_paged(P, name, at, key)
+  local start = page_start(P, name, at)
+  if not start then return end
+  local page = P .. name .. ':' .. start
+  if redis.call('ZREM', page, key) == 1 and redis.call('EXISTS', page) == 0 then
+    redis.call('ZREM', P .. name .. 'p', start)
+  end
+end
+
+-- Entries of paged index `name` at or before `upto` ms go, oldest first: whole pages (at most
+-- eight pages a call, so a long outage does not make one call long), the last maybe in part.
+local function trim_paged(P, name, upto)
+  local starts = redis.call('ZRANGEBYSCORE', P .. name .. 'p', '-inf', upto, 'LIMIT', 0, 8)
+  for i, start in ipairs(starts) do
+    local page = P .. name .. ':' .. start
+    -- Every page but the last found: the next one starts by `upto`, so all of it is older.
+    if i == #starts and redis.call('ZREMRANGEBYSCORE', page, '-inf', upto) == 0 then return end
+    if i < #starts or redis.call('EXISTS', page) == 0 then
+      redis.call('DEL', page)
+      redis.call('ZREM', P .. name .. 'p', start)
+    end
+  end
+end
+
 -- A finished task into its status's index (fs, ff, fc), at `at` ms, with the keeper in the
 -- same ZADD (its score never changes: re-adding it costs no second Redis call).
 local function add_finished(P, st, at, key)
-  redis.call('ZADD', P .. FINISHED_INDEX[st], at, key, INDEX_KEEPER_SCORE, INDEX_KEEPER)
+  local name = FINISHED_INDEX[st]
+  if PAGED[name] then return add_paged(P, name, at, key) end
+  redis.call('ZADD', P .. name, at, key, INDEX_KEEPER_SCORE, INDEX_KEEPER)
+end
+
+-- A task finished at `at` ms (its record's FINISHED) out of its status's index: a paged index's
+-- page and its zset from before pages both.
+local function remove_finished(P, st, at, key)
+  local name = FINISHED_INDEX[st]
+  if PAGED[name] then remove_paged(P, name, at, key) end
+  redis.call('ZREM', P .. name, key)
 end
 
 -- The 6 bytes kept for a claim token or request id: a SHA-1 prefix (layout.digest). Its 12 hex

@@ -11,7 +11,7 @@ local function replay_task(P, key, h, now, op)
   redis.call('PERSIST', tkey)
   keep_attempts(P, key)
   keep_results(P, key)
-  redis.call('ZREM', P .. FINISHED_INDEX[h[ST]], key)
+  remove_finished(P, h[ST], h[FINISHED], key)
   h[ST], h[ATT], h[DUE], h[FINISHED], h[OP] = 's', 0, now, 0, op
   -- A claim kept for an attempt cancelled in flight (lua/cancel.lua) is dropped with it.
   h[CLAIM], h[STARTED] = NONE, 0

@@ -248,8 +248,14 @@ async def test_every_script_runs_in_its_bucket_slot_with_single_redis_results(
     # No slice or delete-set, no lease and no dead letter: each bucket's cursor, the indexes
     # of succeeded and cancelled tasks (pruned at the retention age), the bucket count, and
     # each lease index holding its keeper alone (no lease left: store/keys.py INDEX_KEEPER).
-    finished = {store.keys.finished(b, "succeeded") for b in range(16)} | {
-        store.keys.finished(store.keys.bucket_of(k), "cancelled") for k in cancelled}
+    # The cancelled index: in each cancel's bucket, its pages' directory and the pages, which
+    # hold the cancelled tasks (lua/lib/record.lua).
+    cancelled_buckets = {store.keys.bucket_of(k) for k in cancelled}
+    pages = {k for k in rest for b in cancelled_buckets
+             if k.startswith(store.keys.cancelled_page(b, ""))}
+    assert {m.decode() for k in pages for m in left[k][0].zrange(k, 0, -1)} == cancelled
+    finished = {store.keys.finished(b, "succeeded") for b in range(16)} | pages | {
+        store.keys.cancelled_pages(b) for b in cancelled_buckets}
     # A dead-letter index whose task left it (replayed) stays too, holding its keeper alone.
     leases = {store.keys.lease(b) for b in range(16)}
     dead = rest & {store.keys.dead(b) for b in range(16)}

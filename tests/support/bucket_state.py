@@ -63,6 +63,34 @@ def delivering(token: str = "tok", **extra: Any) -> dict[str, Any]:
     return rec("delivering", claim=token, **extra)
 
 
+PAGES = "fc pages"  # how ``dump`` shows the cancelled index's pages: their entries together
+
+
+def cancelled(entries: dict[str, int]) -> dict[str, dict[str, int]]:
+    """The cancelled index's pages (lua/lib/record.lua) holding ``entries``, as ``dump`` shows
+    them; tests/test_cancelled_pages.py checks how they are paged."""
+    return {PAGES: entries}
+
+
+def _pages(out: dict[str, Any]) -> None:
+    """The cancelled index's directory and pages in ``out`` replaced by their entries, once
+    checked: each page is in the directory and each directory entry has its page, and every
+    entry lies in its page's range (from its start to the next page's)."""
+    directory = out.pop("fcp", {})
+    pages = {int(name[3:]): out.pop(name) for name in list(out) if name.startswith("fc:")}
+    assert {int(start) for start in directory} == set(pages), (directory, pages)
+    assert all(int(start) == score for start, score in directory.items())
+    starts = sorted(pages)
+    entries: dict[str, int] = {}
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else None
+        assert all(start <= t and (end is None or t < end) for t in pages[start].values())
+        assert not set(entries) & set(pages[start]), "a task on two pages"
+        entries |= pages[start]
+    if entries:
+        out[PAGES] = entries
+
+
 def minutes(*ms: int) -> dict[str, dict[str, int]]:
     """The minute index ``mn`` holding ``ms``."""
     return {"mn": {str(m): m for m in ms}}
@@ -110,6 +138,7 @@ async def dump(redis: Redis) -> dict[str, Any]:
         else:
             value = (await redis.get(raw)).decode()
         out[name[len(P):]] = value
+    _pages(out)
     return out
 
 

@@ -19,8 +19,13 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P pw:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
     P pf            zset   flows with parked tasks -> due_ms of their earliest
     P pa            zset   every parked task of the bucket -> due_ms (listings)
-    P fs, ff, fc    zset   succeeded, failed (the dead letters), cancelled: key -> finished ms,
-                           and INDEX_KEEPER
+    P fs, ff        zset   succeeded, failed (the dead letters): key -> finished ms, and
+                           INDEX_KEEPER
+    P fc:<start>    zset   a page of the cancelled index: key -> finished ms, for the finished
+                           times from <start> (ms) up to the next page's start (lua/lib/record.lua)
+    P fcp           zset   the cancelled index's pages: <start> -> <start>
+    P fc            zset   the cancelled index as written before it had pages, and
+                           INDEX_KEEPER: still read, trimmed and removed from until it empties
     P j:<job id>    hash   a bulk job's position and counts in this bucket (lua/job_step.lua)
 
 Layout 1 used other names for every index (m:, d:, cursor, lease, c:, w:, wf, dead) and a hash
@@ -123,8 +128,17 @@ class Keyspace:
         return f"{self.prefix(bucket)}ls"
 
     def finished(self, bucket: int, status: str) -> str:
-        """The index of finished tasks of one status (succeeded, failed or cancelled)."""
+        """The index of finished tasks of one status (succeeded, failed; cancelled: the zset
+        from before the cancelled index had pages)."""
         return f"{self.prefix(bucket)}{FINISHED_INDEX[status]}"
+
+    def cancelled_pages(self, bucket: int) -> str:
+        """The directory of the cancelled index's pages: each page's start, ms."""
+        return f"{self.prefix(bucket)}fcp"
+
+    def cancelled_page(self, bucket: int, start: int | str) -> str:
+        """A page of the cancelled index, from its start (ms) up to the next page's."""
+        return f"{self.prefix(bucket)}fc:{start}"
 
     def dead(self, bucket: int) -> str:
         """The dead letters: the failed tasks' index."""

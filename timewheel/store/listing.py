@@ -7,7 +7,9 @@ Each status is read from the indexes that hold its tasks, never from the keyspac
                 parked tasks (``pa``) that have no attempt yet      due time, soonest first
     retrying    the same, the tasks with an attempt                 due time, soonest first
     delivering  the leases (``ls``)                                 lease expiry, soonest first
-    succeeded / failed / cancelled   ``fs`` / ``ff`` / ``fc``       finished, newest first
+    succeeded / failed / cancelled   ``fs`` / ``ff`` / ``fc``'s pages  finished, newest first
+                (and ``fc`` itself, written before the cancelled index had pages: until the
+                retention empties it, lua/lib/record.lua)
 
 A page asks every (bucket, index) pair for its next ``limit`` tasks after the cursor through
 lua/list.lua, which looks at no more than ``budget`` entries per call and says how far it got.
@@ -49,7 +51,7 @@ _KEY = re.compile(KEY_PATTERN)
 
 @dataclass(frozen=True)
 class Source:
-    index: str  # "slices" or a bucket zset (keys.py)
+    index: str  # "slices", "pages:<paged index>" or a bucket zset (keys.py)
     desc: bool
     status: str  # the stored status letter (layout.py)
     attempts: str = ""  # "", "0" (none yet) or "+" (some)
@@ -61,7 +63,8 @@ SOURCES: dict[TaskStatus, tuple[Source, ...]] = {
     TaskStatus.DELIVERING: (Source("ls", False, "d"),),
     TaskStatus.SUCCEEDED: (Source("fs", True, "o"),),
     TaskStatus.FAILED: (Source("ff", True, "f"),),
-    TaskStatus.CANCELLED: (Source("fc", True, "c"),),
+    # The zset from before pages first: a bulk job running across an upgrade keeps its source.
+    TaskStatus.CANCELLED: (Source("fc", True, "c"), Source("pages:fc", True, "c")),
 }
 
 Position = tuple[int, str]  # (score, key)
