@@ -13,8 +13,9 @@ dedicated redis-server started for the run, with the embedded Redis's settings u
 ``--redis-defaults`` (no persistence, so ``used_memory`` is the data set and Redis's own
 overhead). The figure is ``used_memory`` (less the clients' buffers) after minus before, divided
 by N; sizes grow in one Redis (100 k, then 900 k more). The cancelled figure comes from a fresh
-Redis: N tasks created, all cancelled (``Store.cancel``), then every minute drained by the claim
-script at a time after the last one.
+Redis: N tasks created, all cancelled (``Store.cancel``) at CANCEL_RATE a second of the wheel's
+clock (each cancel at its own time, as the API's are: the cancelled index is paged by time,
+lua/lib/record.lua), then every minute drained by the claim script at a time after the last one.
 """
 
 from __future__ import annotations
@@ -188,9 +189,15 @@ async def create(store: Any, keys: Sequence[str], due: Sequence[int], now_ms: in
     return time.perf_counter() - t0
 
 
+# The rate bench.memory_api's cancels run at through DELETE /tasks/{key} (bench/README.md).
+CANCEL_RATE = 3000
+
+
 async def cancel_all(store: Any, keys: Sequence[str], now_ms: int) -> float:
+    """Cancel ``keys`` from ``now_ms`` on, CANCEL_RATE a second of the wheel's clock."""
     t0 = time.perf_counter()
-    replies = await pipelined(store, "cancel", (store.cancel(key, now_ms=now_ms) for key in keys))
+    replies = await pipelined(store, "cancel", (
+        store.cancel(key, now_ms=now_ms + i * 1000 // CANCEL_RATE) for i, key in enumerate(keys)))
     if len(replies) != len(keys) or any(int(r) != 1 for r in replies):
         raise SystemExit("bench: some cancel calls did not answer 1")
     return time.perf_counter() - t0
@@ -279,18 +286,21 @@ def sample_delete_set(url: str) -> dict[str, Any]:
 
 def sample_cancelled(url: str, keys: Sequence[str]) -> dict[str, Any]:
     """What a cancelled task holds besides its delete-set entry: its record (MEMORY USAGE,
-    mean of 20) and its entry in bucket 0's cancelled index (``fc``, a zset)."""
+    mean of 20) and its entry in bucket 0's cancelled index: its pages and their directory
+    (``fcp``, ``fc:<start>``, lua/lib/record.lua), with their key names."""
     import zlib
 
     with sync_redis.Redis.from_url(url) as client:
         records = [int(client.memory_usage(f"{{tw:{zlib.crc32(k.encode()) % 16}}}:t:{k}",
                                            samples=0) or 0) for k in keys[:20]]
-        size = int(client.memory_usage("{tw:0}:fc", samples=0) or 0)
-        card = int(client.zcard("{tw:0}:fc"))
-        encoding = client.object("encoding", "{tw:0}:fc")
+        pages = [f"{{tw:0}}:fc:{s.decode()}" for s in client.zrange("{tw:0}:fcp", 0, -1)]
+        size = sum(int(client.memory_usage(k, samples=0) or 0) for k in [*pages, "{tw:0}:fcp"])
+        card = sum(int(client.zcard(k)) for k in pages)
+        encodings = sorted({(client.object("encoding", k) or b"").decode() for k in pages})
     return {"cancelled_record_bytes_mean": round(sum(records) / len(records), 1),
             "cancelled_index_bytes_per_entry": round(size / card, 1) if card else None,
-            "cancelled_index_encoding": encoding.decode() if encoding else None}
+            "cancelled_index_pages": len(pages),
+            "cancelled_index_encoding": "+".join(encodings) or None}
 
 
 async def pending_sizes(url: str, sizes: Sequence[int], per_minute: int | None = None,
