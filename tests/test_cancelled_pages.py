@@ -28,6 +28,7 @@ from tests.support.bucket_state import (
 )
 from tests.test_api_jobs import runner
 from tests.test_api_list import keys, pages
+from tests.test_list_scripts import page
 from timewheel.clock import FakeClock
 from timewheel.domain import TaskStatus
 from timewheel.jobs.sources import sources
@@ -170,17 +171,6 @@ async def test_claim_trims_pages_past_the_retention(store: Store, redis: Redis) 
     assert await directory(redis) == [fresh]  # the straddling page emptied
 
 
-async def list_page(store: Store, index: str, *, desc: bool, after: tuple[int, str] | None,
-                    limit: int, budget: int) -> tuple[bool, tuple[int, str] | None,
-                                                      list[tuple[int, str]]]:
-    reply = await run(store, "list", index, "desc" if desc else "asc", "c", "", "",
-                      *(after or ("", "")), limit, budget)
-    rows = reply[3:]
-    reached = (int(reply[1]), reply[2].decode()) if reply[1] != b"" else None
-    return bool(reply[0]), reached, [(int(rows[i]), rows[i + 1].decode())
-                                     for i in range(0, len(rows), 2)]
-
-
 async def test_the_list_script_reads_the_pages_in_order(store: Store, redis: Redis) -> None:
     """Newest first (and oldest first), resuming from any position, ties by key, entries of
     tasks no longer cancelled passed over; a page that holds the position's time but not the
@@ -201,8 +191,8 @@ async def test_the_list_script_reads_the_pages_in_order(store: Store, redis: Red
             got: list[tuple[int, str]] = []
             after: tuple[int, str] | None = None
             for _ in range(200):
-                done, reached, found = await list_page(store, "pages:fc", desc=desc,
-                                                       after=after, limit=limit, budget=budget)
+                done, reached, found = await page(store, "pages:fc", "c", desc=desc,
+                                                  after=after, limit=limit, budget=budget)
                 got += found[:limit]
                 if done and len(found) <= limit:
                     break
@@ -211,8 +201,8 @@ async def test_the_list_script_reads_the_pages_in_order(store: Store, redis: Red
             assert got == expected, (desc, limit, budget)
     # Resuming after a position whose task has left its page.
     await redis.zrem(f"{P}fc:{NOW + 21}", "k12")
-    _, _, found = await list_page(store, "pages:fc", desc=True, after=(NOW + 28, "k12"),
-                                  limit=3, budget=50)
+    _, _, found = await page(store, "pages:fc", "c", desc=True, after=(NOW + 28, "k12"),
+                             limit=3, budget=50)
     assert found == [(NOW + 21, "k11"), (NOW + 21, "k10"), (NOW + 21, "k09")]
 
 
@@ -226,11 +216,11 @@ async def test_more_pages_than_one_directory_read(store: Store, redis: Redis) ->
     for s in starts:
         state[f"fc:{s}"] = {k: t for k, t in entries.items() if s <= t < s + 10}
     await seed(redis, state)
-    done, _, found = await list_page(store, "pages:fc", desc=True, after=None, limit=1000,
-                                     budget=300)
+    done, _, found = await page(store, "pages:fc", "c", desc=True, after=None, limit=1000,
+                                budget=300)
     assert done and found == sorted(((t, k) for k, t in entries.items()), reverse=True)
-    done, _, found = await list_page(store, "pages:fc", desc=False, after=None, limit=1000,
-                                     budget=300)
+    done, _, found = await page(store, "pages:fc", "c", desc=False, after=None, limit=1000,
+                                budget=300)
     assert done and found == sorted((t, k) for k, t in entries.items())
 
 
@@ -250,8 +240,8 @@ async def test_a_stale_entry_of_a_key_cancelled_again_is_not_listed(store: Store
     await cancel(store, "again", NOW + 1001)
     assert await directory(redis) == [NOW, NOW + 1000]
     for index in ("pages:fc", "fc"):
-        _, _, found = await list_page(store, index, desc=True, after=None, limit=1000,
-                                      budget=300)
+        _, _, found = await page(store, index, "c", desc=True, after=None, limit=1000,
+                                 budget=300)
         assert [k for _, k in found].count("k003") == (index == "pages:fc")
         assert (NOW + 3, "k003") not in found and (NOW - 50, "again") not in found
 
