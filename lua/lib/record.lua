@@ -13,18 +13,18 @@ local NONE = string.rep('\0', 6)
 local PENDING = {s = true, r = true}
 local FINISHED_INDEX = {o = 'fs', f = 'ff', c = 'fc'}
 
--- The lease index `ls`, the finished indexes `fs`, `ff` (and `fc` from before its pages, below)
--- and a flow's `held` permits are kept skiplists whatever their size. Redis keeps a zset of up to
+-- The lease index `ls`, the finished indexes `fs`, `ff` (and `fc` from before its pages, below) and
+-- a flow's `held` permits are kept skiplists whatever their size. Redis keeps a zset of up to
 -- zset-max-listpack-entries members (512 here, store/redis_settings.py, for the slices' sake) as
--- one listpack, where each insert scans it and moves its tail: at 4,000 callbacks/s a few hundred leases cost 8 us of Redis CPU a callback,
--- a finished index under 512 entries a bucket (any wheel's first hours, or a quiet one) ~6 us more,
--- and a flow's held permits (lua/permits.lua) ~1.5 us (bench/README.md). A member longer than the
--- compact limit (zset-max-listpack-value, 64 bytes) makes it a skiplist, and while this member
--- stays the key is never emptied (so never deleted, and never made a listpack again). Its score is
--- past any time, so no lease range or retention trim reaches it; it is no task key or permit id
--- ('#' is outside KEY_PATTERN and permit ids are hex), so listings and bulk jobs, which read
--- each member's record, pass over it, and counts stop below its score. Its text names the index
--- it was first used for. store/keys.py spells it the same.
+-- one listpack, where each insert scans it and moves its tail: at 4,000 callbacks/s a few hundred
+-- leases cost 8 us of Redis CPU a callback, a finished index under 512 entries a bucket (any
+-- wheel's first hours, or a quiet one) ~6 us more, and a flow's held permits (lua/permits.lua) ~1.5
+-- us (bench/README.md). A member longer than the compact limit (zset-max-listpack-value, 64 bytes)
+-- makes it a skiplist, and while this member stays the key is never emptied (so never deleted, and
+-- never made a listpack again). Its score is past any time, so no lease range or retention trim
+-- reaches it; it is no task key or permit id ('#' is outside KEY_PATTERN and permit ids are hex),
+-- so listings and bulk jobs, which read each member's record, pass over it, and counts stop below
+-- its score. Its text names the index it was first used for. store/keys.py spells it the same.
 local INDEX_KEEPER = '#keeps-the-lease-index-a-skiplist#' .. string.rep('#', 222)
 local INDEX_KEEPER_SCORE = 9007199254740991  -- 2^53 - 1: past any time, exact as a Lua number
 -- A range bound just below it, as text: Lua's own number to text would round it (to 15 digits).
