@@ -288,13 +288,14 @@ def sample_cancelled(url: str, keys: Sequence[str]) -> dict[str, Any]:
     """What a cancelled task holds besides its delete-set entry: its record (MEMORY USAGE,
     mean of 20) and its entry in bucket 0's cancelled index: its pages and their directory
     (``fcp``, ``fc:<start>``, lua/lib/record.lua), with their key names."""
-    import zlib
+    from timewheel.store.keys import Keyspace
 
+    keyspace = Keyspace("tw")
     with sync_redis.Redis.from_url(url) as client:
-        records = [int(client.memory_usage(f"{{tw:{zlib.crc32(k.encode()) % 16}}}:t:{k}",
-                                           samples=0) or 0) for k in keys[:20]]
-        pages = [f"{{tw:0}}:fc:{s.decode()}" for s in client.zrange("{tw:0}:fcp", 0, -1)]
-        size = sum(int(client.memory_usage(k, samples=0) or 0) for k in [*pages, "{tw:0}:fcp"])
+        records = [int(client.memory_usage(keyspace.task(k), samples=0) or 0) for k in keys[:20]]
+        directory = keyspace.cancelled_pages(0)
+        pages = [keyspace.cancelled_page(0, s.decode()) for s in client.zrange(directory, 0, -1)]
+        size = sum(int(client.memory_usage(k, samples=0) or 0) for k in [*pages, directory])
         card = sum(int(client.zcard(k)) for k in pages)
         encodings = sorted({(client.object("encoding", k) or b"").decode() for k in pages})
     return {"cancelled_record_bytes_mean": round(sum(records) / len(records), 1),

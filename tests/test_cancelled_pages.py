@@ -33,6 +33,7 @@ from timewheel.clock import FakeClock
 from timewheel.domain import TaskStatus
 from timewheel.jobs.sources import sources
 from timewheel.store import Store
+from timewheel.store.keys import INDEX_KEEPER, INDEX_KEEPER_SCORE
 
 CAP = 128  # lua/lib/record.lua PAGE_CAP
 KEPT = 20  # attempts kept per task
@@ -171,6 +172,18 @@ async def test_claim_trims_pages_past_the_retention(store: Store, redis: Redis) 
     assert await directory(redis) == [fresh]  # the straddling page emptied
 
 
+async def test_the_index_before_pages_goes_once_only_its_keeper_is_left(
+        store: Store, redis: Redis) -> None:
+    """The claim trims the zset written before pages at the retention age like the others,
+    and deletes it once nothing but its keeper is left: no key stays for good."""
+    keeper = {INDEX_KEEPER: INDEX_KEEPER_SCORE}
+    await redis.zadd(P + "fc", {"old": NOW - RET - 1, "young": NOW - RET + 5, **keeper})
+    assert await claim(store, NOW) == (False, [])
+    assert await redis.zrange(P + "fc", 0, -1) == [b"young", INDEX_KEEPER.encode()]
+    assert await claim(store, NOW + 5) == (False, [])
+    assert await redis.exists(P + "fc") == 0
+
+
 async def test_the_list_script_reads_the_pages_in_order(store: Store, redis: Redis) -> None:
     """Newest first (and oldest first), resuming from any position, ties by key, entries of
     tasks no longer cancelled passed over; a page that holds the position's time but not the
@@ -272,12 +285,11 @@ async def test_get_and_bulk_replay_read_the_pages_and_the_index_before_them(
     old = names[:10]
     for key in old:
         bucket = store.keys.bucket_of(key)
-        prefix = store.keys.prefix(bucket)
-        starts = await redis.zrange(f"{prefix}fcp", 0, -1)
-        for start in starts:
-            score = await redis.zscore(f"{prefix}fc:{start.decode()}", key)
+        for start in await redis.zrange(store.keys.cancelled_pages(bucket), 0, -1):
+            page = store.keys.cancelled_page(bucket, start.decode())
+            score = await redis.zscore(page, key)
             if score is not None:
-                await redis.zrem(f"{prefix}fc:{start.decode()}", key)
+                await redis.zrem(page, key)
                 await redis.zadd(store.keys.finished(bucket, "cancelled"), {key: score})
     assert len(await redis.zrange(store.keys.cancelled_pages(0), 0, -1)) == 3
     listing = await pages(client, "cancelled", limit=37)

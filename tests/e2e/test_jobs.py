@@ -15,6 +15,7 @@ from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import settle
+from timewheel.store.keys import Keyspace
 
 MATCHING = 50_000
 DUE_DURING = 300  # other tasks, due while the job runs
@@ -96,11 +97,12 @@ def test_bulk_cancel_of_50k_survives_a_sigkill_and_touches_nothing_else(
         # Each matching task cancelled, and nothing else: the cancelled index's pages hold
         # them (lua/lib/record.lua), and nothing is in the zset from before pages.
         cancelled: set[str] = set()
-        for bucket in range(16):
-            assert redis.zcard(f"{{tw:{bucket}}}:fc") == 0
-            for start in redis.zrange(f"{{tw:{bucket}}}:fcp", 0, -1):
-                cancelled |= {k.decode() for k in
-                              redis.zrange(f"{{tw:{bucket}}}:fc:{start.decode()}", 0, -1)}
+        keyspace = Keyspace("tw")
+        for bucket in range(keyspace.buckets):
+            assert redis.zcard(keyspace.finished(bucket, "cancelled")) == 0
+            for start in redis.zrange(keyspace.cancelled_pages(bucket), 0, -1):
+                page = keyspace.cancelled_page(bucket, start.decode())
+                cancelled |= {k.decode() for k in redis.zrange(page, 0, -1)}
         assert cancelled == {t["key"] for t in matching}
     finally:
         redis.close()
