@@ -30,7 +30,11 @@ from timewheel.store.flow_store import FlowStore, StoredLimits
 from timewheel.store.record import NewTask
 from timewheel.store.scripts import ACKNOWLEDGED, Scripts
 
-WAIT_MS = 300
+WAIT_MS = 300  # for the tests that wait for a replica which does not answer
+# For a test that needs the replica to answer: the WAIT returns as soon as it does, and a
+# replica scheduled late on a busy machine (CI, 4 workers on 2 cores) took over 300 ms to
+# acknowledge the first write, failing the test with NotReplicated.
+ANSWERED_WAIT_MS = 10_000
 URL = "http://127.0.0.1:9/hook"
 
 
@@ -106,9 +110,9 @@ async def master(replicated: Replicated) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-async def durable_store(client: Redis, replicas: int = 1) -> Store:
+async def durable_store(client: Redis, replicas: int = 1, wait_ms: int = WAIT_MS) -> Store:
     store = Store(client, "tw", retention_ms=7 * 86_400_000, lease_margin_ms=5000)
-    store.scripts.require_replicas(Durability(replicas, WAIT_MS))
+    store.scripts.require_replicas(Durability(replicas, wait_ms))
     await store.init()
     return store
 
@@ -141,7 +145,7 @@ async def test_an_acknowledged_change_is_on_the_replica_when_it_returns(
         replicated: Replicated, master: Redis) -> None:
     """Create, cancel, replay and a batch create each return only once the replica holds
     their result: it is read from the replica right after, without waiting."""
-    store = await durable_store(master)
+    store = await durable_store(master, wait_ms=ANSWERED_WAIT_MS)
     assert await store.schedule(new_task("a"), replace=False,
             now_ms=START_MS) == ScheduleReply.CREATED
     assert on_replica(replicated, store, ["a"]) == ["a"]
