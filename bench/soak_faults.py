@@ -6,8 +6,8 @@ that instant (bench/soak_load.py): the fault lands while attempts are between th
 Redis and their send (or while their start calls are in flight to Redis), which is where a
 process or Redis fault can double or delay a callback. A process fault is *aimed*: a burst's
 tasks are all in one bucket and due within 70 ms, so one claim usually takes them all, and
-the injector reads which process sent the burst's scouts (due 60-40 ms earlier; the
-receiver's file) and kills or stops that one; the planned target when none arrived in time.
+the injector asks Redis which process holds the claim on the burst's middle task and kills or
+stops that one; the planned target when no live process held it in time.
 Faults run one after the other; each is logged with the time it began and the time the system
 was whole again (the process restarted or resumed, Redis answering, the cluster ok).
 
@@ -25,7 +25,6 @@ moved to another master, key batch by key batch).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -38,6 +37,7 @@ from tests.cluster.reshard import finish_migration, migrate, plan_migration, slo
 from tests.support.redis_server import RedisServer
 from timewheel.store.connection import SOCKET_TIMEOUT
 from timewheel.store.keys import Keyspace
+from timewheel.store.layout import HEAD_SIZE, NONE, digest, unpack_head
 
 if TYPE_CHECKING:
     from bench.soak import Wheel
@@ -46,9 +46,24 @@ PROCESS_FAULTS = ("proc_kill", "proc_stop", "proc_partition")
 # (proc_partition last: the short mode's first four faults stay where they were before it)
 SINGLE_KINDS = ("proc_kill", "proc_stop", "redis_restart", "redis_stall", "proc_partition")
 CLUSTER_KINDS = ("proc_kill", "proc_stop", "failover", "master_kill", "slot_migration")
+# Seconds from the fault's instant at which a burst's tasks are due: one a millisecond from
+# 8 ms before to 8 ms after. A process starts an attempt in Redis 5 ms before it is due and,
+# once answered, waits for its time: wherever the fault lands, some are started and not yet
+# sent. (Denser bursts make the process fall behind: it then sends each as soon as its start is
+# answered, and the window closes.)
+BURST = tuple(ms / 1000 for ms in range(-8, 9))
+BURST_BUCKET = 5
+AIM_FROM_S = 0.3  # claims reach a tick + 250 ms ahead: by then the burst's is usually made
 RESTART_AFTER_S = 1.0
 LEAD_S = 0.002  # a fault starts this long before the middle of its burst
 REDIS_DOWN_S = 1.0  # a restart is not instant: its supervisor's delay, the AOF's load
+
+
+def burst_keys(keys: Keyspace, n: int) -> list[str]:
+    """The keys of fault ``n``'s burst, in BURST's order: all in one bucket, so that one claim
+    call (everything of a bucket due up to its horizon) usually takes them all."""
+    found = (key for j in range(10_000) if keys.bucket_of(key := f"b{n}-{j}") == BURST_BUCKET)
+    return [next(found) for _ in BURST]
 
 
 @dataclass
@@ -57,7 +72,8 @@ class Fault:
     kind: str
     target: int  # serve process index, or a choice among Redis nodes
     duration: float  # how long a stop or stall lasts (0 for the others)
-    aimed: bool = False  # the target was the process seen sending the fault's burst
+    aimed: bool = False  # the target was the process seen holding the fault's burst
+    aim_error: str = ""  # why aiming stopped early, if it did
 
 
 def stop_seconds(timeout: float, margin: float, tick: float) -> float:
@@ -111,16 +127,22 @@ class Injector:
 
     def __init__(self, wheel: Wheel) -> None:
         self.wheel = wheel
-        self._offset = 0  # how far the receiver's arrivals file has been read
-        self._senders: dict[str, int | None] = {}  # burst key -> pid of its latest arrival
+        self.keys = Keyspace(wheel.key_prefix)
+        self._tokens: dict[bytes, str] = {}  # claim digest -> claim token (lua/claim.lua)
 
     def run_all(self, faults: list[Fault], t0: float, errors: list[str]) -> None:
         for n, fault in enumerate(faults):
             if fault.kind in PROCESS_FAULTS:
-                # the burst's scouts are due 60-40 ms before its middle: see who sent them
-                self._sleep_until(t0 + fault.at - 0.035)
-                while not self._aim(fault, f"b{n}-") and time.time() < t0 + fault.at - 0.008:
-                    time.sleep(0.002)
+                # Aim until the last moment: a claim can still be released or taken again.
+                middle = burst_keys(self.keys, n)[len(BURST) // 2]
+                self._sleep_until(t0 + fault.at - AIM_FROM_S)
+                while time.time() < t0 + fault.at - 0.008:
+                    try:
+                        self._aim(fault, middle)
+                    except Exception as exc:  # the last aim stands; the history says why
+                        fault.aim_error = repr(exc)
+                        break
+                    time.sleep(0.005)
             self._sleep_until(t0 + fault.at - LEAD_S)
             try:
                 self.run(fault)
@@ -132,22 +154,30 @@ class Injector:
         if t > time.time():
             time.sleep(t - time.time())
 
-    def _aim(self, fault: Fault, prefix: str) -> bool:
-        with self.wheel.arrivals_path.open() as fh:
-            fh.seek(self._offset)
-            for line in fh:
-                if not line.endswith("\n"):
-                    break
-                self._offset += len(line.encode())
-                event = json.loads(line)
-                if event.get("type") == "arrival":
-                    self._senders[event["key"]] = event.get("pid")
-        pids = [pid for key, pid in self._senders.items() if key.startswith(prefix)]
-        slot = next((i for i, s in enumerate(self.wheel.slots) if pids and s.pid == pids[-1]),
-                    None)
+    def _aim(self, fault: Fault, task_key: str) -> None:
+        """Target the live process whose claim holds ``task_key`` now. A task's record keeps
+        only its claim token's digest; the token (``<pid>.<hex>.<n>``, engine/ticker.py) is in
+        the name of the claim call's key list, ``cl:<token>``, in the task's bucket."""
+        redis, record = self.wheel.redis, self.keys.task(task_key)
+        server = (redis.server(redis.owner(record)) if isinstance(redis, ReplicatedCluster)
+                  else redis)
+        with server.client() as conn:
+            raw = conn.getrange(record, 0, HEAD_SIZE - 1)
+            if len(raw) < HEAD_SIZE:
+                return  # not created yet
+            claim = unpack_head(raw)["claim"]
+            if claim == NONE:
+                return
+            if claim not in self._tokens:
+                bucket = self.keys.bucket_of(task_key)
+                for name in conn.scan_iter(match=self.keys.claim_call(bucket, "*"), count=1000):
+                    token = name.decode().rpartition(":cl:")[2]
+                    self._tokens[digest(token)] = token
+        token = self._tokens.get(claim)
+        pid = int(token.partition(".")[0]) if token else None
+        slot = next((i for i, s in enumerate(self.wheel.slots) if s.pid == pid), None)
         if slot is not None:
             fault.target, fault.aimed = slot, True
-        return fault.aimed
 
     def run(self, fault: Fault) -> dict[str, Any]:
         """Inject ``fault`` and log it; one that fails half-way is logged too (with its error:
@@ -158,11 +188,13 @@ class Injector:
             info: dict[str, Any] = method(fault) or {}
         except Exception as exc:
             self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
-                                   planned_at=fault.at, aimed=fault.aimed, target=fault.target,
+                                   planned_at=fault.at, aimed=fault.aimed,
+                                   aim_error=fault.aim_error, target=fault.target,
                                    error=repr(exc))
             raise
         return self.wheel.history.add("fault", kind=fault.kind, start=start, end=time.time(),
-                                      planned_at=fault.at, aimed=fault.aimed, **info)
+                                      planned_at=fault.at, aimed=fault.aimed,
+                                      aim_error=fault.aim_error, **info)
 
     # -- serve processes ---------------------------------------------------------------
 

@@ -4,8 +4,8 @@ Each second, on average: 5 single POSTs, a batch of 8 every 2 s, 0.3 PUTs of a n
 PUT replaces and 0.5 DELETEs of tasks not yet due, due 1-12 s ahead (0.5-6 s in the short
 mode); 80 % of callbacks answer 200, 10 % answer 503 twice first, 10 % hang past the timeout
 once. Schedules with ``every`` (2 s and 3 s from the start, 5 s from the middle; the 3 s one is
-deleted at two thirds, all at the end). Before each fault, a *burst* of 20 tasks in one
-bucket: 3 scouts due 60-40 ms before the fault's instant, one a ms within 8 ms of it.
+deleted at two thirds, all at the end). Before each fault, a *burst* of 17 tasks in one
+bucket, one due a ms within 8 ms of the fault's instant (bench/soak_faults.py).
 A quarter of the tasks (by key) belong to a flow with a rate that never binds at this load
 (``RATED_FLOW``), so their attempts take the rated path under the faults: every start logged
 in Redis, a late attempt asking its flow again, the hold at the write. Requests go to a random
@@ -16,14 +16,14 @@ never slows the load.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from bench.soak_faults import Fault
+from bench.soak_faults import BURST, Fault, burst_keys
 from bench.soak_receiver import parse_rfc3339
 from timewheel.store.keys import Keyspace
 
@@ -31,17 +31,8 @@ if TYPE_CHECKING:
     from bench.soak import Wheel
 
 CLIENT_TIMEOUT_S = 15.0  # past the service's own Redis timeouts (5 s socket, 1 s WAIT)
-# Seconds from the fault's instant at which a burst's tasks are due: three scouts (whose
-# sender the injector reads to aim at it), then one task a millisecond from 8 ms before to 8 ms
-# after. A process starts an attempt in Redis 5 ms before it is due and, once answered, waits
-# for its time: wherever the fault lands, some are started and not yet sent. (Denser bursts
-# make the process fall behind: it then sends each as soon as its start is answered, and the
-# window closes.) All in one bucket and due within 70 ms, so one claim (everything due up to
-# its horizon) almost always takes them all: the scouts' sender holds the rest too.
-BURST = (-0.06, -0.05, -0.04, *(ms / 1000 for ms in range(-8, 9)))
-BURST_BUCKET = 5
 BEHAVIOURS = (("ok", 0.8), ("fail", 0.1), ("hang", 0.1))
-RATED_FLOW, RATED_RATE = "soak-rated", 50.0  # ~3 tasks a second and 5 of a burst's 20 in it
+RATED_FLOW, RATED_RATE = "soak-rated", 50.0  # ~3 tasks a second and ~4 of a burst's 17 in it
 
 
 class Load:
@@ -91,7 +82,9 @@ class Load:
         body: dict[str, Any] = {"callback_url": self.wheel.callback_url(behaviour),
                                 "timeout": self.timeout, "max_attempts": 8, "retry_backoff": 0.5,
                                 "body": {"n": self.n}}
-        if zlib.crc32(key.encode()) % 4 == 0:  # by key, not by the seeded draws: same load
+        # By key, not by the seeded draws: the same load. Not by crc32, whose low bits fix the
+        # bucket: no burst task (all in bucket 5) was ever in the flow.
+        if hashlib.blake2s(key.encode()).digest()[0] % 4 == 0:
             body["flow_key"] = RATED_FLOW
         if at is not None:
             body["execute_at"] = at
@@ -207,9 +200,9 @@ class Load:
 
     def burst(self, n: int, fault: Fault) -> None:
         at = self.t0 + fault.at
-        keys = (key for j in range(10_000) if self.keys.bucket_of(key := f"b{n}-{j}")
-                == BURST_BUCKET)
-        items = [(next(keys), "ok", round(at + offset, 3), None) for offset in BURST]
+        items: list[tuple[str, str, float | None, float | None]] = [
+            (key, "ok", round(at + offset, 3), None)
+                 for key, offset in zip(burst_keys(self.keys, n), BURST, strict=True)]
         self._spawn(self.batch(items, via="burst"))
 
     # -- the run ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from tests.support.bucket_state import (
     seed,
 )
 from timewheel.store import Store, layout
+from timewheel.store.keys import Keyspace
 
 FINISHED = ["succeeded", "failed", "cancelled"]
 KEPT = 20  # attempts kept per task
@@ -234,6 +235,8 @@ async def test_claim_due_horizon_and_not_yet_due(store: Store, redis: Redis) -> 
         "ls": {"a": now + 10_000 + MARGIN, "b": b + 10_000 + MARGIN},
         "cl:tok": ["a", "b"], "cur": str(M0)}
     await assert_ttls(redis, {"cl:tok": 300_000})
+    # the name the soak's injector reads a claim's process from (bench/soak_faults.py)
+    assert Keyspace("tw").claim_call(B, "tok") == P + "cl:tok"
 
 
 async def test_claim_drops_deleted_moved_and_expired_entries(store: Store, redis: Redis) -> None:

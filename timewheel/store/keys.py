@@ -104,6 +104,10 @@ class Keyspace:
     def task(self, task_key: str) -> str:
         return f"{self.prefix(self.bucket_of(task_key))}t:{task_key}"
 
+    def claim_call(self, bucket: int, token: str) -> str:
+        """The keys one claim call took, under its token (lua/claim.lua)."""
+        return f"{self.prefix(bucket)}cl:{token}"
+
     def attempts(self, bucket: int, task_key: str) -> str:
         """The task's attempt history (lua/lib/attempts.lua)."""
         return f"{self.prefix(bucket)}a:{task_key}"
