@@ -20,6 +20,7 @@ from redis.backoff import NoBackoff
 
 from tests.conftest import START_MS, running_app
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 from tests.test_api import URL, expected_view, snapshot
 from tests.test_api_redis_down import make_settings, poll, task_keys
 from timewheel.api.app import MAX_REQUEST_BYTES, create_app
@@ -329,17 +330,27 @@ async def test_a_cancelled_batch_leaves_no_unread_replies(redis_server: RedisSer
         return prepare(TaskFields(callback_url=URL), key, START_MS, default_timeout=10)
 
     await schedule_many(store, [task("warm")], START_MS)  # script loaded, connection made
-    busy = asyncio.create_task(redis.execute_command("DEBUG", "SLEEP", "0.3"))
-    await asyncio.sleep(0.05)
-    first = asyncio.create_task(schedule_many(store, [task(f"a{i}") for i in range(50)],
-                                              START_MS))
-    await asyncio.sleep(0.05)
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    await busy
+
+    async def held(count: int) -> bool:  # connections whose command Redis holds back
+        return (await redis.info("clients"))["blocked_clients"] == count
+
+    # Paused for writes, Redis holds the batch's scripts until the pause ends, so the cancel
+    # comes while the replies are pending however slowly this runs (a DEBUG SLEEP of 0.3 s,
+    # with fixed sleeps of 0.1 s before the cancel, could end first on a loaded machine).
+    await redis.client_pause(30_000, all=False)
+    try:
+        first = asyncio.create_task(schedule_many(store, [task(f"a{i}") for i in range(50)],
+                                                  START_MS))
+        await wait_until(lambda: held(1), "the batch held by Redis")
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        # Dropped: Redis frees the connection, and the batch it held back with it.
+        await wait_until(lambda: held(0), "the cancelled batch's connection closed")
+    finally:
+        await redis.client_unpause()
     codes = await schedule_many(store, [task("a0"), task("b0"), task("warm")], START_MS)
-    assert codes == [ScheduleReply.EXISTS, ScheduleReply.CREATED, ScheduleReply.EXISTS]
+    assert codes == [ScheduleReply.CREATED, ScheduleReply.CREATED, ScheduleReply.EXISTS]
     await client.aclose()
 
 
