@@ -103,7 +103,10 @@ def test_failover_with_wait_replicas_1_loses_no_acknowledged_task(
     creator.start()
     try:
         time.sleep(1.5)  # a third of the tasks delivered, the rest due over the next ~14 s
-        assert 0 < len(receiver.arrivals_for("/fo")) < len(keys)
+        settle(lambda: bool(receiver.arrivals_for("/fo"))
+               and any(a.status == 201 for a in list(answers)),
+               20, lambda: f"a delivery and an acknowledged create: {answers[-5:]}")
+        assert len(receiver.arrivals_for("/fo")) < len(keys)
         killed_at = time.time()
         cluster.server(victim).kill()
         cluster.wait_promoted(victim)

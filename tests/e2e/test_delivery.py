@@ -195,25 +195,24 @@ def test_permanent_failure_is_dead_lettered_and_replayed(start_service,
 def test_exhausted_attempts_fail_with_exactly_max_attempts(start_service,
                                                            receiver: ThreadedReceiver) -> None:
     """Always 503 with max_attempts=3: exactly three requests, then `failed`, and no fourth.
-    Control: the same task allowed four attempts, scheduled alongside, gets its fourth within
-    the same wait (so the wait is long enough for one to come)."""
+    Control: the same task allowed four attempts, scheduled once the first has failed, gets
+    its fourth (so the wait is long enough for one to come)."""
     service = start_service()
     receiver.respond("/down", [503])
     receiver.respond("/control", [503])
     with service.client() as client:
         schedule(client, receiver.url("/down"), "down-1", max_attempts=3, retry_backoff=0.1)
-        schedule(client, receiver.url("/control"), "control-1", max_attempts=4,
-                 retry_backoff=0.1)
         final = wait_status(client, ["down-1"], "failed")["down-1"]
         assert final["attempts"] == 3
         assert final["last_status_code"] == 503
         assert final["last_error"] == "HTTP 503"
         listed = client.get("/tasks", params={"status": "failed"}).json()
-        # Exactly it among the dead letters (the control may have failed for good by now too).
-        assert [t for t in listed["tasks"] if t["key"] != "control-1"] == [final]
-        # Both had their third answer; the fourth would be due 0.4 s later (backoff doubled).
-        settle(lambda: receiver.answered("/control") >= 3, 10, "the control's third attempt")
-        time.sleep(2.5)  # a tick (1 s), the backoff (0.4 s) and room: nothing else is sent
+        assert listed["tasks"] == [final]  # exactly it among the dead letters
+        # A fourth attempt of down-1 would be due 0.4 s after its third (backoff doubled); the
+        # control's fourth is due 0.1 + 0.2 + 0.4 s (never early) after it starts, later.
+        schedule(client, receiver.url("/control"), "control-1", max_attempts=4,
+                 retry_backoff=0.1)
+        wait_status(client, ["control-1"], "failed")
         assert view(client, "down-1") == final
         assert attempt_numbers(receiver.arrivals_for("/control")) == ["1", "2", "3", "4"]
 
@@ -292,9 +291,11 @@ def test_stopped_process_cannot_overwrite_outcomes(start_service, receiver: Thre
     # The stale process alone from here: what is sent now, it sent.
     assert finisher.stop() == 0
     with stalled.client() as client:
-        # Control: a task due now, the same wait: the stale process does send what it may.
-        schedule(client, receiver.url("/stall/control"), "stall-control")
-        time.sleep(2.5)  # a tick (1 s) and room: nothing is re-sent or rewritten
+        # Control: a task due in 2.5 s (a tick and room), sent by the stale process (it does
+        # send what it may); until then nothing is re-sent or rewritten.
+        schedule(client, receiver.url("/stall/control"), "stall-control",
+                 execute_at=time.time() + 2.5)
+        receiver.wait_for_sync(1, timeout=30, path="/stall/control")
         assert {key: view(client, key) for key in keys} == finished
         assert len(receiver.arrivals_for("/stall/control")) == 1
 
