@@ -52,6 +52,7 @@ from collections import Counter
 from typing import Any
 
 import hiredis
+from redis import DriverInfo
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -60,6 +61,7 @@ from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError, TimeoutError
 
+from timewheel import __version__
 from timewheel.store.keys import Keyspace
 
 # Short timeouts: a dead Redis must turn into a quick 503, not a hung request. Retries are safe
@@ -295,19 +297,26 @@ class WheelCluster(RedisCluster):
                              return_exceptions=True)
 
 
+# What each connection names itself with (CLIENT SETINFO: "redis-py(timewheel_v0.1.0)" in
+# CLIENT LIST). One for all: left to redis-py, a pool's every new connection reads redis-py's
+# version from its installed metadata, ~1 ms of the event loop each (the cluster client
+# already shares one).
+DRIVER_INFO = DriverInfo().add_upstream_driver("timewheel", __version__)
+
+
 def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
     if cluster:
         return WheelCluster.from_url(
             url, max_connections=_NODE_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
             socket_connect_timeout=CONNECT_TIMEOUT, reinitialize_steps=0,
-            retry=_retry(), decode_responses=False)
+            retry=_retry(), decode_responses=False, driver_info=DRIVER_INFO)
     # A blocking pool: under a burst, callers queue for a connection instead of failing with
     # "Too many connections" (the default pool's behaviour at its 100-connection cap).
     pool = WheelPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT,
         socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
         retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,
-        health_check_interval=30)
+        health_check_interval=30, driver_info=DRIVER_INFO)
     pool.connection_class = wheel_connection(pool.connection_class)
     return Redis.from_pool(pool)
 
