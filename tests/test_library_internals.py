@@ -29,16 +29,14 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from tests.support.redis_server import RedisServer, free_port
-from timewheel.delivery import netguard
-from timewheel.delivery.netguard import (
-    BlockedAddress,
+from timewheel.delivery import guarded_clients
+from timewheel.delivery.guarded_clients import (
     GuardedConnector,
     GuardedNetworkBackend,
-    NetworkPolicy,
-    blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
 )
+from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy, blocked_cause
 from timewheel.operations import prepare as record  # the fingerprint and body encoders
 from timewheel.store.connection import (
     AbortiveClose,
@@ -205,7 +203,7 @@ def test_the_wheel_connection_keeps_the_url_connection_class() -> None:
 
 
 # ------------------------------------------------------------------ aiohttp's _resolve_host
-# netguard.GuardedConnector overrides TCPConnector._resolve_host to refuse IP literals (any
+# guarded_clients.GuardedConnector overrides TCPConnector._resolve_host to refuse IP literals (any
 # spelling) before aiohttp handles them itself.
 
 
@@ -273,7 +271,7 @@ async def test_tcp_connector_closes_the_resolver_it_owns(monkeypatch: pytest.Mon
                                                          ) -> None:
     # GuardedConnector passes aiohttp its GuardedResolver and sets TCPConnector's private
     # _resolver_owner so that closing the connector closes the default resolver made for it.
-    monkeypatch.setattr(netguard, "DefaultResolver", _ClosingResolver)
+    monkeypatch.setattr(guarded_clients, "DefaultResolver", _ClosingResolver)
     monkeypatch.setattr(_ClosingResolver, "closed", 0)
     connector = guarded_connector(NetworkPolicy())
     assert connector._resolver_owner is True
@@ -291,10 +289,11 @@ async def test_tcp_connector_leaves_a_given_resolver_open(monkeypatch: pytest.Mo
 
 
 # ------------------------------------------------------------------ httpx / httpcore's pool
-# netguard.guarded_httpx_transport swaps the network backend of the transport's httpcore pool.
+# guarded_clients.guarded_httpx_transport swaps the network backend of the transport's httpcore
+# pool.
 
 
-def test_httpx_transport_still_has_the_pool_and_backend_netguard_swaps() -> None:
+def test_httpx_transport_still_has_the_pool_and_backend_the_guard_swaps() -> None:
     transport = httpx.AsyncHTTPTransport()
     assert type(transport._pool) is httpcore.AsyncConnectionPool
     assert isinstance(transport._pool._network_backend, httpcore.AsyncNetworkBackend)
@@ -327,7 +326,7 @@ async def test_httpcore_pool_dials_through_the_swapped_backend() -> None:
 
 
 # ------------------------------------------------------------------ aiohttp's body writer hook
-# netguard.LastCheckRequest overrides ClientRequest.write_bytes and sets the StreamWriter's
+# guarded_clients.LastCheckRequest overrides ClientRequest.write_bytes and sets the StreamWriter's
 # private ``_on_chunk_sent``, which aiohttp awaits before each body write (and sets itself
 # only for trace signals). tests/test_sender_last_check.py checks the behaviour end to end;
 # this names the exact piece an upgrade could move.
@@ -337,7 +336,7 @@ def test_client_request_write_bytes_has_the_signature_the_override_expects() -> 
     base = inspect.signature(aiohttp.ClientRequest.write_bytes)
     assert list(base.parameters) == ["self", "writer", "conn", "content_length"]
     assert base.parameters["content_length"].default is None
-    assert inspect.signature(netguard.LastCheckRequest.write_bytes).parameters.keys() == (
+    assert inspect.signature(guarded_clients.LastCheckRequest.write_bytes).parameters.keys() == (
         base.parameters.keys())
 
 

@@ -22,17 +22,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.tls import client_context, self_signed, server_context
-from timewheel.delivery.netguard import (
-    BlockedAddress,
+from timewheel.delivery.guarded_clients import (
     BlockedConnectError,
     GuardedConnector,
     GuardedNetworkBackend,
     GuardedResolver,
-    NetworkPolicy,
-    blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
     guarded_socket_factory,
+)
+from timewheel.delivery.netguard import (
+    BlockedAddress,
+    NetworkPolicy,
+    blocked_cause,
     parse_ip_literal,
 )
 from timewheel.delivery.senders import SendError

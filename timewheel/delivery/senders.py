@@ -6,7 +6,8 @@ httpx's default transport costs 1.5-6 ms of CPU per request, httpx on an aiohttp
 default) about a quarter of aiohttp's. ``AiohttpSender`` (``TIMEWHEEL_HTTP_CLIENT=aiohttp``) and
 ``HttpxSender`` (``TIMEWHEEL_HTTP_CLIENT=httpx``, which the dispatcher's unit tests drive with
 respx) stay available. All connect only to addresses the SSRF guard approved
-(timewheel/delivery/netguard.py), follow no redirects and ignore proxy variables."""
+(timewheel/delivery/netguard.py; guarded_clients.py fits it into aiohttp and httpx), follow no
+redirects and ignore proxy variables."""
 
 from __future__ import annotations
 
@@ -18,17 +19,19 @@ from typing import Literal, Protocol
 import aiohttp
 import httpx
 
-from timewheel.delivery.netguard import (
-    NOT_WRITTEN,
-    BlockedAddress,
+from timewheel.delivery.guarded_clients import (
     LastCheckRequest,
-    NetworkPolicy,
-    NotWritten,
-    blocked_cause,
     guarded_connector,
     guarded_httpx_transport,
     may_write,
     not_written_cause,
+)
+from timewheel.delivery.netguard import (
+    NOT_WRITTEN,
+    BlockedAddress,
+    NetworkPolicy,
+    NotWritten,
+    blocked_cause,
 )
 
 MAX_RESPONSE_BYTES = 64 * 1024  # read (the first ``keep_body`` bytes kept), then dropped
@@ -123,7 +126,7 @@ class AiohttpSender:
                    keep_body: int | None = None,
                    written: Callable[[], None] | None = None) -> Answer:
         keep = self.keep_body if keep_body is None else keep_body
-        token = may_write.set(ready)  # GuardedConnector.connect asks it (netguard.py)
+        token = may_write.set(ready)  # GuardedConnector.connect asks it (guarded_clients.py)
         try:
             async with self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False,

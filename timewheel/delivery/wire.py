@@ -8,7 +8,7 @@ response classes, connector, payload registry, timers and stream readers) cost t
 sustained benches; bench/README.md "The callbacks' own HTTP client" has the before and after).
 What a callback needs fits in this file (the pool and the dialling) and http1.py (one exchange:
 the request's bytes and the answer's parsing), and two guarantees get simpler than through
-aiohttp's private hooks (timewheel/delivery/netguard.py):
+aiohttp's private hooks (timewheel/delivery/guarded_clients.py):
 
 - **The SSRF guard** is applied to every address a name resolves to before any is dialled
   (the whole answer is refused if one is not public, as GuardedResolver does), and to IP
