@@ -58,7 +58,11 @@ async def sleep_until(when_ms: float) -> None:
 
 
 def _answer_later(loop: asyncio.AbstractEventLoop, future: asyncio.Future[int]) -> None:
-    loop.call_later(ANSWER_S, lambda: future.done() or future.set_result(200))
+    def answer() -> None:
+        if not future.done():
+            future.set_result(200)
+
+    loop.call_later(ANSWER_S, answer)
 
 
 class Tally:
@@ -147,7 +151,10 @@ class CallbackDesign:
         for _ in range(self.by_ms[ms]):
             answer: asyncio.Future[int] = loop.create_future()
             deadline = loop.call_later(30, lambda: None)
-            answer.add_done_callback(lambda f, d=deadline: self.answered(f, d))
+            def on_answer(f: asyncio.Future[int], d: asyncio.TimerHandle = deadline) -> None:
+                self.answered(f, d)
+
+            answer.add_done_callback(on_answer)
             _answer_later(loop, answer)
 
     def check(self, grid: float, due_ms: list[int]) -> None:

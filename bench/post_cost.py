@@ -34,6 +34,7 @@ async def measure(port: int, requests: int, profile: bool) -> float:
     app = create_app(Settings(redis_url=f"redis://{HOST}:{port}", allow_private_networks=True),
                      run_ticker=False)
     async with app.router.lifespan_context(app) as state:
+        assert state is not None  # create_app's lifespan yields its state, {"wheel": ...}
         async def post(number: int) -> None:
             body = json.dumps({"key": f"bench-post-{number:012d}", "delay": 3600, "body": "hi",
                                "callback_url": "http://127.0.0.1:9/callback"}).encode()

@@ -286,12 +286,13 @@ async def _lead(ctx: Ctx, wanted: float) -> float:
     """
     if ctx.args.lead is not None:
         return float(ctx.args.lead)
+    tasks: int = ctx.args.tasks
     if ctx.args.submit == "batch":  # batches go in at several thousand tasks per second
-        return round(max(wanted, ctx.args.tasks / 2000 + 2.0), 1)
+        return round(max(wanted, tasks / 2000 + 2.0), 1)
     if not ctx.post_rate:
         ctx.post_rate = await calibrate_post_rate(ctx) or None
     if ctx.post_rate:
-        return round(max(wanted, 1.5 * ctx.args.tasks / ctx.post_rate + 2.0), 1)
+        return round(max(wanted, 1.5 * tasks / ctx.post_rate + 2.0), 1)
     return wanted
 
 
@@ -357,7 +358,7 @@ async def _meter_window(ctx: Ctx, start: float, end: float) -> dict[str, Any]:
 def _per_callback(cpu: dict[str, Any], first: dict[str, float]) -> dict[str, Any]:
     """The due window's CPU per callback that arrived in it, in microseconds."""
     arrived = sum(1 for t in first.values() if cpu["from"] <= t <= cpu["to"])
-    redis = cpu.pop("_redis", None)
+    redis: tuple[dict[str, Any], dict[str, Any]] | None = cpu.pop("_redis", None)
     out = dict(cpu, callbacks=arrived)
     if redis is not None:
         out["redis_commands"] = redis_commands.per_callback(*redis, arrived)

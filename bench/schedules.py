@@ -86,7 +86,7 @@ async def bench_materializer(n: int, every: int, minutes: int) -> dict[str, Any]
             m = Materializer(store, schedules, clock=None,  # type: ignore[arg-type]
                              tick_ms=1000)
             redis_pid = _pid_of(embedded)
-            rows = []
+            rows: list[dict[str, Any]] = []
             for minute in range(1, minutes + 1):
                 due = now + minute * every * 1000
                 idle = await _measure(m.tick, due - 30_000, redis_pid)  # nothing due
@@ -173,7 +173,7 @@ async def bench_service(n: int, every: int, minutes: int, tmp: Path,
         stop_process(service, 60)
         stop_process(receiver, 10)
     expected = {f"s{i}.{(first + k * every) * 1000}" for i in range(n) for k in range(minutes)}
-    late, early, seen = [], 0, Counter()
+    late, early, seen = [], 0, Counter[str]()
     for arrival, webhook_id, *_ in records:
         seen[webhook_id] += 1
         if webhook_id in expected:

@@ -88,7 +88,7 @@ def _make_httpx(url: str, concurrency: int, transport: str) -> tuple[Send, Close
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     if transport == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport
+        from httpx_aiohttp import AiohttpTransport  # type: ignore[import-not-found, unused-ignore]
 
         client = httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=10.0)
     else:

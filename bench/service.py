@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,7 +335,7 @@ def add_service_args(p: argparse.ArgumentParser) -> None:
 
 def run_on_service(args: argparse.Namespace, name: str,
                    main: Callable[[str, Callable[[aiohttp.ClientSession], Awaitable[float]]],
-                                  Awaitable[dict[str, Any]]],
+                                  Coroutine[Any, Any, dict[str, Any]]],
                    *, stop_timeout: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
     """Print the machine, start one ``timewheel serve`` (embedded Redis, temporary dir), run
     ``main(base_url, wait_healthy)`` against it, stop it; (its result, the machine facts)."""

@@ -38,10 +38,10 @@ import time
 from datetime import datetime
 from typing import IO, Any
 
-import psutil
+import psutil  # type: ignore[import-untyped, unused-ignore]  # ships no stubs: types-psutil
 
-from bench.common import run
-from bench.receiver import _Connection, _response, require_loopback
+from bench.common import require_loopback, run
+from bench.receiver import _Connection, _response
 
 FAILS = 2
 HUNG = 0  # "answered" of an arrival held past the timeout and never answered

@@ -133,15 +133,15 @@ async def outcomes(store: Any, n: int, durable: bool) -> dict[str, float]:
     if durable:
         store.scripts.complete = DurableScript(store.redis, source("complete"), "complete",
                                                Durability(1, TIMEOUT_MS))
-    calls = [(bucket, pairs[i:i + 100]) for bucket, pairs in claimed.items()
-             for i in range(0, len(pairs), 100)]
-    done = sum(len(batch) for _, batch in calls)
+    batches = [(bucket, pairs[i:i + 100]) for bucket, pairs in claimed.items()
+               for i in range(0, len(pairs), 100)]
+    done = sum(len(batch) for _, batch in batches)
     t0 = time.perf_counter()
-    for bucket, batch in calls:
+    for bucket, batch in batches:
         await store.complete(bucket, now_ms=NOW_MS + 5, outcomes=[
             Outcome(key, token, "ok", 200, started_ms=NOW_MS) for key, token in batch])
     elapsed = time.perf_counter() - t0
-    return {"per_s": done / elapsed, "us_per_call": elapsed / len(calls) * 1e6}
+    return {"per_s": done / elapsed, "us_per_call": elapsed / len(batches) * 1e6}
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
