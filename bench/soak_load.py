@@ -202,7 +202,7 @@ class Load:
         at = self.t0 + fault.at
         items: list[tuple[str, str, float | None, float | None]] = [
             (key, "ok", round(at + offset, 3), None)
-                 for key, offset in zip(burst_keys(self.keys, n), BURST, strict=True)]
+            for key, offset in zip(burst_keys(self.keys, n), BURST, strict=True)]
         self._spawn(self.batch(items, via="burst"))
 
     # -- the run ---------------------------------------------------------------------------
