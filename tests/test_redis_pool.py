@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import Connection
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tests.cluster.replicated import stopped
 from tests.support.redis_server import RedisServer
 from timewheel import __version__
+from timewheel.store import connection
 from timewheel.store.connection import DRIVER_INFO, WheelPool, make_redis
 
 
@@ -112,3 +117,31 @@ async def test_the_service_connections_name_timewheel_and_share_one_driver_info(
         assert names == [f"redis-py(timewheel_v{__version__})"] * 3
     finally:
         await client.aclose()
+
+
+async def test_a_silent_redis_is_given_up_on_after_one_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that answers nothing (stopped, cut off) raises at the first socket timeout: a
+    503 then, not after two more tries of the same timeout. A reset connection is still tried
+    again on a new one (the calls after the server dropped one, above)."""
+    monkeypatch.setattr(connection, "SOCKET_TIMEOUT", 0.3)
+    dials = 0  # sockets opened (redis-py reconnects for a try after a failed one)
+    dial = Connection._connect
+
+    async def counted(self: Connection) -> None:
+        nonlocal dials
+        dials += 1
+        await dial(self)
+
+    monkeypatch.setattr(Connection, "_connect", counted)
+    with RedisServer(tmp_path / "redis") as server:
+        client = make_redis(server.url)
+        try:
+            assert await client.ping()
+            before = dials
+            with stopped(server), pytest.raises(RedisTimeoutError):
+                await client.get("k")
+            assert dials == before  # no new connection for a second try
+            assert await client.ping()  # and the next call, once it answers, succeeds
+        finally:
+            await client.aclose()

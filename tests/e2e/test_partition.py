@@ -25,8 +25,8 @@ from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.e2e
 
-# The cut process answers once its Redis client gives up: a socket timeout (5 s) per try,
-# three tries (timewheel/store/connection.py).
+# The cut process answers once its Redis client gives up: after one socket timeout (5 s; a
+# timeout is not tried again on a single Redis: timewheel/store/connection.py).
 ANSWER_WITHIN_S = 60
 
 

@@ -59,7 +59,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from timewheel import __version__
 from timewheel.store.keys import Keyspace
@@ -80,9 +80,8 @@ _SCRIPT_COMMANDS = (b"EVALSHA", b"EVAL", "EVALSHA", "EVAL")
 _in_call = contextvars.ContextVar("timewheel_in_redis_call", default=False)
 
 
-def _retry() -> Retry:
-    return Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=2,
-                 supported_errors=(ConnectionError, TimeoutError))
+def _retry(*errors: type[RedisError]) -> Retry:
+    return Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=2, supported_errors=errors)
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -309,14 +308,19 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
         return WheelCluster.from_url(
             url, max_connections=_NODE_CONNECTIONS, socket_timeout=SOCKET_TIMEOUT,
             socket_connect_timeout=CONNECT_TIMEOUT, reinitialize_steps=0,
-            retry=_retry(), decode_responses=False, driver_info=DRIVER_INFO)
+            retry=_retry(ConnectionError, TimeoutError), decode_responses=False,
+            driver_info=DRIVER_INFO)
     # A blocking pool: under a burst, callers queue for a connection instead of failing with
     # "Too many connections" (the default pool's behaviour at its 100-connection cap).
+    # A refused or reset connection (Redis restarted) is tried again on a new one; a timeout is
+    # not: a Redis silent for SOCKET_TIMEOUT (stopped, cut off) is answered 503 then, not after
+    # three timeouts. (A cluster's client retries timeouts by its own rule: a silent master's
+    # replica may have been promoted meanwhile.)
     pool = WheelPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT,
         socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
-        retry=_retry(), retry_on_error=[ConnectionError, TimeoutError], decode_responses=False,
-        health_check_interval=30, driver_info=DRIVER_INFO)
+        retry=_retry(ConnectionError), retry_on_error=[ConnectionError],
+        decode_responses=False, health_check_interval=30, driver_info=DRIVER_INFO)
     pool.connection_class = wheel_connection(pool.connection_class)
     return Redis.from_pool(pool)
 
