@@ -118,11 +118,13 @@ async def run_acknowledged(redis: Redis | RedisCluster, durability: Durability, 
                 short += await _cluster_round(redis, durability, pending)
             else:
                 short += await _single_round(redis, durability, pending)
-        except _RETRY_ON:
+        except _RETRY_ON as exc:
             # redis-py already retried and re-read the slot map; as many more tries as its
-            # own commands get, so that a dead master is a 503 within about a second.
+            # own commands get, so that a dead master is a 503 within about a second. A single
+            # Redis that timed out is not tried again, as its commands are not (connection.py).
             failures += 1
-            if failures > RETRIES:
+            if failures > RETRIES or (isinstance(exc, TimeoutError)
+                                      and not isinstance(redis, RedisCluster)):
                 raise
             await asyncio.sleep(0.1 * failures)
     if any(not call.done for call in calls):
