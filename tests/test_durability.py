@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection
 
 from tests.cluster.replicated import stopped
 from tests.conftest import START_MS
 from tests.support.redis_server import HOST, RedisServer
+from tests.support.silent_redis import count_dials
 from tests.support.waiting import settle, wait_until
 from timewheel.errors import NotReplicated, StoreUnavailable
 from timewheel.models import ScheduleCreate
 from timewheel.operations.schedules import schedule_store, spec_of
 from timewheel.settings import Settings
-from timewheel.store import ScheduleReply, Store, connection
+from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.connection import make_redis
 from timewheel.store.durability import Durability, DurableScript, marker
@@ -262,26 +262,17 @@ async def test_a_silent_master_is_given_up_on_after_one_timeout(
     """An acknowledged write to a single Redis that answers nothing raises at its first socket
     timeout, as the service's other commands do (tests/test_redis_pool.py): not after two
     more rounds of the same timeout, each on a new connection."""
-    monkeypatch.setattr(connection, "SOCKET_TIMEOUT", 0.3)
-    dials = 0
-    dial = Connection._connect
-
-    async def counted(self: Connection) -> None:
-        nonlocal dials
-        dials += 1
-        await dial(self)
-
-    monkeypatch.setattr(Connection, "_connect", counted)
+    dials = count_dials(monkeypatch)
     client = make_redis(replicated.master.url)
     try:
         assert isinstance(client, Redis)
         store = await durable_store(client, wait_ms=ANSWERED_WAIT_MS)
         created = await store.schedule(new_task("before"), replace=False, now_ms=START_MS)
         assert created == ScheduleReply.CREATED
-        before = dials
+        before = dials()
         with stopped(replicated.master), pytest.raises(StoreUnavailable):
             await store.schedule(new_task("silent"), replace=False, now_ms=START_MS)
-        assert dials == before  # no new connection for another round
+        assert dials() == before  # no new connection for another round
     finally:
         await client.aclose()
     replicated.wait_acknowledged()

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import Connection
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.cluster.replicated import stopped
 from tests.support.redis_server import RedisServer
+from tests.support.silent_redis import count_dials
 from timewheel import __version__
-from timewheel.store import connection
 from timewheel.store.connection import DRIVER_INFO, WheelPool, make_redis
 
 
@@ -124,24 +123,15 @@ async def test_a_silent_redis_is_given_up_on_after_one_timeout(
     """A Redis that answers nothing (stopped, cut off) raises at the first socket timeout: a
     503 then, not after two more tries of the same timeout. A reset connection is still tried
     again on a new one (the calls after the server dropped one, above)."""
-    monkeypatch.setattr(connection, "SOCKET_TIMEOUT", 0.3)
-    dials = 0  # sockets opened (redis-py reconnects for a try after a failed one)
-    dial = Connection._connect
-
-    async def counted(self: Connection) -> None:
-        nonlocal dials
-        dials += 1
-        await dial(self)
-
-    monkeypatch.setattr(Connection, "_connect", counted)
+    dials = count_dials(monkeypatch)
     with RedisServer(tmp_path / "redis") as server:
         client = make_redis(server.url)
         try:
             assert await client.ping()
-            before = dials
+            before = dials()
             with stopped(server), pytest.raises(RedisTimeoutError):
                 await client.get("k")
-            assert dials == before  # no new connection for a second try
+            assert dials() == before  # no new connection for a second try
             assert await client.ping()  # and the next call, once it answers, succeeds
         finally:
             await client.aclose()
