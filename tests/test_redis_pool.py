@@ -7,18 +7,21 @@ succeed."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import Connection
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.cluster.replicated import stopped
 from tests.support.redis_server import RedisServer
 from tests.support.silent_redis import count_dials
 from timewheel import __version__
+from timewheel.store import connection
 from timewheel.store.connection import DRIVER_INFO, WheelPool, make_redis
 
 
@@ -135,3 +138,29 @@ async def test_a_silent_redis_is_given_up_on_after_one_timeout(
             assert await client.ping()  # and the next call, once it answers, succeeds
         finally:
             await client.aclose()
+
+
+async def test_a_connect_the_event_loop_held_up_is_not_a_timeout(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new connection whose connect the event loop could not finish within the cluster's
+    short connect timeout (a burst of requests on a fresh pool holds the loop) still succeeds:
+    a single Redis's connect has the socket timeout, which is not retried. Timeouts shortened
+    here: the loop is held 0.4 s, past a 0.1 s connect timeout, within a 1 s socket one."""
+    monkeypatch.setattr(connection, "SOCKET_TIMEOUT", 1.0)
+    monkeypatch.setattr(connection, "CONNECT_TIMEOUT", 0.1)
+    dialling = asyncio.Event()
+    dial = Connection._connect
+
+    async def flagged(self: Connection) -> None:
+        dialling.set()
+        await dial(self)  # its timeout is armed before its first wait
+
+    monkeypatch.setattr(Connection, "_connect", flagged)
+    client = make_redis(redis_server.url)
+    try:
+        ping = asyncio.create_task(client.ping())
+        await dialling.wait()
+        time.sleep(0.4)  # the loop held: what a burst of requests does to a connect in flight
+        assert await ping
+    finally:
+        await client.aclose()

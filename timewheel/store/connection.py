@@ -68,7 +68,7 @@ from timewheel.store.keys import Keyspace
 # for every script: claim is idempotent per token, start per token, and schedule, complete,
 # release, cancel and replay answer the same (or "stale") when run twice.
 SOCKET_TIMEOUT = 5.0
-CONNECT_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 2.0  # a cluster node's, retried (see make_redis)
 MAX_CONNECTIONS = 64  # per process (per node on a cluster); calls are batched per bucket
 # A cluster node's pool is larger than the commands allowed at once: pipelines (batched
 # creates, durable writes) take their connection from the node directly, beside the commands.
@@ -315,10 +315,12 @@ def make_redis(url: str, *, cluster: bool = False) -> Redis | RedisCluster:
     # A refused or reset connection (Redis restarted) is tried again on a new one; a timeout is
     # not: a Redis silent for SOCKET_TIMEOUT (stopped, cut off) is answered 503 then, not after
     # three timeouts. (A cluster's client retries timeouts by its own rule: a silent master's
-    # replica may have been promoted meanwhile.)
+    # replica may have been promoted meanwhile.) A connect gets the same 5 s, not retried 2 s:
+    # the timeout runs on the event loop's clock, and a burst on a fresh pool can hold the loop
+    # past 2 s while Redis has long accepted the connection.
     pool = WheelPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=SOCKET_TIMEOUT,
-        socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
         retry=_retry(ConnectionError), retry_on_error=[ConnectionError],
         decode_responses=False, health_check_interval=30, driver_info=DRIVER_INFO)
     pool.connection_class = wheel_connection(pool.connection_class)
