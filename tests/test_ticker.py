@@ -365,6 +365,50 @@ async def test_every_bucket_failing_raises_so_the_loop_backs_off(
     assert flaky.claims == store.keys.buckets  # each bucket was tried once
 
 
+
+class RepliesLost:
+    """Wraps ``store.claim``: the first ``lost`` calls run in Redis, then raise as a read that
+    timed out would (the reply lost). Records each call's bucket and token."""
+
+    def __init__(self, store: Store, lost: int = 1) -> None:
+        self._store = store
+        self.lost = lost
+        self.calls: list[tuple[int, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim(self, bucket: int, **kwargs: Any) -> tuple[bool, list[ClaimedTask]]:
+        self.calls.append((bucket, kwargs["token"]))
+        reply = await self._store.claim(bucket, **kwargs)
+        if self.lost:
+            self.lost -= 1
+            raise StoreUnavailable("claim: TimeoutError: Timeout reading from socket (injected "
+                                   "after the call ran)")
+        return reply
+
+
+async def test_a_claim_whose_reply_was_lost_is_taken_back_by_the_next_tick(
+        store: Store, fake_clock: FakeClock) -> None:
+    """A claim call that ran in Redis but whose reply never came (a timeout): its task is
+    leased to a claim nobody holds. The bucket's next call reuses the token, so the task is
+    dispatched at the next tick, not after its lease (here 15 s; the clock does not move).
+    The call after that claims with a fresh token."""
+    key = keys_in_bucket(store, 0, 1)[0]  # bucket 0: the first call of a tick
+    await add(store, key, START_MS + 100)
+    flaky = RepliesLost(store)
+    dispatcher = FakeDispatcher()
+    ticker, _ = make_ticker(flaky, fake_clock, dispatcher)
+    assert await ticker.tick() == 0  # bucket 0 failed, the others had nothing
+    assert dispatcher.keys == []
+    assert (await statuses(store, [key]))[key] == "delivering"  # leased by the lost call
+    assert await ticker.tick() == 1
+    assert dispatcher.keys == [key]
+    tokens = [token for bucket, token in flaky.calls if bucket == 0]
+    assert len(tokens) == 3  # lost, taken back (its reply says call again), a fresh claim
+    assert tokens[1] == tokens[0] and tokens[2] != tokens[0]
+
+
 # -- SoonClaims: tasks made due before the next tick (timewheel/engine/soon_claims.py) ------
 
 LONG_TICK_MS = 60_000  # run() ticks once at its start, then not again within a test

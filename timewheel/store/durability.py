@@ -119,9 +119,10 @@ async def run_acknowledged(redis: Redis | RedisCluster, durability: Durability, 
             else:
                 short += await _single_round(redis, durability, pending)
         except _RETRY_ON as exc:
-            # redis-py already retried and re-read the slot map; as many more tries as its
-            # own commands get, so that a dead master is a 503 within about a second. A single
-            # Redis that timed out is not tried again, as its commands are not (connection.py).
+            # A refused or broken connection (a cluster's node may have just failed over): as
+            # many more tries as the client's own commands get, so that a dead master is a 503
+            # within about a second. A single Redis that timed out is not tried again, as its
+            # commands are not (connection.py); a cluster's timeout is, as its commands' are.
             failures += 1
             if failures > RETRIES or (isinstance(exc, TimeoutError)
                                       and not isinstance(redis, RedisCluster)):
