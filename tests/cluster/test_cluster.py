@@ -30,6 +30,7 @@ from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.models import TaskStatus
 from timewheel.store import Outcome, ScheduleReply, Store
+from timewheel.store.batch import schedule_many
 from timewheel.store.connection import HiredisPacking, make_redis
 from timewheel.store.keys import DEFAULT_BUCKETS, INDEX_KEEPER, Keyspace
 from timewheel.store.listing import list_tasks
@@ -298,6 +299,37 @@ async def test_every_node_connection_packs_with_hiredis(cluster: RedisCluster,
         assert issubclass(node.connection_class, HiredisPacking), node.name
     used = [conn for node in nodes for conn in node._connections]
     assert used and all(isinstance(conn, HiredisPacking) for conn in used)
+
+
+
+TORN_DOWN = AttributeError("'NoneType' object has no attribute 'writelines'")
+
+
+@pytest.mark.parametrize("path", ["command", "pipeline"])
+@pytest.mark.parametrize(("raised", "seen"), [
+    (TORN_DOWN, StoreUnavailable),  # redis-py's connection reset under the command
+    (RuntimeError("unable to perform operation on <TCPTransport closed=True>"),
+     StoreUnavailable),
+    (AttributeError("'Store' object has no attribute 'nope'"), AttributeError),  # a bug
+], ids=["torn-down", "transport-closed", "a-bug"])
+async def test_a_connection_closed_under_a_command_is_a_503_not_a_crash(
+        cluster_store: Store, monkeypatch: pytest.MonkeyPatch, path: str,
+        raised: Exception, seen: type[Exception]) -> None:
+    """What redis-py's cluster client raises when a connection is closed under a command (a
+    concurrent command's reset, seen once in 250 with the loop held during connects) reaches
+    the store as StoreUnavailable, so the API answers 503, not 500; any other error is left
+    as it is. Injected where redis-py's node runs a command or a pipeline."""
+    async def closed(*args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(ClusterNode, "execute_command" if path == "command"
+                        else "execute_pipeline", closed)
+    key = keys_in_every_bucket(cluster_store.keys, 1)[0]
+    with pytest.raises(seen):
+        if path == "command":
+            await cluster_store.get(key)
+        else:
+            await schedule_many(cluster_store, [new_task(key, START_MS + 5000)], START_MS)
 
 
 async def test_init_and_clock_on_a_cluster(cluster: RedisCluster, cluster_redis: Any,

@@ -36,8 +36,10 @@ call cost the caller here (bench/README.md, "The Redis pool's fast path").
 Two redis-py defaults are changed for the same reasons: ``reinitialize_steps=0`` (a MOVED
 patches the slot map; redis-py's default closes every connection of the client on every fifth
 MOVED, under the feet of concurrent commands, and a migration produces MOVED in bursts), and a
-``RuntimeError`` of a transport closed under a command (uvloop) is a ConnectionError, so that
-callers see StoreUnavailable rather than a crash.
+``RuntimeError`` of a transport closed under a command (uvloop) and an ``AttributeError`` of a
+connection redis-py tore down under it (``'NoneType' object has no attribute 'writelines'``,
+a concurrent command's reset; a loop held ~2.5 s during connects gave it 1 in 250) are a
+ConnectionError, so that callers see StoreUnavailable (a 503) rather than a crash (a 500).
 """
 
 from __future__ import annotations
@@ -216,8 +218,18 @@ class WheelPool(BlockingConnectionPool):
         self._available_connections.append(connection)
 
 
-def _closed_transport(exc: RuntimeError) -> ConnectionError:
-    return ConnectionError(f"connection closed during the command: {exc}")
+# A connection redis-py's cluster client tore down (its reset after another command's error)
+# while this command used it: its reader or writer is None then.
+_TORN_DOWN = "'NoneType' object has no attribute"
+
+
+def _closed_under(exc: RuntimeError | AttributeError) -> ConnectionError | None:
+    """The ConnectionError that ``exc`` is when the command's connection closed under it;
+    None for anything else (a bug, raised as it is)."""
+    if isinstance(exc, AttributeError) and _TORN_DOWN not in str(exc):
+        return None
+    return ConnectionError(f"connection closed during the command: "
+                           f"{type(exc).__name__}: {exc}")
 
 
 class WheelPipeline(ClusterPipeline):
@@ -231,8 +243,11 @@ class WheelPipeline(ClusterPipeline):
         token = _in_call.set(True)
         try:
             return await super().execute(raise_on_error, allow_redirections)
-        except RuntimeError as exc:
-            raise _closed_transport(exc) from exc
+        except (RuntimeError, AttributeError) as exc:
+            closed = _closed_under(exc)
+            if closed is None:
+                raise
+            raise closed from exc
         finally:
             _in_call.reset(token)
 
@@ -257,8 +272,11 @@ class WheelCluster(RedisCluster):
         try:
             async with self._commands:
                 return await super().execute_command(*guarded(args), **kwargs)
-        except RuntimeError as exc:
-            raise _closed_transport(exc) from exc
+        except (RuntimeError, AttributeError) as exc:
+            closed = _closed_under(exc)
+            if closed is None:
+                raise
+            raise closed from exc
         finally:
             _in_call.reset(token)
 
