@@ -52,9 +52,6 @@ class Ticker:
         self._stopping = asyncio.Event()
         self.soon: SoonClaims | None = None  # while run() runs
         self._claiming = asyncio.Lock()  # _claim_within_room
-        # bucket -> the token of a claim call that failed: it may have run in Redis with only
-        # its reply lost (a timeout), so the bucket's next call reuses the token (_claim).
-        self._unsure: dict[int, str] = {}
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -105,16 +102,8 @@ class Ticker:
     async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
         now = self._clock.now_ms()
         horizon = now + self._tick_ms + LOOKAHEAD_MARGIN_MS
-        # After a failed call, its token again: lua/claim.lua then hands back what that call
-        # took, if it ran, instead of leaving it leased to nobody until the lease runs out
-        # (the task's timeout and more). A token whose call never ran claims afresh.
-        token = self._unsure.pop(bucket, None) or next(self._tokens)
-        try:
-            more, tasks = await self._store.claim(bucket, now_ms=now, horizon_ms=horizon,
-                                                  limit=limit, token=token)
-        except BaseException:
-            self._unsure[bucket] = token
-            raise
+        more, tasks = await self._store.claim(bucket, now_ms=now, horizon_ms=horizon,
+                                              limit=limit, token=next(self._tokens))
         self._dispatcher.submit(tasks, now)
         self._metrics.claimed.inc(len(tasks))
         return more, len(tasks)

@@ -17,6 +17,9 @@ from typing import Any, Literal, NamedTuple
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from timewheel.store import attempts, layout
 from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey
@@ -35,6 +38,17 @@ from timewheel.store.results import ResultCallback
 from timewheel.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
+
+# A claim call whose reply was lost (a timeout: it may have run) is sent again as it was, same
+# token and same now: lua/claim.lua then hands back what the token took, under the lease it
+# set, which is what the caller's ``now_ms`` tells the dispatcher. The single-Redis client
+# does not re-send a timed-out command (store/connection.py: a silent Redis is a 503 after
+# one timeout); left unsent, those tasks would wait out their lease, leased to nobody.
+_CLAIM_RESENT = Retry(NoBackoff(), retries=2, supported_errors=(RedisTimeoutError,))
+
+
+async def _resend(error: Exception) -> None:
+    log.warning("claim: %s; sending the same call again", error)
 
 
 class Outcome(NamedTuple):
@@ -76,12 +90,19 @@ class ClaimSide:
                     max_minutes: int = 1440) -> tuple[bool, list[ClaimedTask]]:
         """Claim up to ``limit`` tasks of one bucket due at or before ``horizon_ms``.
         Returns (more, tasks): call again while ``more``."""
-        async with redis_errors("claim"):
-            reply = await self.scripts.claim(
+        async def call() -> list[Any]:
+            reply: list[Any] = await self.scripts.claim(
                 keys=[self.keys.prefix(bucket)],
                 args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
                       self.retention_ms, self.attempts_kept],
             )
+            return reply
+
+        async with redis_errors("claim"):
+            if isinstance(self.redis, RedisCluster):
+                reply = await call()  # its client re-sends a timed-out command itself
+            else:
+                reply = await _CLAIM_RESENT.call_with_retry(call, _resend)
         return await self._claimed(bucket, token, reply, now_ms)
 
     async def _claimed(self, bucket: int, token: str, reply: list[Any], now_ms: int
