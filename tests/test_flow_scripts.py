@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.support.bucket_state import (
     FLOW,
@@ -236,6 +237,30 @@ async def test_unpark_claims_the_earliest(store: Store, redis: Redis) -> None:
     assert not more and [t.key for t in tasks] == ["c"]
     state = await dump(redis)
     assert "pf" not in state and f"pw:{FLOW}" not in state and state["pa"] == {"other": NOW}
+
+
+
+async def test_an_unpark_whose_reply_was_lost_is_sent_again_as_it_was(
+        store: Store, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unpark ran in Redis but its reply timed out: the same call (token, now) is sent
+    again and its tasks come back to the caller, not left leased to nobody until their lease
+    runs out (the single-Redis client re-sends no other timed-out command)."""
+    await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5},
+                       "pa": {"a": NOW - 5}, "pf": {FLOW: NOW - 5}, "cur": str(M0)})
+    unpark = store.scripts.unpark
+    sent: list[list[Any]] = []
+
+    async def reply_lost_once(*, keys: list[str], args: list[Any]) -> Any:
+        sent.append(list(args))
+        reply = await unpark(keys=keys, args=args)
+        if len(sent) == 1:
+            raise RedisTimeoutError("Timeout reading from socket (injected after it ran)")
+        return reply
+
+    monkeypatch.setattr(store.scripts, "unpark", reply_lost_once)
+    more, tasks = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
+    assert (more, [t.key for t in tasks]) == (False, ["a"])
+    assert len(sent) == 2 and sent[1] == sent[0]
 
 
 async def test_unpark_drops_entries_of_tasks_no_longer_waiting(store: Store,

@@ -39,17 +39,18 @@ from timewheel.store.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
-# A claim call whose reply was lost (a timeout: it may have run) is sent again as it was, same
-# token and same now: lua/claim.lua then hands back what the token took, under the lease it
-# set, which is what the caller's ``now_ms`` tells the dispatcher. The single-Redis client
-# does not re-send a timed-out command (store/connection.py: a silent Redis is a 503 after
-# one timeout); left unsent, those tasks would wait out their lease, leased to nobody.
+# A claim or unpark call whose reply was lost (a timeout: it may have run) is sent again as it
+# was, same token and same now: lua/claim.lua and unpark.lua then hand back what the token
+# took, under the lease it set, which is what the caller's ``now_ms`` tells the dispatcher.
+# The single-Redis client does not re-send a timed-out command (store/connection.py: a silent
+# Redis is a 503 after one timeout); left unsent, those tasks would wait out their lease,
+# leased to nobody.
 _CLAIM_RESENT = Retry(NoBackoff(), retries=2, supported_errors=(RedisTimeoutError,))
 
 
 async def _resend(error: Exception) -> None:
     # DEBUG: a silent Redis times out every call, and the ticker logs its outage once.
-    log.debug("claim: %s; sending the same call again", error)
+    log.debug("claim or unpark: %s; sending the same call again", error)
 
 
 class Outcome(NamedTuple):
@@ -91,20 +92,23 @@ class ClaimSide:
                     max_minutes: int = 1440) -> tuple[bool, list[ClaimedTask]]:
         """Claim up to ``limit`` tasks of one bucket due at or before ``horizon_ms``.
         Returns (more, tasks): call again while ``more``."""
+        async with redis_errors("claim"):
+            reply = await self._tokened_call(
+                self.scripts.claim, bucket,
+                [now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
+                 self.retention_ms, self.attempts_kept])
+        return await self._claimed(bucket, token, reply, now_ms)
+
+    async def _tokened_call(self, script: Any, bucket: int, args: list[Any]) -> list[Any]:
+        """A claim or unpark call, sent again as it was if its reply timed out (above)."""
         async def call() -> list[Any]:
-            reply: list[Any] = await self.scripts.claim(
-                keys=[self.keys.prefix(bucket)],
-                args=[now_ms, horizon_ms, limit, token, self.lease_margin_ms, max_minutes,
-                      self.retention_ms, self.attempts_kept],
-            )
+            reply: list[Any] = await script(keys=[self.keys.prefix(bucket)], args=args)
             return reply
 
-        async with redis_errors("claim"):
-            if isinstance(self.redis, RedisCluster):
-                reply = await call()  # its client re-sends a timed-out command itself
-            else:
-                reply = await _CLAIM_RESENT.call_with_retry(call, _resend)
-        return await self._claimed(bucket, token, reply, now_ms)
+        if isinstance(self.redis, RedisCluster):
+            return await call()  # its client re-sends a timed-out command itself
+        reply: list[Any] = await _CLAIM_RESENT.call_with_retry(call, _resend)
+        return reply
 
     async def _claimed(self, bucket: int, token: str, reply: list[Any], now_ms: int
                        ) -> tuple[bool, list[ClaimedTask]]:
@@ -278,8 +282,7 @@ class ClaimSide:
         """Claim up to ``limit`` of a flow's earliest parked tasks in a bucket (the caller holds
         permits for them). Returns (more parked in this bucket, tasks)."""
         async with redis_errors("unpark"):
-            reply = await self.scripts.unpark(
-                keys=[self.keys.prefix(bucket)],
-                args=[now_ms, flow, limit, token, self.lease_margin_ms])
+            reply = await self._tokened_call(self.scripts.unpark, bucket,
+                                             [now_ms, flow, limit, token, self.lease_margin_ms])
         return await self._claimed(bucket, token, reply, now_ms)
 
