@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.support.bucket_state import (
     FLOW,
@@ -26,6 +25,7 @@ from tests.support.bucket_state import (
     schedule,
     seed,
 )
+from tests.support.lost_reply import first_reply_lost
 from timewheel.store import Store
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.keys import INDEX_KEEPER, INDEX_KEEPER_SCORE
@@ -247,17 +247,8 @@ async def test_an_unpark_whose_reply_was_lost_is_sent_again_as_it_was(
     runs out (the single-Redis client re-sends no other timed-out command)."""
     await seed(redis, {"t:a": rec("waiting", due=NOW - 5), f"pw:{FLOW}": {"a": NOW - 5},
                        "pa": {"a": NOW - 5}, "pf": {FLOW: NOW - 5}, "cur": str(M0)})
-    unpark = store.scripts.unpark
-    sent: list[list[Any]] = []
-
-    async def reply_lost_once(*, keys: list[str], args: list[Any]) -> Any:
-        sent.append(list(args))
-        reply = await unpark(keys=keys, args=args)
-        if len(sent) == 1:
-            raise RedisTimeoutError("Timeout reading from socket (injected after it ran)")
-        return reply
-
-    monkeypatch.setattr(store.scripts, "unpark", reply_lost_once)
+    lost, sent = first_reply_lost(store.scripts.unpark)
+    monkeypatch.setattr(store.scripts, "unpark", lost)
     more, tasks = await store.unpark(3, FLOW, limit=2, token="u1", now_ms=NOW)
     assert (more, [t.key for t in tasks]) == (False, ["a"])
     assert len(sent) == 2 and sent[1] == sent[0]

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.conftest import START_MS
+from tests.support.lost_reply import first_reply_lost
 from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock
 from timewheel.engine.soon_claims import SOON_LEAD_MS, SoonClaims
@@ -377,18 +377,9 @@ async def test_a_claim_whose_reply_was_lost_is_sent_again_as_it_was(
     it). On the code before, the task waited out its lease, leased to nobody."""
     key = keys_in_bucket(store, 0, 1)[0]
     await add(store, key, START_MS + 100)
-    claim = store.scripts.claim
-    calls: list[list[Any]] = []
-
-    async def reply_lost_once(*, keys: list[str], args: list[Any]) -> Any:
-        calls.append(list(args))
-        reply = await claim(keys=keys, args=args)
-        if len(calls) == 1:
-            fake_clock.advance(5_000)  # the socket timeout's wait
-            raise RedisTimeoutError("Timeout reading from socket (injected after it ran)")
-        return reply
-
-    monkeypatch.setattr(store.scripts, "claim", reply_lost_once)
+    lost, calls = first_reply_lost(store.scripts.claim,
+                                   lambda: fake_clock.advance(5_000))  # the timeout's wait
+    monkeypatch.setattr(store.scripts, "claim", lost)
     dispatcher = FakeDispatcher()
     ticker, metrics = make_ticker(store, fake_clock, dispatcher)
     assert await ticker.tick() == 1
