@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from timewheel.store import attempts, layout
@@ -99,7 +100,8 @@ class ClaimSide:
                  self.retention_ms, self.attempts_kept])
         return await self._claimed(bucket, token, reply, now_ms)
 
-    async def _tokened_call(self, script: Any, bucket: int, args: list[Any]) -> list[Any]:
+    async def _tokened_call(self, script: AsyncScript, bucket: int, args: list[Any]
+                            ) -> list[Any]:
         """A claim or unpark call, sent again as it was if its reply timed out (above)."""
         async def call() -> list[Any]:
             reply: list[Any] = await script(keys=[self.keys.prefix(bucket)], args=args)

@@ -38,7 +38,7 @@ patches the slot map; redis-py's default closes every connection of the client o
 MOVED, under the feet of concurrent commands, and a migration produces MOVED in bursts), and a
 ``RuntimeError`` of a transport closed under a command (uvloop) and an ``AttributeError`` of a
 connection redis-py tore down under it (``'NoneType' object has no attribute 'writelines'``,
-a concurrent command's reset; a loop held ~2.5 s during connects gave it 1 in 250) are a
+a concurrent command's reset, seen with the event loop held during connects) are a
 ConnectionError, so that callers see StoreUnavailable (a 503) rather than a crash (a 500).
 """
 
