@@ -183,6 +183,26 @@ async def test_api_requests_get_server_spans_in_the_callers_trace(
         assert span.parent is None  # no traceparent: a new trace
 
 
+async def test_a_process_wide_provider_gets_one_span_a_request(
+        monkeypatch: pytest.MonkeyPatch, settings: Settings, fake_clock: FakeClock) -> None:
+    """`opentelemetry-instrument timewheel serve` installs a global provider, which FastAPI's
+    own telemetry (0.165 on) would also use: each request then had two SERVER spans, and
+    FastAPI's dependency and endpoint spans besides. timewheel's is the only one."""
+    provider = TracerProvider(shutdown_on_exit=False)
+    memory = Memory(provider)
+    monkeypatch.setattr("opentelemetry.trace.get_tracer_provider", lambda: provider)
+    app = create_app(settings, clock=fake_clock, run_ticker=False)
+    async with running_app(app) as client:
+        assert (await client.get("/tasks/invoice-42")).status_code == 404
+        assert (await client.post("/tasks", json={"callback_url": "http://127.0.0.1:9/h"})
+                ).status_code == 201
+    spans = [(span.kind, span.name, span.instrumentation_scope.name)
+             for span in memory.get_finished_spans()]
+    provider.shutdown()
+    assert spans == [(SpanKind.SERVER, "GET /tasks/{key}", "timewheel"),
+                     (SpanKind.SERVER, "POST /tasks", "timewheel")]
+
+
 async def test_spans_reach_an_otlp_endpoint_named_by_the_environment(
         tmp_path: Any) -> None:
     """A separate process, configured only by OTEL_* variables, exports a callback span over

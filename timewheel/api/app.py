@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -48,6 +49,16 @@ DOCS_ASSETS = "/docs/assets"  # Swagger UI's files (fastapi-offline ships them)
 MAX_REQUEST_BYTES = MAX_BODY_BYTES + 128 * 1024
 
 
+# FastAPI's own OpenTelemetry (the `telemetry` argument, in recent FastAPI) is off: timewheel's
+# TraceRequests makes the one SERVER span a request gets (timewheel/tracing.py), and /metrics has
+# the metrics. Left on, a process-wide tracer provider (`opentelemetry-instrument timewheel
+# serve`) gave every request two SERVER spans. An older FastAPI has neither the argument nor
+# the telemetry.
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
+
+
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                sender: Sender | None = None, metrics: Metrics | None = None,
                run_ticker: bool = True) -> FastAPI:
@@ -71,6 +82,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         docs_url=None,  # _docs serves Swagger UI from the package, not a CDN
         openapi_url="/openapi.json" if public_docs else None,
         redoc_url=None,
+        **_NO_FASTAPI_TELEMETRY,
     )
     app.add_middleware(BodySizeLimit, max_bytes=MAX_REQUEST_BYTES)
     Tracing.from_env().instrument(app)  # request spans, only when OTEL_* asks for them
