@@ -26,8 +26,6 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from tests.support.redis_server import free_port
-
 HOST = "127.0.0.1"
 CHUNK = 65536
 
@@ -48,14 +46,14 @@ class PartitionProxy:
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
-        self.port = free_port()
+        self.port = 0  # the port start() is given by the kernel: no other process can take it
         self._loop = asyncio.new_event_loop()
         self._healed = asyncio.Event()
         self._healed.set()
         self._server: asyncio.Server | None = None
         self.joined = 0  # connections joined to Redis and not yet closed on both sides
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"partition-proxy-{self.port}")
+                                        name="partition-proxy")
 
     @property
     def url(self) -> str:
@@ -64,7 +62,8 @@ class PartitionProxy:
     def start(self) -> PartitionProxy:
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._join, HOST, self.port), self._loop).result(10)
+            asyncio.start_server(self._join, HOST, 0), self._loop).result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     def partition(self) -> None:

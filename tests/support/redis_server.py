@@ -18,6 +18,8 @@ from types import TracebackType
 from typing import IO, Self
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from timewheel.store.embedded import redis_server_binary as embedded_redis_server_binary
 from timewheel.store.redis_settings import parse_version, server_args
@@ -85,6 +87,10 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+class PortTaken(RuntimeError):
+    """Another process bound the server's port first."""
+
+
 class RedisServer:
     """One redis-server subprocess bound to 127.0.0.1, AOF on, no RDB snapshots."""
 
@@ -100,7 +106,10 @@ class RedisServer:
     ) -> None:
         self.directory = Path(directory)
         self.cluster = cluster
-        self.port = port if port is not None else (free_cluster_port() if cluster else free_port())
+        self.port = port if port is not None else self._pick_port()
+        # A port picked here may be given up for another until the server first runs on it;
+        # from then on clients know it, so a restart keeps it.
+        self._port_movable = port is None
         self.appendfsync = appendfsync
         self.extra_args = list(extra_args or [])
         # The settings a deployment is told to set (docs/deploy.md), unless a test needs
@@ -145,12 +154,31 @@ class RedisServer:
             ]  # fmt: skip
         return args + self.extra_args
 
+    def _pick_port(self) -> int:
+        return free_cluster_port() if self.cluster else free_port()
+
     def start(self) -> Self:
-        """Start the server and return once it answers PING."""
+        """Start the server and return once it answers PING. A port picked by probing can be
+        taken by another test worker before the server binds it; then the server starts again
+        on a new port, twice at most (only before its first start: a restart keeps its port)."""
+        for attempt in range(3):
+            try:
+                self._start_once()
+            except PortTaken:
+                if not self._port_movable or attempt == 2:
+                    raise
+                self.port = self._pick_port()
+                continue
+            self._port_movable = False
+            return self
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
         if self.running:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         self.directory.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        log_start = self._log.tell()
         self._proc = subprocess.Popen(
             self.args(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
@@ -158,14 +186,20 @@ class RedisServer:
         while True:
             if self._proc.poll() is not None:
                 self._reap()
+                if "Address already in use" in self._log_since(log_start):
+                    raise PortTaken(f"port {self.port} was taken before redis-server bound it")
                 raise RuntimeError(f"redis-server exited early; log:\n{self._log_tail()}")
             try:
-                with self.client() as conn:
-                    if conn.ping():
-                        return self
+                # One try, briefly: whatever took the port may accept and never answer.
+                with redis.Redis(host=HOST, port=self.port, socket_timeout=1,
+                                 retry=Retry(NoBackoff(), 0)) as conn:
+                    # Another worker's server on this port answers PING too: ours is the one
+                    # with our process's id.
+                    if conn.ping() and int(conn.info("server")["process_id"]) == self._proc.pid:
+                        return
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and self._proc.poll() is None:
                 self.kill()
                 raise TimeoutError(f"redis-server did not answer PING; log:\n{self._log_tail()}")
             time.sleep(0.02)
@@ -202,6 +236,14 @@ class RedisServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _log_tail(self) -> str:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +15,7 @@ import redis
 import redis.cluster
 
 from .receiver import Receiver, Reply, ThreadedReceiver
-from .redis_server import RedisCluster, RedisServer
+from .redis_server import PortTaken, RedisCluster, RedisServer, free_port
 
 
 def test_server_keeps_acknowledged_writes_across_sigkill(tmp_path: Path) -> None:
@@ -31,6 +32,41 @@ def test_server_keeps_acknowledged_writes_across_sigkill(tmp_path: Path) -> None
             assert conn.get("k") == b"v"
             assert conn.zscore("z", "task") == 1_700_000_000_123
             assert conn.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+def test_a_picked_port_another_server_took_is_given_up(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another worker's server on the probed port answers PING too; the server must not take
+    it for itself (it would run a test on another's data) but start again elsewhere."""
+    with RedisServer(tmp_path / "theirs") as theirs:
+        picked = iter([theirs.port])
+        monkeypatch.setattr(RedisServer, "_pick_port", lambda self: next(picked, free_port()))
+        with RedisServer(tmp_path / "ours") as ours:
+            assert ours.port != theirs.port and ours.running
+            with ours.client() as conn:
+                conn.set("mine", 1)
+            with theirs.client() as conn:
+                assert conn.get("mine") is None
+            ours.restart()  # the port it ran on is kept
+            with ours.client() as conn:
+                assert conn.get("mine") == b"1"
+
+
+def test_a_port_taken_by_a_plain_socket_is_given_up(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        picked = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(RedisServer, "_pick_port", lambda self: next(picked, free_port()))
+        with RedisServer(tmp_path) as server:
+            assert server.port != taken.getsockname()[1] and server.running
+
+
+def test_a_port_given_by_the_test_is_not_changed(tmp_path: Path) -> None:
+    with RedisServer(tmp_path / "theirs") as theirs:
+        with pytest.raises(PortTaken):
+            RedisServer(tmp_path / "ours", port=theirs.port).start()
 
 
 async def test_receiver_scripted_statuses_and_delay() -> None:
