@@ -28,6 +28,17 @@ class Listener:
     """One ``timewheel listen`` process; its stdout goes to a file the test reads."""
 
     def __init__(self, directory: Path, *argv: str) -> None:
+        # free_port() gives a port that was free a moment ago: another test worker may take it
+        # before listen binds it. Then listen says so and exits, and starts again elsewhere.
+        for attempt in range(3):
+            try:
+                self._start(directory, argv)
+                return
+            except RuntimeError:
+                if attempt == 2 or "address already in use" not in self.text().lower():
+                    raise
+
+    def _start(self, directory: Path, argv: tuple[str, ...]) -> None:
         self.port = free_port()
         self.out = directory / f"listen-{self.port}.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
