@@ -13,12 +13,15 @@
 --          "Topics").
 -- ARGV[1]  mode:
 --            all    check the publish record and every task, then write them all (one Redis)
+--            record check the publish record, write nothing (cluster, before step 0: a repeat
+--                   is answered from the record, whatever its tasks would be now)
 --            check  check the tasks of KEYS[1]'s bucket, write nothing (cluster, step 0)
 --            open   check the publish record, write it open with its tasks' records
 --                   (cluster, step 1; the tasks are not checked here)
 --            tasks  check, then write, the tasks of KEYS[1]'s bucket (cluster, step 2)
 --            close  mark the record ARGV[6] ("done", or "partial": a task key was taken
---                   meanwhile) and drop the tasks' records (cluster, step 3)
+--                   meanwhile) and drop the tasks' records, if it is still open (cluster,
+--                   step 3; a sweep and the call itself may both close it)
 -- ARGV[2]  publish key
 -- ARGV[3]  now_ms
 -- ARGV[4]  request id, unique per API call: a call re-sent by redis-py answers as before
@@ -30,7 +33,8 @@
 --          stores them ("" for none)
 --
 -- Reply: PublishReply (timewheel/store/replies.py), as {code, detail}
---    0 CREATED        written (detail: the keys of tasks that existed already, identical)
+--    0 CREATED        written (detail: the keys of tasks that existed already, identical);
+--                     for mode record: there is no record
 --    1 EXISTS         the same publish exists (detail: its record); nothing written
 --   -1 CONFLICT       the publish key belongs to another publish; nothing written
 --   -2 TASK_CONFLICT  a task's key holds another task (detail: that key); nothing written
@@ -47,9 +51,12 @@ local function record_check()
 end
 
 if mode == 'close' then
+  -- Closed already (a sweep that read the record while open, after the call closed it
+  -- "partial", must not turn it "done"), or expired meanwhile: only its open entry goes.
+  local open = redis.call('HGET', rkey, 'st') == 'open'
   redis.call('ZREM', home .. 'po', pkey)
+  if not open then return {0, {}} end
   local fields = redis.call('HKEYS', rkey)
-  if #fields == 0 then return {0, {}} end  -- expired meanwhile: only its open entry was left
   for _, f in ipairs(fields) do
     local kind = string.sub(f, 1, 2)
     if kind == 't:' or kind == 'u:' then redis.call('HDEL', rkey, f) end
@@ -58,9 +65,10 @@ if mode == 'close' then
   return {0, {}}
 end
 
-if mode == 'all' or mode == 'open' then
+if mode == 'all' or mode == 'open' or mode == 'record' then
   local found = record_check()
   if found then return found end
+  if mode == 'record' then return {0, {}} end
 end
 if mode == 'open' then
   -- No check can fail now; writes follow.

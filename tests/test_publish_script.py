@@ -14,7 +14,9 @@ from tests.support.bucket_state import MIN, NOW, RET, template
 from timewheel.clock import FakeClock
 from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.store import Store, layout
-from timewheel.store.publish import Publisher
+from timewheel.store.publish import Publisher, PublishRequest
+from timewheel.store.record import NewTask
+from timewheel.store.replies import PublishReply
 
 KEYS = ["o1.billing", "o1.email", "o1.audit"]
 REC = json.dumps({"topic": "orders", "tasks": KEYS, "created": NOW})
@@ -211,6 +213,69 @@ async def test_complete_open_finishes_a_publish_left_open(store: Store, redis: R
     assert sorted(n.split(":t:")[1] for n in state if ":t:" in n) == sorted(KEYS)
     assert state[f"{prefix(store, 'o1')}pb:o1"]["st"] == b"done"
     assert await publisher.complete_open(bucket, now_ms=NOW + 20_000, older_than_ms=10_000) == 0
+
+
+def request(url: str = "http://127.0.0.1:9/hook", keys: list[str] = KEYS) -> PublishRequest:
+    """Publish "o1" of fingerprint "pfp" as the topic makes it: its tasks' URL and keys."""
+    tasks = [NewTask(key=key, url=url, method="POST", headers=[], body=None,
+                     due_ms=NOW + 60_000, timeout_ms=10_000, max_attempts=5, backoff_ms=1000,
+                     fingerprint=f"fp-{url}", flow="f") for key in keys]
+    return PublishRequest(key="o1", fingerprint="pfp", rec={"topic": "orders", "tasks": keys,
+                                                             "created": NOW}, tasks=tasks)
+
+
+async def urls(store: Store, keys: list[str]) -> dict[str, str | None]:
+    records = {key: await store.get(key) for key in keys}
+    return {key: record.callback_url if record else None for key, record in records.items()}
+
+
+async def test_steps_answer_a_repeat_from_the_record_whatever_the_topic_makes_now(
+        store: Store, redis: Redis) -> None:
+    """An endpoint's URL changed after the publish: its repeat makes tasks of other content,
+    and must still be answered from the record (200), as mode all answers it."""
+    publisher = Publisher(store)
+    assert (await publisher._in_steps(request(), NOW)).reply is PublishReply.CREATED
+    before = await keyspace(redis)
+    again = await publisher._in_steps(request(url="http://127.0.0.1:9/moved"), NOW + 1)
+    assert again.reply is PublishReply.EXISTS and again.rec is not None
+    assert again.rec["state"] == "done"
+    assert await keyspace(redis) == before
+
+
+async def test_steps_complete_a_publish_left_open_as_it_was_recorded(
+        store: Store, redis: Redis) -> None:
+    """A publish died after (1). Its retry comes after the topic changed (one endpoint moved,
+    one gone, one new): the tasks made are those the open record holds, no others."""
+    publisher = Publisher(store)
+    first = request(keys=KEYS[:2])
+    quads = [v for t in first.tasks for v in (1, t.key, t.record(), t.results())]
+    assert await publisher.script(keys=[prefix(store, "o1")], args=publisher._head(
+        "open", first, NOW, "r1") + quads) == [0, []]
+    retry = request(url="http://127.0.0.1:9/moved", keys=[KEYS[0], KEYS[2]])
+    answer = await publisher._in_steps(retry, NOW + 1)
+    assert answer.reply is PublishReply.EXISTS
+    assert await urls(store, KEYS) == {KEYS[0]: "http://127.0.0.1:9/hook",
+                                       KEYS[1]: "http://127.0.0.1:9/hook", KEYS[2]: None}
+    home = prefix(store, "o1")
+    assert await redis.hget(f"{home}pb:o1", "st") == b"done"
+    assert await redis.zcard(f"{home}po") == 0
+
+
+async def test_a_sweep_after_the_close_leaves_a_partial_publish_partial(
+        store: Store, redis: Redis) -> None:
+    """The sweep read the open entry, then the publish's own call closed it partial (a task
+    key was taken): the sweep's close drops the entry and changes nothing else."""
+    home = prefix(store, "o1")
+    await redis.hset(f"{home}pb:o1", mapping={"fp": "pfp", "op": "x", "st": "partial",
+                                              "rec": REC})
+    await redis.zadd(f"{home}po", {"o1": NOW})
+    before = {k: v for k, v in (await keyspace(redis)).items() if not k.endswith("po")}
+    assert await Publisher(store).complete_open(store.keys.bucket_of("o1"), now_ms=NOW + 20_000,
+                                                older_than_ms=10_000) == 1
+    assert await keyspace(redis) == before
+    close = ["close", "o1", NOW, "r9", "", "done", 0]
+    assert await Publisher(store).script(keys=[home], args=close) == [0, []]
+    assert (await redis.hget(f"{home}pb:o1", "st")) == b"partial"
 
 
 # -- topics ---------------------------------------------------------------------------------------

@@ -4,14 +4,15 @@
   the publish record and every task before it writes anything: all or none, at once.
 - **Redis Cluster**: a script may touch one slot, and the tasks ``<key>.<endpoint>`` hash to
   different buckets. The publish becomes a short protocol around a record in the bucket of the
-  publish key (docs/design.md, "Topics"): (0) every bucket's tasks are checked, nothing
-  written; (1) the record is written *open* (or found: the same publish answers as before,
-  another conflicts); (2) each bucket's tasks are created, each bucket in one call; (3) the
-  record is marked *done*. The open record holds every task's record, and a repeat of the
-  publish finds it open and runs (2) and (3) again: each task is created once (an identical
-  one is left as it is), so a publish cut off between (1) and (3) is completed by its client's
-  retry, or else by any process's sweep of records left open (``complete_open``, run by
-  timewheel/engine/publish_sweeper.py).
+  publish key (docs/design.md, "Topics"). First the record is looked up: a repeat is answered
+  from it, whatever the topic makes of the request now, and another publish under the key
+  conflicts. Then (0) every bucket's tasks are checked, nothing written; (1) the record is
+  written *open*; (2) each bucket's tasks are created, each bucket in one call; (3) the record
+  is marked *done*. The open record holds every task's record, and a repeat that finds it open
+  runs (2) and (3) from those records: each task is created once (an identical one is left as
+  it is), so a publish cut off between (1) and (3) is completed as it was recorded, by its
+  client's retry or else by any process's sweep of records left open (``complete_open``, run
+  by timewheel/engine/publish_sweeper.py).
 """
 
 from __future__ import annotations
@@ -102,11 +103,14 @@ class Publisher:
 
     async def _in_steps(self, request: PublishRequest, now_ms: int) -> Published:
         request_id = secrets.token_hex(8)
-        groups: dict[str, list[Any]] = {}
-        for task in request.tasks:
-            groups.setdefault(self.keys.prefix(self.keys.bucket_of(task.key)), []).extend(
-                [1, task.key, self._record(task), task.results()])
-
+        home = [self.home(request.key)]
+        # A repeat is answered from the record, whatever the topic makes of the request now:
+        # so the record is looked at before (0), which checks the tasks the topic makes now.
+        found = _published(await self.script(keys=home, args=self._head(
+            "record", request, now_ms, request_id)))
+        if found.reply is not PublishReply.CREATED:  # CREATED: no record
+            return await self._repeat(request, found, now_ms)
+        groups = self._groups(request)
         head = self._head("check", request, now_ms, request_id)
         for reply in await asyncio.gather(*(self.script(keys=[prefix], args=head + quads)
                                             for prefix, quads in groups.items())):
@@ -114,15 +118,43 @@ class Publisher:
             if checked.reply is PublishReply.TASK_CONFLICT:
                 return checked
         quads = [v for t in request.tasks for v in (1, t.key, self._record(t), t.results())]
-        opened = _published(await self.script(keys=[self.home(request.key)], args=self._head(
+        opened = _published(await self.script(keys=home, args=self._head(
             "open", request, now_ms, request_id) + quads))  # (1)
-        done_before = opened.rec is not None and opened.rec.get("state") == "done"
-        if opened.reply is PublishReply.CONFLICT or done_before:
-            return opened
-        made = await self._create(request.key, groups, now_ms, request_id)  # (2) and (3)
-        if made.reply is PublishReply.CREATED and opened.reply is PublishReply.EXISTS:
-            return opened  # completed what an earlier call began
-        return made
+        if opened.reply is not PublishReply.CREATED:  # another call opened it meanwhile
+            return await self._repeat(request, opened, now_ms)
+        return await self._create(request.key, groups, now_ms, request_id)  # (2) and (3)
+
+    def _groups(self, request: PublishRequest) -> dict[str, list[Any]]:
+        """The request's tasks by bucket prefix, as the check and tasks steps take them."""
+        groups: dict[str, list[Any]] = {}
+        for task in request.tasks:
+            groups.setdefault(self.keys.prefix(self.keys.bucket_of(task.key)), []).extend(
+                [1, task.key, self._record(task), task.results()])
+        return groups
+
+    async def _repeat(self, request: PublishRequest, found: Published, now_ms: int
+                      ) -> Published:
+        """The answer when the publish's record exists: CONFLICT (other content), or EXISTS
+        once the record's tasks are there. An open record (its call died between (1) and (3))
+        is completed from the task records it holds, not from what the topic makes now; a
+        ``partial`` one (a task key was taken) runs its tasks again, so the taken key's 409
+        comes again while that task is there."""
+        if found.reply is not PublishReply.EXISTS:
+            return found
+        state = (found.rec or {}).get("state")
+        if state == "done":
+            return found
+        if state == "open":
+            made = await self._complete(request.key, now_ms)
+            if made is None:  # its own call closed it meanwhile: answer as it ended
+                again = _published(await self.script(keys=[self.home(request.key)], args=self._head(
+                    "record", request, now_ms, secrets.token_hex(8))))
+                return await self._repeat(request, again, now_ms) \
+                    if again.reply is PublishReply.EXISTS else found
+        else:
+            made = await self._create(request.key, self._groups(request), now_ms,
+                                      secrets.token_hex(8))
+        return made if made is not None and made.reply is PublishReply.TASK_CONFLICT else found
 
     async def _create(self, publish_key: str, groups: dict[str, list[Any]], now_ms: int,
                       request_id: str) -> Published:
@@ -143,27 +175,36 @@ class Publisher:
                             limit: int = 100) -> int:
         """Complete the publishes of ``bucket`` left open for longer than ``older_than_ms``
         (their process died between steps (1) and (3)): steps (2) and (3) from the task
-        records the open record holds. Returns how many were completed."""
+        records the open record holds. Returns how many were looked at."""
         prefix = self.keys.prefix(bucket)
         async with redis_errors("publish sweep"):
             stale: list[Any] = await self.store.redis.zrangebyscore(
                 f"{prefix}po", "-inf", now_ms - older_than_ms, start=0, num=limit)
             for raw in stale:
                 publish_key = raw.decode()
-                fields: Any = await self.store.redis.hgetall(
-                    f"{prefix}pb:{publish_key}")
-                groups: dict[str, list[Any]] = {}
-                for name, value in fields.items():
-                    if name.startswith(b"t:"):
-                        key = name[2:].decode()
-                        results = fields.get(b"u:" + name[2:], b"")
-                        groups.setdefault(self.keys.prefix(self.keys.bucket_of(key)), []).extend(
-                            [1, key, value, results])
-                done = await self._create(publish_key, groups, now_ms, secrets.token_hex(8))
-                if done.reply is PublishReply.TASK_CONFLICT:
+                done = await self._complete(publish_key, now_ms)
+                if done is None:  # closed or expired meanwhile: only its open entry goes
+                    await self.script(keys=[prefix], args=[
+                        "close", publish_key, now_ms, secrets.token_hex(8), "", "done", 0])
+                elif done.reply is PublishReply.TASK_CONFLICT:
                     log.error("publish %s completed in part: task %s holds another task",
                               publish_key, done.conflict_key)
         return len(stale)
+
+    async def _complete(self, publish_key: str, now_ms: int) -> Published | None:
+        """Steps (2) and (3) of an open publish, from the task records its record holds;
+        None when the record is not open (closed, or expired)."""
+        fields: Any = await self.store.redis.hgetall(f"{self.home(publish_key)}pb:{publish_key}")
+        if fields.get(b"st") != b"open":
+            return None
+        groups: dict[str, list[Any]] = {}
+        for name, value in fields.items():
+            if name.startswith(b"t:"):
+                key = name[2:].decode()
+                results = fields.get(b"u:" + name[2:], b"")
+                groups.setdefault(self.keys.prefix(self.keys.bucket_of(key)), []).extend(
+                    [1, key, value, results])
+        return await self._create(publish_key, groups, now_ms, secrets.token_hex(8))
 
 
 def _published(reply: Any) -> Published:
