@@ -198,6 +198,21 @@ async def test_bad_publishes_store_nothing(client: httpx.AsyncClient, redis: Red
     assert await snapshot(redis) == before
 
 
+async def test_a_publish_stores_at_most_4_mib_of_bodies_in_all(client: httpx.AsyncClient,
+                                                               redis: Redis) -> None:
+    """Each endpoint's task stores the body, all in one script call: five copies of 900 KiB
+    (4.4 MiB) are refused with nothing stored, four (3.5 MiB) are created."""
+    body = {"key": "big", "body": "x" * (900 * 1024)}
+    await put_topic(client, endpoints=[{"name": f"e{i}", "url": f"{URL}/{i}"} for i in range(5)])
+    before = await snapshot(redis)
+    answer = await client.post("/topics/orders/publish", json=body)
+    assert answer.status_code == 413, answer.text
+    assert "5 endpoints" in answer.json()["detail"][0]["msg"]
+    assert await snapshot(redis) == before
+    await put_topic(client, endpoints=[{"name": f"e{i}", "url": f"{URL}/{i}"} for i in range(4)])
+    assert (await client.post("/topics/orders/publish", json=body)).status_code == 201
+
+
 async def test_a_taken_task_key_refuses_the_whole_publish(client: httpx.AsyncClient,
                                                           redis: Redis) -> None:
     """A task made by hand under one of the publish's keys, with other content: 409 naming it,

@@ -15,7 +15,13 @@ from pydantic import ValidationError
 
 from timewheel.clock import Clock
 from timewheel.delivery.netguard import BlockedAddress, NetworkPolicy
-from timewheel.errors import InvalidInput, StoreUnavailable, TaskConflict, TopicNotFound
+from timewheel.errors import (
+    BodyTooLarge,
+    InvalidInput,
+    StoreUnavailable,
+    TaskConflict,
+    TopicNotFound,
+)
 from timewheel.metrics import Metrics
 from timewheel.models import KEY_PATTERN, TaskFields, TopicPublish, TopicPut
 from timewheel.operations.prepare import fingerprint
@@ -28,6 +34,11 @@ from timewheel.store.topic_store import PublishNote, TopicRecord, TopicStore
 
 log = logging.getLogger(__name__)
 _TASK_KEY = re.compile(KEY_PATTERN)
+# A publish's bodies in all: each endpoint's task stores its own copy, and all are written by
+# one script call (on a cluster, also held in one open record), which Redis runs alone. 1 MiB
+# to 100 endpoints was one 100 MiB call that held every claim ~0.4 s; 4 MiB keeps a publish's
+# call within a few times a 1 MiB POST /tasks.
+MAX_PUBLISH_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +128,13 @@ class TopicOperations:
                     raise
                 raise InvalidInput(("body",), f"endpoint {endpoint['name']!r}: {exc.message}",
                                    endpoint["url"]) from exc
+        stored = sum(len(task.body or b"") for task in tasks)
+        if stored > MAX_PUBLISH_BODY_BYTES:
+            raise BodyTooLarge(
+                f"a publish stores its body once per endpoint: {len(tasks)} endpoints x "
+                f"{stored // len(tasks)} bytes is {stored} bytes, over {MAX_PUBLISH_BODY_BYTES} "
+                "in all; publish a smaller body (a reference to the data, say) or to fewer "
+                "endpoints")
         return tasks
 
     async def publish(self, name: str, body: TopicPublish) -> PublishOutcome:
