@@ -41,8 +41,16 @@ if st[4] == '1' or (st[1] or '0') ~= ARGV[7] or (st[2] or '') ~= ARGV[8]
   return {-1, m, d, s}
 end
 
--- Every check first: which of the keys are still to act on.
-local acts, heads = {}, {}
+-- The filter but for the status: what a task that moved to another index still passes.
+local anywhere = {}
+for name, value in pairs(filter) do anywhere[name] = value end
+anywhere.want, anywhere.rule = 'srwd', ''
+
+-- Every check first: which of the keys are still to act on. A task a cancel cannot act on
+-- here, though it is pending and matches but for its status, has moved to another index since
+-- the listing (claimed, parked, retried): it is counted where the walk meets it, not here as
+-- well (it counted as skipped here and as done there: one task, matched twice).
+local acts, heads, moved = {}, {}, 0
 for i = 20, #ARGV do
   local key = ARGV[i]
   local h, other = head(P .. 't:' .. key)
@@ -50,6 +58,8 @@ for i = 20, #ARGV do
   if passes(P, key, filter, h, nil, nil)
       and ((kind == 'cancel' and cancellable(h)) or (kind == 'replay' and replayable(h))) then
     acts[#acts + 1], heads[#heads + 1] = key, h
+  elseif kind == 'cancel' and cancellable(h) and passes(P, key, anywhere, h, nil, nil) then
+    moved = moved + 1
   end
 end
 
@@ -57,7 +67,7 @@ for i, key in ipairs(acts) do
   if kind == 'cancel' then cancel_task(P, key, heads[i], now, retention, op, kept)
   else replay_task(P, key, heads[i], now, op) end
 end
-local found = #ARGV - 19
+local found = #ARGV - 19 - moved
 m, d, s = m + found, d + #acts, s + found - #acts
 redis.call('HSET', skey, 'src', ARGV[10], 'sc', ARGV[11], 'k', ARGV[12], 'm', m, 'd', d, 's', s,
   'end', ARGV[13])

@@ -303,3 +303,62 @@ async def test_a_task_changed_between_the_listing_and_the_step_is_skipped(
                                    task_filter=filt)
     assert code.name == "STEPPED" and counts.skipped == 1
     assert (await client.get("/tasks/d.0")).json()["status"] == "scheduled"
+
+
+async def test_a_task_claimed_between_the_listing_and_the_step_counts_once(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A purge's listing finds a task in the slices; the ticker claims it before the step.
+    The step cancels it where it is now (the lease index), and the job counts it once; before,
+    it was skipped there and cancelled again in the lease index: matched 2 for one task."""
+    await add(client, "c.0", delay=0)
+    job_id = await start(client, "cancel", {"key_prefix": "c."})
+    bucket = store.keys.bucket_of("c.0")
+    real_find = JobStore.find
+    claimed: list[str] = []
+
+    async def find(self: JobStore, b: int, src: Any, *args: Any, **kwargs: Any) -> Any:
+        found = await real_find(self, b, src, *args, **kwargs)
+        if b == bucket and src.index == "slices" and "c.0" in found.keys and not claimed:
+            _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS,
+                                         limit=10, token="tok")
+            claimed.extend(t.key for t in tasks)
+        return found
+
+    monkeypatch.setattr(JobStore, "find", find)
+    assert await runner(store, fake_clock).work_one()
+    assert claimed == ["c.0"]
+    view = await job(client, job_id)
+    assert (view["state"], view["matched"], view["done"], view["skipped"]) == ("done", 1, 1, 0)
+    assert (await statuses(client, ["c.0"])) == {"c.0": "cancelled"}
+
+
+async def test_a_task_parked_between_the_listing_and_the_step_counts_once(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch, redis: Redis) -> None:
+    """A cancel of scheduled tasks walks the slices, then the parked tasks: a task moved from
+    one to the other between the slices' listing and their step is not counted there (it is
+    not finished), and the parked walk cancels and counts it."""
+    await add(client, "p.0", delay=0)
+    job_id = await start(client, "cancel", {"key_prefix": "p.", "status": "scheduled"})
+    bucket = store.keys.bucket_of("p.0")
+    real_find = JobStore.find
+    moved: list[str] = []
+
+    async def find(self: JobStore, b: int, src: Any, *args: Any, **kwargs: Any) -> Any:
+        found = await real_find(self, b, src, *args, **kwargs)
+        if b == bucket and src.index == "slices" and "p.0" in found.keys and not moved:
+            # As the flow gate parks a claimed task it has no permit for: 'w', in pa.
+            _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS,
+                                         limit=10, token="tok")
+            assert [t.key for t in tasks] == ["p.0"]
+            await store.park(bucket, [(t.key, "tok") for t in tasks])
+            moved.append("p.0")
+        return found
+
+    monkeypatch.setattr(JobStore, "find", find)
+    assert await runner(store, fake_clock).work_one()
+    assert moved == ["p.0"]
+    view = await job(client, job_id)
+    assert (view["state"], view["matched"], view["done"], view["skipped"]) == ("done", 1, 1, 0)
+    assert (await statuses(client, ["p.0"])) == {"p.0": "cancelled"}

@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 from timewheel.clock import Clock
 from timewheel.domain import TaskStatus
 from timewheel.errors import StoreUnavailable
-from timewheel.jobs.sources import sources, start_of, task_filter
+from timewheel.jobs.sources import acting, sources, start_of, task_filter
 from timewheel.store.job_store import JobRecord, JobStore, Position, TaskFilter
 from timewheel.store.listing import Source
 from timewheel.store.replies import JobStepReply
@@ -191,9 +191,11 @@ class JobRunner:
             reached = Position(at.source + 1)
         else:
             reached = Position(at.source, at.score, at.key, ended=True)
-        code, _ = await self.jobs.step(bucket, job.id, job.kind, now_ms=self.clock.now_ms(),
-                                       start=at, reached=reached, keys=found.keys, src=src,
-                                       task_filter=filt)
+        status = job.filter.get("status")
+        code, _ = await self.jobs.step(
+            bucket, job.id, job.kind, now_ms=self.clock.now_ms(), start=at, reached=reached,
+            keys=found.keys, task_filter=filt,
+            src=acting(src, job.kind, None if status is None else TaskStatus(status)))
         if code is JobStepReply.STALE:  # another runner took this step: go on from its position
             return await self.jobs.position(bucket, job.id)
         self.steps += 1

@@ -18,6 +18,7 @@ ACTS_ON = {
 }
 # Without a status: every pending task, one pass over the slices for both of their statuses.
 _ALL_PENDING = (Source("slices", False, "sr"), Source("pa", False, "w"), Source("ls", False, "d"))
+_PENDING_LETTERS = "".join(src.status for src in _ALL_PENDING)
 
 
 def sources(kind: str, status: TaskStatus | None) -> tuple[Source, ...]:
@@ -26,6 +27,16 @@ def sources(kind: str, status: TaskStatus | None) -> tuple[Source, ...]:
     if kind == "cancel":
         return _ALL_PENDING
     return tuple(src for s in ACTS_ON[kind] for src in SOURCES[s])
+
+
+def acting(src: Source, kind: str, status: TaskStatus | None) -> Source:
+    """The source as a step acts on what its listing found. A cancel of every pending task
+    (a purge) acts on a found task in any pending status: one claimed, parked or retried
+    between the listing and the step is cancelled where it is now, where the walk might have
+    passed its new index already (lua/job_step.lua)."""
+    if kind == "cancel" and status is None:
+        return Source(src.index, src.desc, _PENDING_LETTERS)
+    return src
 
 
 def start_of(src: Source, kind: str, started_ms: int) -> tuple[str | int, str]:
