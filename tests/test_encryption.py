@@ -294,6 +294,53 @@ async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
     assert b"4111" not in await raw_dump(redis)
 
 
+async def test_topic_specs_are_sealed_and_rotated(redis: Redis) -> None:
+    """A topic's endpoints' headers go into every task its publishes make, and hold receivers'
+    credentials: sealed in its spec, opened by GET and by a publish, sealed anew by the
+    rotation; a spec under an unlisted key is a 503 saying which key."""
+    from timewheel.errors import StoreUnavailable
+    from timewheel.store.topic_store import TopicStore
+
+    endpoints = [{"name": "a", "url": "http://127.0.0.1:9/a",
+                  "headers": {"Authorization": f"Bearer {SECRET_HEADER}"}}]
+    old = TopicStore(await make_store(redis, K0))
+    await old.put("orders", endpoints, now_ms=NOW)
+    await old.put("other", endpoints, now_ms=NOW)
+    assert SECRET_HEADER.encode() not in await raw_dump(redis)
+    got = await old.get("orders")
+    assert got is not None and got.endpoints == endpoints
+    page, _ = await old.page(10, None)
+    assert [t.endpoints for t in page] == [endpoints, endpoints]
+
+    only_k1 = TopicStore(await make_store(redis, K1))
+    with pytest.raises(StoreUnavailable, match=r"topic 'orders'.*key id 'k0'"):
+        await only_k1.get("orders")
+
+    report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert (report.topics_rekeyed, report.topics_unreadable) == (2, 0)
+    got = await only_k1.get("orders")
+    assert got is not None and got.endpoints == endpoints
+    assert SECRET_HEADER.encode() not in await raw_dump(redis)
+    again = await Rotation(redis, "tw", Cipher([K1])).run()
+    assert (again.topics_rekeyed, again.topics_unreadable) == (0, 0)  # current already
+
+
+async def test_a_topic_stored_before_encryption_is_read_and_sealed_by_the_rotation(
+        redis: Redis) -> None:
+    from timewheel.store.topic_store import TopicStore
+
+    endpoints = [{"name": "a", "url": "http://127.0.0.1:9/a", "headers": {"X-K": SECRET_HEADER}}]
+    await TopicStore(await make_store(redis)).put("orders", endpoints, now_ms=NOW)
+    assert SECRET_HEADER.encode() in await raw_dump(redis)  # plaintext: no keys then
+    sealed = TopicStore(await make_store(redis, K0))
+    got = await sealed.get("orders")
+    assert got is not None and got.endpoints == endpoints
+    assert (await Rotation(redis, "tw", Cipher([K0])).run()).topics_rekeyed == 1
+    assert SECRET_HEADER.encode() not in await raw_dump(redis)
+    got = await sealed.get("orders")
+    assert got is not None and got.endpoints == endpoints
+
+
 @pytest.mark.parametrize("sealed", [True, False], ids=["keys", "control without keys"])
 async def test_a_result_task_is_sealed_like_any_task(redis: Redis, sealed: bool) -> None:
     """The result task complete.lua creates carries the receiver's answer as its body: sealed

@@ -21,7 +21,8 @@ guessable body would let anyone holding a dump confirm a guess. Rotation re-keys
 An attempt's response body (lua/lib/attempts.lua entries) is sealed the same way, its associated
 data the task key and attempt number, and stored base64 in the entry's ``bx`` field. A
 schedule's spec (its task template holds headers and body; no script reads it) is sealed whole
-in the schedule's ``spec`` field, its associated data the schedule id.
+in the schedule's ``spec`` field, its associated data the schedule id; a topic's spec (its
+endpoints' headers) likewise, its associated data the topic's name.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ _LEN = struct.Struct(">I")
 _TASK_AD = b"timewheel task\x00"
 _ATTEMPT_AD = b"timewheel attempt\x00"
 _SCHEDULE_AD = b"timewheel schedule\x00"
+_TOPIC_AD = b"timewheel topic\x00"
 
 
 class UnknownKey(Exception):
@@ -195,6 +197,15 @@ class Cipher:
     def open_schedule(self, schedule_id: str, blob: bytes) -> str:
         """Raises UnknownKey or BadCiphertext."""
         return self._open(blob, _SCHEDULE_AD + schedule_id.encode())[1].decode()
+
+    # -- topic specs (their endpoints' headers carry receivers' credentials) --------------------
+
+    def seal_topic(self, name: str, spec: str) -> bytes:
+        return self._seal(spec.encode(), _TOPIC_AD + name.encode())
+
+    def open_topic(self, name: str, blob: bytes) -> str:
+        """Raises UnknownKey or BadCiphertext."""
+        return self._open(blob, _TOPIC_AD + name.encode())[1].decode()
 
     # -- attempt response bodies --------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""``timewheel keys rotate``: every task record, attempt history entry and schedule spec not
-sealed under the first key of TIMEWHEEL_ENCRYPTION_KEYS sealed anew under it (docs/security.md,
+"""``timewheel keys rotate``: every task record, attempt history entry, schedule and topic spec
+not sealed under the first key of TIMEWHEEL_ENCRYPTION_KEYS sealed anew under it (docs/security.md,
 "Rotating").
 
 It runs beside the serving processes, in bounded steps: SCAN a few hundred keys, read them,
@@ -59,6 +59,9 @@ class RotationReport:
     schedules_rekeyed: int = 0  # specs (their task templates hold headers and bodies)
     schedules_changed: int = 0
     schedules_unreadable: int = 0
+    topics_rekeyed: int = 0  # specs (their endpoints' headers)
+    topics_changed: int = 0
+    topics_unreadable: int = 0
 
     def line(self) -> str:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -98,7 +101,19 @@ class Rotation:
                         batch = []
             if batch:
                 await self._step(kind, batch, progress)
+        await self._topics()
+        if progress is not None:
+            progress(self.report)
         return self.report
+
+    async def _topics(self) -> None:
+        """Every topic's spec: topics are few, in one slot, so one SCAN of it."""
+        prefix = f"{{{self._prefix}:topics}}:"
+        async with redis_errors("rotate"):
+            async for raw in self.redis.scan_iter(match=f"{prefix}tp:*", count=self.step):
+                rest = (raw.decode() if isinstance(raw, bytes) else str(raw))[len(prefix):]
+                await self._spec("topics", prefix, rest, self.cipher.seal_topic,
+                                 self.cipher.open_topic)
 
     async def _step(self, kind: str, batch: Sequence[tuple[str, str, str]],
                     progress: Callable[[RotationReport], None] | None) -> None:
@@ -165,25 +180,35 @@ class Rotation:
                 self.report.attempts_changed += 1
 
     async def _schedule(self, name: str, prefix: str, schedule_id: str) -> None:
-        raw: Any = await self.redis.hget(name, "spec")
+        await self._spec("schedules", prefix, f"s:{schedule_id}", self.cipher.seal_schedule,
+                         self.cipher.open_schedule)
+
+    async def _spec(self, kind: str, prefix: str, rest: str,
+                    seal: Callable[[str, str], bytes], open_: Callable[[str, bytes], str]
+                    ) -> None:
+        """A schedule's or topic's ``spec`` field (hash ``prefix + rest``), sealed anew;
+        ``kind`` names the report's counters ("schedules", "topics")."""
+        raw: Any = await self.redis.hget(prefix + rest, "spec")
         if raw is None:
             return  # a deleted schedule's tombstone, or gone
+        ident = rest.partition(":")[2]  # the schedule id or topic name: the seal's AD
         if is_sealed(raw):
             if sealed_key_id(raw) == self.cipher.key_id:
                 return
             try:
-                text = self.cipher.open_schedule(schedule_id, raw)
+                text = open_(ident, raw)
             except (UnknownKey, BadCiphertext):
-                self.report.schedules_unreadable += 1
+                self._count(kind, "unreadable")
                 return
         else:
             text = raw.decode()
         reply = RekeyScheduleReply(int(await self._rekey_schedule(
-            keys=[prefix], args=[schedule_id, raw, self.cipher.seal_schedule(schedule_id, text)])))
-        if reply is RekeyScheduleReply.REKEYED:
-            self.report.schedules_rekeyed += 1
-        else:
-            self.report.schedules_changed += 1
+            keys=[prefix], args=[rest, raw, seal(ident, text)])))
+        self._count(kind, "rekeyed" if reply is RekeyScheduleReply.REKEYED else "changed")
+
+    def _count(self, kind: str, what: str) -> None:
+        name = f"{kind}_{what}"
+        setattr(self.report, name, getattr(self.report, name) + 1)
 
     def _body_to_seal(self, key: str, entry: dict[str, Any]) -> str | None:
         """The entry's response body when it is not sealed under the first key; else None."""

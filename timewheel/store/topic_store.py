@@ -14,6 +14,8 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 
+from timewheel.errors import StoreUnavailable
+from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, is_sealed, sealed_key_id
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import TopicDeleteReply, TopicPutReply
 from timewheel.store.task_store import Store
@@ -42,13 +44,18 @@ class TopicStore:
     def __init__(self, store: Store) -> None:
         self.redis = store.redis
         self.prefix = store.keys.topics
+        # With TIMEWHEEL_ENCRYPTION_KEYS the spec is sealed (store/encryption.py): endpoints'
+        # headers are where receivers' credentials go, and the contract keeps every header a
+        # task sends out of a dump of Redis.
+        self.cipher: Cipher | None = store.cipher
         self.scripts: dict[str, AsyncScript] = {
             name: store.scripts.register(name) for name in SCRIPTS}  # acknowledged writes
 
     async def put(self, name: str, endpoints: list[dict[str, Any]], *, now_ms: int
                   ) -> tuple[bool, int]:
         """Create or replace; whether it was created, and when (the first time)."""
-        spec = json.dumps({"endpoints": endpoints}, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps({"endpoints": endpoints}, separators=(",", ":"), ensure_ascii=False)
+        spec = text if self.cipher is None else self.cipher.seal_topic(name, text)
         async with redis_errors("topic put"):
             code, created = await self.scripts["topic_put"](keys=[self.prefix],
                                                             args=[name, spec, now_ms])
@@ -58,7 +65,7 @@ class TopicStore:
         async with redis_errors("topic get"):
             raw: list[Any] = await self.redis.hmget(f"{self.prefix}tp:{name}",
                                                     ["spec", "created", "updated"])
-        return _record(name, raw)
+        return self._record(name, raw)
 
     async def delete(self, name: str) -> bool:
         """False when there is no such topic."""
@@ -78,7 +85,7 @@ class TopicStore:
             for name in shown:
                 pipe.hmget(f"{self.prefix}tp:{name}", ["spec", "created", "updated"])
             rows: list[Any] = await pipe.execute() if shown else []
-        records = [_record(name, row) for name, row in zip(shown, rows, strict=True)]
+        records = [self._record(name, row) for name, row in zip(shown, rows, strict=True)]
         following = shown[-1] if len(names) > limit else None
         return [r for r in records if r is not None], following
 
@@ -100,9 +107,21 @@ class TopicStore:
         return [PublishNote(key.decode(), int(ms)) for key, ms in rows]
 
 
-def _record(name: str, raw: list[Any]) -> TopicRecord | None:
-    spec, created, updated = raw
-    if spec is None:
-        return None
-    return TopicRecord(name=name, endpoints=json.loads(spec)["endpoints"],
-                       created_ms=int(created or 0), updated_ms=int(updated or 0))
+    def _record(self, name: str, raw: list[Any]) -> TopicRecord | None:
+        spec, created, updated = raw
+        if spec is None:
+            return None
+        endpoints = json.loads(self._spec_text(name, spec))["endpoints"]
+        return TopicRecord(name=name, endpoints=endpoints, created_ms=int(created or 0),
+                           updated_ms=int(updated or 0))
+
+    def _spec_text(self, name: str, raw: bytes) -> str:
+        """The spec JSON, opened when sealed; a spec no listed key opens is a 503 saying so."""
+        if not is_sealed(raw):
+            return raw.decode()
+        try:
+            if self.cipher is None:
+                raise UnknownKey(sealed_key_id(raw))
+            return self.cipher.open_topic(name, raw)
+        except (UnknownKey, BadCiphertext) as exc:
+            raise StoreUnavailable(f"topic {name!r}: {exc}") from exc
