@@ -24,6 +24,9 @@
 --                           after its lease ran out): nothing is written
 --    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: only its
 --                           history entry is written
+--    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight:
+--                           its history entry and last status are written; the task stays at
+--                           its new time
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
@@ -85,6 +88,13 @@ for _, item in ipairs(items) do
     put_head(tkey, h)
     add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
+  elseif ours and PENDING[h[ST]] then
+    -- Rescheduled in flight (lua/reschedule.lua keeps the claim of a started attempt for this).
+    h[CLAIM], h[STARTED] = NONE, 0
+    h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
+    put_with_err(tkey, h, err)
+    add_attempt(P, key, entry, kept, nil)
+    out[#out + 1] = 3
   elseif not ours or h[ST] ~= 'd' or (outcome == 'retry' and not due) then
     out[#out + 1] = 0
   else

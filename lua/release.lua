@@ -14,6 +14,8 @@
 --                   ran out): nothing written
 --    2 CANCELLED    the task was cancelled while it held the claim: its history says so,
 --                   nothing else is written
+--    3 MOVED        the task was rescheduled (PATCH) after its attempt started: it was not
+--                   sent after all, so its count is taken back; it stays at its new time
 local P = KEYS[1]
 local kept = tonumber(ARGV[1])
 local out = {}
@@ -31,6 +33,13 @@ for i = 2, #ARGV, 2 do
     add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
       kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
+  elseif PENDING[h[ST]] then
+    -- Rescheduled after it started (lua/reschedule.lua kept the claim for its answer).
+    h[ATT] = h[ATT] - 1
+    if h[ATT] == 0 then h[ST] = 's' end
+    h[CLAIM], h[STARTED] = NONE, 0
+    put_head(tkey, h)
+    out[#out + 1] = 3
   elseif h[ST] ~= 'd' then
     out[#out + 1] = 0
   else

@@ -5,9 +5,11 @@
 --
 -- A pending task's entry moves from its slice to the new minute's (the old entry is marked in
 -- the old minute's delete-set for the claimer to drop, as cancel and replace do). A task parked
--- for its flow leaves the flow's waiting sets for the new slice. A claimed task loses its claim
--- and lease, as with PUT: the holder's start finds no claim and sends nothing; an attempt
--- already sent may still arrive, and its outcome is dropped as stale (complete.lua).
+-- for its flow leaves the flow's waiting sets for the new slice. A claimed task loses its lease;
+-- one whose attempt has not started loses its claim too, so the holder's start check fails and
+-- nothing is sent. An attempt already started keeps its claim, as a cancel keeps it, so that its
+-- answer still goes into the history (complete.lua), or, if it was not sent after all, its
+-- count is taken back (release.lua); either way the task stays at its new time.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
 -- ARGV[1]  task key
@@ -45,8 +47,9 @@ else
   redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
 end
 local minute = slice_minute(P, due, now)
+if not (h[ST] == 'd' and h[STARTED] == 1) then h[CLAIM], h[STARTED] = NONE, 0 end
 h[ST] = h[ATT] == 0 and 's' or 'r'
-h[DUE], h[EXEC], h[OP], h[CLAIM], h[STARTED] = due, due, op, NONE, 0
+h[DUE], h[EXEC], h[OP] = due, due, op
 if max then h[MAX] = max end
 put_head(tkey, h)
 into_slice(P, key, due, minute)

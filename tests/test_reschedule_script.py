@@ -98,23 +98,56 @@ async def test_a_parked_task_leaves_its_flow_for_the_new_slice(store: Store,
         "cur": str(M0)}
 
 
-@pytest.mark.parametrize("started", [False, True])
-async def test_a_claimed_task_loses_its_claim_as_with_put(store: Store, redis: Redis,
-                                                          started: bool) -> None:
-    """Lease and claim dropped: the holder's start finds no claim (nothing is sent), and the
-    outcome of an attempt already sent is stale. The attempts made stay counted."""
-    attempts = 1 if started else 0
-    await seed(redis, {"t:a": delivering(started=started, attempts=attempts, **REQUEST),
-                       "ls": {"a": NOW + 15_000, "b": NOW + 9}, "cl:tok": ["a"],
-                       "cur": str(M0)})
+async def test_a_claimed_task_not_started_loses_its_claim_as_with_put(
+        store: Store, redis: Redis) -> None:
+    """Lease and claim dropped: the holder's start finds no claim, so nothing is sent."""
+    await seed(redis, {"t:a": delivering(**REQUEST), "ls": {"a": NOW + 15_000, "b": NOW + 9},
+                       "cl:tok": ["a"], "cur": str(M0)})
     assert await reschedule(store, "a", NOW + 2 * MIN) == 1
-    status = "retrying" if started else "scheduled"
     assert await dump(redis) == {
-        "t:a": rec(status, due=NOW + 2 * MIN, attempts=attempts, op="r1", **REQUEST),
+        "t:a": rec("scheduled", due=NOW + 2 * MIN, op="r1", **REQUEST),
         "ls": {"b": NOW + 9}, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN}, **minutes(M0 + 2),
         "cl:tok": ["a"], "cur": str(M0)}
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
-    assert await run(store, "complete", NOW + 5, RET, "a", "tok", "ok", 200, "", "", NOW) == [0]
+
+
+async def test_a_started_attempt_keeps_its_claim_and_its_answer_goes_into_the_history(
+        store: Store, redis: Redis) -> None:
+    """PATCH while the attempt is in flight: the lease goes, the claim stays for its answer.
+    The answer (200) is recorded, in the history and as the last status, and the task stays
+    at its new time; before, the answer was dropped as stale and the history had no entry
+    for an attempt that was sent."""
+    await seed(redis, {"t:a": delivering(started=True, attempts=1, **REQUEST),
+                       "ls": {"a": NOW + 15_000}, "cl:tok": ["a"], "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    moved = rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1", claim="tok", started=True,
+                **REQUEST)
+    assert await dump(redis) == {"t:a": moved, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN},
+                                 **minutes(M0 + 2), "cl:tok": ["a"], "cur": str(M0)}
+    assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]  # not sent again
+    entry = f'{{"n":1,"s":{NOW + 1},"o":"delivered","c":200}}'
+    assert await run(store, "complete", NOW + 5, RET, 5, "a", "tok", "ok", 200, "", "",
+                     NOW + 1, entry, "") == [3]
+    state = await dump(redis)
+    assert state["t:a"] == rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1",
+                               last_at=NOW + 1, last_code=200, **REQUEST)
+    assert await redis.lrange(P + "a:a", 0, -1) == [entry.encode()]
+    assert await redis.pttl(P + "a:a") == -1  # pending: the history does not expire
+    assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
+
+
+async def test_a_started_attempt_not_sent_after_all_is_uncounted(
+        store: Store, redis: Redis) -> None:
+    """PATCH after the start, and the holder then hands the claim back unsent (its start
+    deadline passed): the attempt is taken back out of the count, the task stays moved."""
+    await seed(redis, {"t:a": delivering(started=True, attempts=1, **REQUEST),
+                       "ls": {"a": NOW + 15_000}, "cl:tok": ["a"], "cur": str(M0)})
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    assert await run(store, "release", 5, "a", "tok") == [3]
+    state = await dump(redis)
+    assert state["t:a"] == rec("scheduled", due=NOW + 2 * MIN, op="r1", **REQUEST)
+    assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
+    assert await run(store, "release", 5, "a", "tok") == [0]  # once
 
 
 async def test_a_repeat_by_a_client_retry_answers_the_same_and_writes_nothing(

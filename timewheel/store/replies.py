@@ -60,6 +60,7 @@ class CompleteReply(IntEnum):
     RECORDED = 1
     STALE = 0  # the claim is not the caller's any more: nothing written
     CANCELLED_IN_FLIGHT = 2  # cancelled while the attempt was in flight: only its history
+    MOVED_IN_FLIGHT = 3  # rescheduled while in flight: its history and last status only
 
 
 @unique
@@ -69,6 +70,7 @@ class ReleaseReply(IntEnum):
     HANDED_BACK = 1
     STALE = 0  # the claim is not the caller's any more: nothing written
     CANCELLED = 2  # cancelled while claimed: only its history entry is written
+    MOVED = 3  # rescheduled after it started, not sent after all: its count taken back
 
 
 @unique
