@@ -29,7 +29,7 @@ from tests.support.tls import client_context, self_signed, server_context
 from tests.support.waiting import wait_until
 from timewheel.delivery import http1, wire
 from timewheel.delivery.netguard import NetworkPolicy, NotWritten
-from timewheel.delivery.senders import MAX_RESPONSE_BYTES, SendError
+from timewheel.delivery.senders import MAX_RESPONSE_BYTES, SendError, kept_headers
 from timewheel.delivery.wire import WireSender
 
 OPEN = NetworkPolicy(allow_private=True)  # loopback allowed: what most tests need
@@ -317,6 +317,36 @@ async def test_the_answer_has_the_status_retry_after_and_only_the_kept_headers(
     assert answer.headers == {"retry-after": "7", "content-type": "text/plain",
                               "x-request-id": "r-1", "content-length": "4"}
     assert (answer.body, answer.body_truncated) == (b"busy", False)
+
+
+async def test_the_named_headers_are_kept_before_id_headers_that_came_first(
+        server: ScriptedServer, sender: WireSender) -> None:
+    """docs/api.md v3: content-type, content-length, retry-after and location are always
+    kept; id headers fill the rest of the ten in arrival order, whatever came first."""
+    ids = ["X-Correlation-Id", "Request-Id", "X-Amzn-RequestId", "X-Trace-Id", "X-B3-TraceId",
+           "X-Amz-Request-Id", "X-Ms-Request-Id", "X-Span-Id", "X-Request-Id", "X-Event-Id"]
+    server.script(head_of("503 Service Unavailable",
+                          *(f"{name}: {i}" for i, name in enumerate(ids)),
+                          "X-Request-Id: repeated", "Retry-After: 30",
+                          "Location: /elsewhere", "Content-Type: text/plain",
+                          "X-Message-Id: late", length=4)
+                  + b"busy")
+    answer = await sender.send("POST", server.url(), [], b"{}", TIMEOUT)
+    assert answer.headers == {
+        "retry-after": "30", "location": "/elsewhere", "content-type": "text/plain",
+        "content-length": "4", "x-correlation-id": "0", "request-id": "1",
+        "x-amzn-requestid": "2", "x-trace-id": "3", "x-b3-traceid": "4",
+        "x-amz-request-id": "5"}
+    assert list(answer.headers)[:4] == ["retry-after", "location", "content-type",
+                                        "content-length"]
+
+
+def test_kept_headers_keep_the_first_value_and_no_more_than_ten() -> None:
+    many = [(f"X-Id-{i}-Id", str(i)) for i in range(12)]
+    assert kept_headers([*many, ("Location", "/a"), ("location", "/b")]) == {
+        "location": "/a", **{f"x-id-{i}-id": str(i) for i in range(9)}}
+    assert kept_headers([("Server", "x"), ("X-Request-Id", "r"), ("Set-Cookie", "s")]) == {
+        "x-request-id": "r"}
 
 
 async def test_an_answer_without_retry_after_has_none(

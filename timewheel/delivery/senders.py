@@ -55,14 +55,21 @@ class Answer:
 def kept_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
     """The response headers worth keeping in an attempt's history: content-type,
     content-length, retry-after, location and id headers (x-request-id and the like), at
-    most ten, each value cut at 200 characters; names in lower case."""
+    most ten, each value cut at 200 characters; names in lower case, a repeated name's first
+    value. The four named ones come first whenever present (an answer may carry many id
+    headers before them), then id headers in arrival order fill the rest."""
     kept: dict[str, str] = {}
+    ids: dict[str, str] = {}
     for name, value in items:
         lower = name.lower()
-        if lower in KEPT_HEADERS or _ID_HEADER.search(lower):
+        if lower in KEPT_HEADERS:
             kept.setdefault(lower, value[:MAX_HEADER_VALUE])
-            if len(kept) == MAX_KEPT_HEADERS:
-                break
+        elif len(ids) < MAX_KEPT_HEADERS and _ID_HEADER.search(lower):
+            ids.setdefault(lower, value[:MAX_HEADER_VALUE])
+    for name, value in ids.items():
+        if len(kept) == MAX_KEPT_HEADERS:
+            break
+        kept[name] = value
     return kept
 
 
