@@ -198,6 +198,26 @@ async def test_bad_input_is_422_naming_the_field_and_stores_nothing(
     assert sorted(await redis.keys("*")) != keys_before
 
 
+@pytest.mark.parametrize(("given", "shown"), [
+    ("2026-11-28T10:55:30+02:00", "2026-11-28T08:55:30.000Z"),
+    ("2026-11-28t08:55:30.1234z", "2026-11-28T08:55:30.124Z"),  # the millisecond compared
+    (1795000000, "2026-11-18T11:06:40.000Z"),
+    (1795000000.25, "2026-11-18T11:06:40.250Z"),
+])
+async def test_the_filter_times_are_shown_in_rfc3339_utc_with_milliseconds(
+        client: httpx.AsyncClient, store: Store, given: str | float, shown: str) -> None:
+    """docs/api.md: "Timestamps in responses are RFC 3339 UTC with milliseconds", the filter's
+    ``due_before`` and ``created_before`` too, however they were sent. The job keeps them as
+    sent (a job recorded before they were shown so renders the same), the other fields as
+    they are."""
+    body = {"due_before": given, "created_before": given, "key_prefix": "a."}
+    job_id = await start(client, "cancel", body)
+    assert (await job(client, job_id))["filter"] == {
+        "due_before": shown, "created_before": shown, "key_prefix": "a."}
+    stored = await JobStore(store).get(job_id)
+    assert stored is not None and stored.filter == body
+
+
 async def test_unknown_job_is_404(client: httpx.AsyncClient) -> None:
     assert (await client.get("/jobs/0123456789abcdef")).status_code == 404
     assert (await client.get("/jobs/not-an-id")).status_code == 422

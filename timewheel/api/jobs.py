@@ -18,6 +18,7 @@ from timewheel.models import (
     JobView,
     ReplayFilter,
     format_ms,
+    parse_execute_at,
 )
 from timewheel.operations.records import JobRecord
 
@@ -27,8 +28,21 @@ JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="the job's id")]
 _RESPONSES: dict[int | str, dict[str, Any]] = {503: {"description": "Redis unavailable"}}
 
 
+# The filter's times, stored as the request gave them (RFC 3339 with any offset, or epoch
+# seconds): shown as every time in a response is, RFC 3339 UTC with milliseconds (docs/api.md),
+# at the millisecond the job compares with (jobs/sources.py ``task_filter`` parses them alike).
+# Shown rather than stored normalised, so a job recorded as given renders the same way.
+_FILTER_TIMES = ("due_before", "created_before")
+
+
+def filter_view(stored: dict[str, Any]) -> dict[str, Any]:
+    return {name: format_ms(parse_execute_at(value)) if name in _FILTER_TIMES else value
+            for name, value in stored.items()}
+
+
 def job_view(job: JobRecord) -> JobView:
-    return JobView(id=job.id, kind=JobKind(job.kind), filter=job.filter, state=job.state,  # type: ignore[arg-type]
+    return JobView(id=job.id, kind=JobKind(job.kind), filter=filter_view(job.filter),
+                   state=job.state,  # type: ignore[arg-type]
                    matched=job.counts.matched, done=job.counts.done,
                    skipped=job.counts.skipped, started_at=format_ms(job.started_ms) or "",
                    finished_at=format_ms(job.finished_ms))
