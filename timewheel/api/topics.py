@@ -58,7 +58,8 @@ async def put_topic(name: TopicName, body: TopicPut, wheel: WheelDep,
 async def list_topics(
     wheel: WheelDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(pattern=TOPIC_NAME_PATTERN)] = None,
+    cursor: Annotated[str | None, Query(max_length=400, description="`next_cursor` of the "
+                                        "previous page")] = None,
 ) -> TopicList:
     """Topics in name order, cursor-paginated."""
     records, following = await wheel.topics.page(limit, cursor)
