@@ -10,7 +10,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from tests.conftest import START_MS
 from tests.test_api import URL, expected_view, snapshot
+from timewheel.store import Outcome, Store
+from timewheel.store.results import ResultCallback
 
 OK = "http://127.0.0.1:9/ok"
 NO = "https://example.com/failed"
@@ -110,3 +113,99 @@ async def test_a_result_task_takes_no_result_callback(client: httpx.AsyncClient,
     assert r.status_code == 422
     assert await snapshot(redis) == before
     assert (await client.post("/tasks", json={"key": key, "callback_url": URL})).status_code == 201
+
+
+async def finish(store: Store, key: str, kind: str, url: str) -> None:
+    """Claim, start and finish (``ok`` or ``fail``) the due task ``key``, reporting to its
+    result callback ``url``: the outcome's script creates the result task."""
+    bucket = store.keys.bucket_of(key)
+    _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS, limit=10,
+                                 token="tok")
+    assert [t.key for t in tasks] == [key]
+    await store.start(bucket, now_ms=START_MS, claims=[(key, "tok")])
+    result = ResultCallback(url=url, verdict=kind, attempt=1,  # type: ignore[arg-type]
+                            status_code=200 if kind == "ok" else 400, scheduled_at_ms=START_MS,
+                            timeout_ms=10_000)
+    assert await store.complete(bucket, now_ms=START_MS, outcomes=[Outcome(
+        key, "tok", kind, status_code=result.status_code, started_ms=START_MS,  # type: ignore[arg-type]
+        result=result)]) == [1]
+
+
+LONGEST = "k" * 200  # the longest key a request may give
+
+
+@pytest.mark.parametrize(("kind", "suffix", "url"), [
+    ("ok", ".on_success", OK), ("fail", ".on_failure", NO)], ids=["on_success", "on_failure"])
+async def test_the_result_task_of_the_longest_key_is_reachable_by_its_key(
+        client: httpx.AsyncClient, store: Store, kind: str, suffix: str, url: str) -> None:
+    """docs/api.md v3: a result task is "listed, visible" like any task. Under a 200-character
+    key its key has 211: GET, its attempts, PATCH, DELETE and replay take it as they take
+    any task's key (they answered 422: the path allowed 200)."""
+    r = await client.post("/tasks", json={"key": LONGEST, "callback_url": URL, **BOTH})
+    assert r.status_code == 201, r.text
+    await finish(store, LONGEST, kind, url)
+    key = LONGEST + suffix
+    assert len(key) == 211
+    listed = (await client.get("/tasks", params={"status": "scheduled"})).json()["tasks"]
+    assert [t["key"] for t in listed] == [key]
+    r = await client.get(f"/tasks/{key}")
+    assert r.status_code == 200, r.text
+    assert (r.json()["key"], r.json()["status"], r.json()["callback_url"]) == (
+        key, "scheduled", url)
+    assert r.json()["attempts_url"] == f"/tasks/{key}/attempts"
+    r = await client.get(f"/tasks/{key}/attempts")
+    assert (r.status_code, r.json()) == (200, {"attempts": []})
+    r = await client.patch(f"/tasks/{key}", json={"delay": 60})
+    assert (r.status_code, r.json()["execute_at"]) == (200, "2027-01-15T08:01:00.000Z")
+    assert (await client.delete(f"/tasks/{key}")).status_code == 204
+    assert (await client.get(f"/tasks/{key}")).json()["status"] == "cancelled"
+    r = await client.post(f"/tasks/{key}/replay")
+    assert (r.status_code, r.json()["status"]) == (200, "scheduled")
+    # Its parent is untouched by all this.
+    parent = (await client.get(f"/tasks/{LONGEST}")).json()
+    assert parent["status"] == ("succeeded" if kind == "ok" else "failed")
+
+
+@pytest.mark.parametrize("key", [
+    pytest.param("k" * 201, id="201"),
+    pytest.param("k" * 211, id="211-no-suffix"),
+    pytest.param("k" * 200 + ".on_succes0", id="211-another-suffix"),
+    pytest.param("k" * 201 + ".on_success", id="212-a-longer-parent"),
+    pytest.param("k" * 200 + ".on_success.on_success", id="a-result-of-a-result"),
+])
+async def test_a_key_over_200_is_422_unless_a_result_tasks(
+        client: httpx.AsyncClient, redis: Redis, key: str) -> None:
+    """Only a 200-character key and a result suffix is longer than 200: anything else is a
+    422 on every path, and nothing is stored or changed."""
+    await client.post("/tasks", json={"key": LONGEST, "callback_url": URL, **BOTH})
+    before = await snapshot(redis)
+    for method, path, body in [
+            ("GET", f"/tasks/{key}", None), ("GET", f"/tasks/{key}/attempts", None),
+            ("DELETE", f"/tasks/{key}", None), ("PATCH", f"/tasks/{key}", {"delay": 5}),
+            ("POST", f"/tasks/{key}/replay", None),
+            ("PUT", f"/tasks/{key}", {"callback_url": URL})]:
+        r = await client.request(method, path, json=body)
+        assert r.status_code == 422, (method, path, r.text)
+        assert r.json()["detail"][0]["loc"] == ["path", "key"], (method, r.text)
+    assert await snapshot(redis) == before
+
+
+@pytest.mark.parametrize("suffix", [".on_success", ".on_failure"])
+async def test_creating_keeps_the_200_limit_for_a_result_key(
+        client: httpx.AsyncClient, redis: Redis, suffix: str) -> None:
+    """A result task's key over 200 is made by the service only: POST and PUT (its body and
+    its path) refuse it, and store nothing. An unknown one is a 404 where a task's key is
+    read (the control: it passes the path's pattern)."""
+    key = LONGEST + suffix
+    before = await snapshot(redis)
+    r = await client.post("/tasks", json={"key": key, "callback_url": URL})
+    assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["body", "key"])
+    r = await client.put(f"/tasks/{key}", json={"callback_url": URL})
+    assert (r.status_code, r.json()["detail"][0]["loc"]) == (422, ["path", "key"])
+    r = await client.post("/tasks/batch", json={"tasks": [{"key": key, "callback_url": URL}]})
+    assert r.json()["results"][0]["status"] == 422
+    assert await snapshot(redis) == before
+    assert (await client.get(f"/tasks/{key}")).status_code == 404
+    assert (await client.get(f"/tasks/{key}/attempts")).status_code == 404
+    assert (await client.delete(f"/tasks/{key}")).status_code == 404
+    assert await snapshot(redis) == before

@@ -20,6 +20,10 @@ KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"
 # A result callback (docs/api.md v3, "Result callbacks") is the task ``{key}.on_success`` or
 # ``{key}.on_failure``; it lives in its parent's bucket (store/keys.py ``bucket_of``).
 RESULT_SUFFIXES = (".on_success", ".on_failure")
+# The key of a task that may exist: one a request may give (KEY_PATTERN), or a result task's,
+# which is such a key and its suffix (up to 211 characters). The paths that read or act on a
+# task (GET, DELETE, PATCH, /attempts, /replay) take it; creating keeps KEY_PATTERN.
+EXISTING_KEY_PATTERN = r"^[A-Za-z0-9._:-]{1,200}(?:\.on_success|\.on_failure)?$"
 
 
 def result_parent(key: str) -> str | None:

@@ -12,6 +12,7 @@ from timewheel.api.deps import Needs, WheelDep
 from timewheel.api.routing import TaskRoute
 from timewheel.api.views import task_view
 from timewheel.models import (
+    EXISTING_KEY_PATTERN,
     KEY_PATTERN,
     TaskCreate,
     TaskFields,
@@ -23,7 +24,13 @@ from timewheel.models import (
 
 router = APIRouter(prefix="/tasks", tags=["tasks"], route_class=TaskRoute)
 
-TaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
+# The key of a task PUT creates: 1-200 characters.
+NewTaskKey = Annotated[str, Path(pattern=KEY_PATTERN, description="the task's key")]
+# The key of a task that exists: also a result task's, ``{key}.on_success`` / ``.on_failure``
+# (docs/api.md v3, "Result callbacks": listed and visible like any task), up to 211.
+TaskKey = Annotated[str, Path(pattern=EXISTING_KEY_PATTERN, description="the task's key "
+                              "(1-200 characters, or a result task's: such a key followed by "
+                              "`.on_success` or `.on_failure`)")]
 _CONFLICT_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such task"}, 409: {"description": "conflict"},
     413: {"description": "body too large"}, 503: {"description": "Redis unavailable"},
@@ -45,7 +52,7 @@ async def create_task(body: TaskCreate, wheel: WheelDep, response: Response) -> 
 
 @router.put("/{key}", dependencies=[Needs.WRITE], response_model=TaskView,
             responses={201: {"description": "created"}, **_CONFLICT_RESPONSES})
-async def replace_task(key: TaskKey, body: TaskFields, wheel: WheelDep,
+async def replace_task(key: NewTaskKey, body: TaskFields, wheel: WheelDep,
                        response: Response) -> TaskView:
     """Create the task, or replace (reschedule) it if it has not finished."""
     result = await wheel.tasks.replace(key, body)

@@ -2,7 +2,14 @@
 One module per resource; everything is re-exported here, with the plain values of
 timewheel/domain.py that the models use (TaskStatus, Method, ...)."""
 
-from timewheel.domain import FINISHED, KEY_PATTERN, Method, TaskStatus, format_ms
+from timewheel.domain import (
+    EXISTING_KEY_PATTERN,
+    FINISHED,
+    KEY_PATTERN,
+    Method,
+    TaskStatus,
+    format_ms,
+)
 from timewheel.models.attempts import AttemptList, AttemptOutcome, AttemptView
 from timewheel.models.batch import MAX_BATCH_ITEMS, BatchCreate, BatchItemResult, BatchResult
 from timewheel.models.flows import FlowLimits, FlowList, FlowView
@@ -44,6 +51,7 @@ __all__ = ["FINISHED", "KEY_PATTERN", "MAX_BACKOFF_SECONDS", "MAX_BATCH_ITEMS", 
            "parse_execute_at"]
 __all__ += ["SCHEDULE_ID_PATTERN", "ScheduleCreate", "ScheduleList", "ScheduleSpec",
             "ScheduleTask", "ScheduleView"]
+__all__ += ["EXISTING_KEY_PATTERN"]
 __all__ += ["AttemptList", "AttemptOutcome", "AttemptView"]
 __all__ += ["JOB_ID_PATTERN", "CancelFilter", "JobCreated", "JobFilter", "JobKind", "JobView",
             "ReplayFilter"]
