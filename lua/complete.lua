@@ -24,9 +24,10 @@
 --                           after its lease ran out): nothing is written
 --    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: only its
 --                           history entry is written
---    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight:
---                           its history entry and last status are written; the task stays at
---                           its new time
+--    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight
+--                           and the answer is a retry: its history entry and last status are
+--                           written; the task stays at the PATCH's time (a final answer, ok or
+--                           fail, finishes the task as usual: RECORDED)
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
@@ -82,23 +83,30 @@ for _, item in ipairs(items) do
   local h = head(tkey)
   claims[token] = claims[token] or digest(token)
   local ours = h and h[CLAIM] == claims[token]
+  -- Rescheduled in flight (lua/reschedule.lua keeps the claim of a started attempt for this):
+  -- a final answer (delivered, failed for good) still decides the task; a retry's leaves it at
+  -- the time the PATCH gave, with the answer in its history and last status.
+  local moved = ours and h[STARTED] == 1 and PENDING[h[ST]]
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
     add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
-  elseif ours and PENDING[h[ST]] then
-    -- Rescheduled in flight (lua/reschedule.lua keeps the claim of a started attempt for this).
+  elseif moved and outcome == 'retry' then
     h[CLAIM], h[STARTED] = NONE, 0
     h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
     put_with_err(tkey, h, err)
     add_attempt(P, key, entry, kept, nil)
     out[#out + 1] = 3
-  elseif not ours or h[ST] ~= 'd' or (outcome == 'retry' and not due) then
+  elseif not ours or (h[ST] ~= 'd' and not moved) or (outcome == 'retry' and not due) then
     out[#out + 1] = 0
   else
-    redis.call('ZREM', P .. 'ls', key)
+    if moved then  -- its entry in the PATCH's slice goes with the claimer, as a cancel's does
+      redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
+    else
+      redis.call('ZREM', P .. 'ls', key)
+    end
     h[CLAIM], h[STARTED] = NONE, 0
     h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
     if outcome == 'retry' then

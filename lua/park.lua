@@ -13,7 +13,8 @@
 -- Reply: one ParkReply per pair (timewheel/store/replies.py)
 --    1 PARKED
 --    0 STALE   not the caller's claim any more (cancelled, replaced, re-claimed): nothing
---              written
+--              written; or its task was rescheduled after the attempt started, which then
+--              leaves the count (lib/record.lua moved_unsent)
 --
 -- Keys: pw:<flow> (zset task key -> due_ms, the flow's parked tasks of this bucket, in due
 -- order), pf (zset flow -> due_ms of its earliest parked task in this bucket), pa (zset task
@@ -24,7 +25,11 @@ for i = 1, #ARGV, 2 do
   local key = ARGV[i]
   local tkey = P .. 't:' .. key
   local h = head(tkey)
-  if not h or h[ST] ~= 'd' or h[CLAIM] ~= digest(ARGV[i + 1]) then
+  local claim = digest(ARGV[i + 1])
+  if moved_in_flight(h, claim) then
+    moved_unsent(tkey, h)  -- rescheduled after it started: not sent, and no longer to park
+    out[#out + 1] = 0
+  elseif not h or h[ST] ~= 'd' or h[CLAIM] ~= claim then
     out[#out + 1] = 0
   else
     local flow = flow_of(tkey, h)

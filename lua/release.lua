@@ -33,12 +33,8 @@ for i = 2, #ARGV, 2 do
     add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
       kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
-  elseif PENDING[h[ST]] then
-    -- Rescheduled after it started (lua/reschedule.lua kept the claim for its answer).
-    h[ATT] = h[ATT] - 1
-    if h[ATT] == 0 then h[ST] = 's' end
-    h[CLAIM], h[STARTED] = NONE, 0
-    put_head(tkey, h)
+  elseif moved_in_flight(h, h[CLAIM]) then
+    moved_unsent(tkey, h)  -- rescheduled after it started: it was not sent after all
     out[#out + 1] = 3
   elseif h[ST] ~= 'd' then
     out[#out + 1] = 0

@@ -47,7 +47,8 @@ else
   redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
 end
 local minute = slice_minute(P, due, now)
-if not (h[ST] == 'd' and h[STARTED] == 1) then h[CLAIM], h[STARTED] = NONE, 0 end
+-- A started attempt's claim stays, here as after an earlier PATCH (its attempt still out).
+if h[STARTED] ~= 1 then h[CLAIM], h[STARTED] = NONE, 0 end
 h[ST] = h[ATT] == 0 and 's' or 'r'
 h[DUE], h[EXEC], h[OP] = due, due, op
 if max then h[MAX] = max end

@@ -14,6 +14,7 @@ from tests.support.bucket_state import (
     RET,
     P,
     assert_ttls,
+    claim,
     delivering,
     dump,
     minutes,
@@ -21,7 +22,7 @@ from tests.support.bucket_state import (
     run,
     seed,
 )
-from timewheel.store import Store
+from timewheel.store import Store, layout
 
 # The standard record with a request that must survive the move.
 REQUEST = {"headers": "X-Order:42\nContent-Type:application/json", "body": '{"a":1}',
@@ -111,43 +112,112 @@ async def test_a_claimed_task_not_started_loses_its_claim_as_with_put(
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
 
 
-async def test_a_started_attempt_keeps_its_claim_and_its_answer_goes_into_the_history(
-        store: Store, redis: Redis) -> None:
-    """PATCH while the attempt is in flight: the lease goes, the claim stays for its answer.
-    The answer (200) is recorded, in the history and as the last status, and the task stays
-    at its new time; before, the answer was dropped as stale and the history had no entry
-    for an attempt that was sent."""
-    await seed(redis, {"t:a": delivering(started=True, attempts=1, **REQUEST),
+def entry(outcome: str, code: int, n: int = 1) -> str:
+    return f'{{"n":{n},"s":{NOW + 1},"o":"{outcome}","c":{code}}}'
+
+
+async def in_flight(redis: Redis, attempts: int = 1, **extra: object) -> None:
+    """Task a, its attempt started (counted) and out, leased to token "tok"."""
+    await seed(redis, {"t:a": delivering(started=True, attempts=attempts, **REQUEST, **extra),
                        "ls": {"a": NOW + 15_000}, "cl:tok": ["a"], "cur": str(M0)})
+
+
+async def complete(store: Store, outcome: str, code: int, due: int | str = "",
+                   n: int = 1) -> list[int]:
+    result: list[int] = await run(store, "complete", NOW + 5, RET, 5, "a", "tok", outcome, code,
+                                  "" if outcome == "ok" else f"HTTP {code}", due, NOW + 1,
+                                  entry({"ok": "delivered", "retry": "retry",
+                                         "fail": "failed"}[outcome], code, n), "")
+    return result
+
+
+async def test_a_started_attempt_keeps_its_claim_and_a_retry_answer_leaves_the_new_time(
+        store: Store, redis: Redis) -> None:
+    """PATCH while the attempt is out: the lease goes, the claim stays for its answer. A retry
+    answer (503) goes into the history and the last status, and the task stays at the
+    PATCH's time, not the backoff's; before, the answer was dropped as stale and the history
+    had no entry for an attempt the receiver got."""
+    await in_flight(redis)
     assert await reschedule(store, "a", NOW + 2 * MIN) == 1
     moved = rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1", claim="tok", started=True,
                 **REQUEST)
     assert await dump(redis) == {"t:a": moved, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN},
                                  **minutes(M0 + 2), "cl:tok": ["a"], "cur": str(M0)}
-    assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]  # not sent again
-    entry = f'{{"n":1,"s":{NOW + 1},"o":"delivered","c":200}}'
-    assert await run(store, "complete", NOW + 5, RET, 5, "a", "tok", "ok", 200, "", "",
-                     NOW + 1, entry, "") == [3]
+    assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
     state = await dump(redis)
     assert state["t:a"] == rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1",
-                               last_at=NOW + 1, last_code=200, **REQUEST)
-    assert await redis.lrange(P + "a:a", 0, -1) == [entry.encode()]
+                               last_at=NOW + 1, last_code=503, last_err="HTTP 503", **REQUEST)
+    assert await redis.lrange(P + "a:a", 0, -1) == [entry("retry", 503).encode()]
     assert await redis.pttl(P + "a:a") == -1  # pending: the history does not expire
     assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
 
 
-async def test_a_started_attempt_not_sent_after_all_is_uncounted(
-        store: Store, redis: Redis) -> None:
-    """PATCH after the start, and the holder then hands the claim back unsent (its start
-    deadline passed): the attempt is taken back out of the count, the task stays moved."""
-    await seed(redis, {"t:a": delivering(started=True, attempts=1, **REQUEST),
-                       "ls": {"a": NOW + 15_000}, "cl:tok": ["a"], "cur": str(M0)})
+@pytest.mark.parametrize(("outcome", "code", "status"), [("ok", 200, "succeeded"),
+                                                         ("fail", 404, "failed")])
+async def test_a_final_answer_of_an_attempt_moved_in_flight_finishes_the_task(
+        store: Store, redis: Redis, outcome: str, code: int, status: str) -> None:
+    """The receiver answered the attempt that was out: delivered (or failed for good) decides
+    the task, which is not sent again at the PATCH's time; its slice entry is left for the
+    claimer, as a cancel's is."""
+    await in_flight(redis)
     assert await reschedule(store, "a", NOW + 2 * MIN) == 1
-    assert await run(store, "release", 5, "a", "tok") == [3]
+    assert await complete(store, outcome, code) == [1]
     state = await dump(redis)
-    assert state["t:a"] == rec("scheduled", due=NOW + 2 * MIN, op="r1", **REQUEST)
-    assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
-    assert await run(store, "release", 5, "a", "tok") == [0]  # once
+    assert state["t:a"]["st"] == layout.STATUS_CODES[status]
+    assert state["t:a"]["claim"] == layout.NONE and state["t:a"]["att"] == 1
+    assert state[f"md:{M0 + 2}"] == {"a"}
+    assert (await claim(store, NOW + 2 * MIN))[1] == []
+
+
+async def test_the_last_attempt_moved_in_flight_is_not_followed_by_one_more(
+        store: Store, redis: Redis) -> None:
+    """max_attempts 2, attempt 2 out, PATCH without a new max: its answer, failed for good,
+    fails the task; before, the task stayed pending and its next start was attempt 3."""
+    await in_flight(redis, attempts=2, max=2)
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    assert await complete(store, "fail", 503, n=2) == [1]
+    assert (await dump(redis))["t:a"]["st"] == "f"
+    assert (await claim(store, NOW + 2 * MIN))[1] == []
+
+
+async def test_a_second_patch_keeps_the_claim_of_the_attempt_still_out(
+        store: Store, redis: Redis) -> None:
+    await in_flight(redis)
+    assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
+    assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1
+    assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
+    assert await redis.lrange(P + "a:a", 0, -1) == [entry("retry", 503).encode()]
+    assert (await dump(redis))["t:a"]["due"] == NOW + 3 * MIN
+
+
+async def test_a_delete_after_a_patch_keeps_the_claim_for_the_answer(
+        store: Store, redis: Redis) -> None:
+    await in_flight(redis)
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    assert int(await run(store, "cancel", "a", NOW + 2, RET, "c1", 5)) == 1
+    assert await complete(store, "ok", 200) == [2]
+    assert await redis.lrange(P + "a:a", 0, -1) == [entry("delivered", 200).encode()]
+    assert (await dump(redis))["t:a"]["st"] == "c"
+
+
+@pytest.mark.parametrize("giving_up", ["release", "park", "start"])
+async def test_a_started_attempt_not_sent_after_all_leaves_the_count(
+        store: Store, redis: Redis, giving_up: str) -> None:
+    """PATCH after the start (twice here), then the holder does not send: it hands the claim
+    back (its start deadline passed), parks it (a rated flow's attempt that asked again), or
+    this is a start re-sent after its first reply was lost. The attempt leaves the count,
+    the claim goes, the task stays moved; once."""
+    await in_flight(redis)
+    assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
+    assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1
+    args = (5, "a", "tok") if giving_up == "release" else ("a", "tok")
+    reply = await run(store, giving_up, *args)
+    assert reply[0] == (3 if giving_up == "release" else 0)
+    state = await dump(redis)
+    assert state["t:a"] == rec("scheduled", due=NOW + 3 * MIN, op="r2", **REQUEST)
+    assert state[f"ms:{M0 + 3}"] == {"a": NOW + 3 * MIN}
+    assert (await run(store, giving_up, *args))[0] == 0  # once
+    assert (await dump(redis))["t:a"]["att"] == 0
 
 
 async def test_a_repeat_by_a_client_retry_answers_the_same_and_writes_nothing(

@@ -19,6 +19,8 @@ local function cancel_task(P, key, h, now, retention, op, kept)
     leave_parked(P, flow_of(tkey, h), key)
   else
     redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
+    -- Moved by a PATCH while its attempt was out (reschedule.lua kept the claim): as above.
+    if h[STARTED] == 1 then claim, started = h[CLAIM], 1 end
   end
   h[ST], h[FINISHED], h[OP], h[CLAIM], h[STARTED] = 'c', now, op, claim, started
   put_head(tkey, h)

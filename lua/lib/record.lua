@@ -200,6 +200,22 @@ local function put_with_err(tkey, h, err)
   redis.call('SET', tkey, pack_head(h) .. middle .. err, 'KEEPTTL')
 end
 
+-- A task moved by a PATCH after its attempt started keeps that attempt's claim (reschedule.lua)
+-- so that its answer still goes into the history (complete.lua). Whether such an attempt is
+-- still the holder's to finish or to give up:
+local function moved_in_flight(h, claim)
+  return h ~= nil and h[CLAIM] == claim and h[STARTED] == 1 and PENDING[h[ST]] == true
+end
+
+-- Its holder did not send it after all (release, park, or a start whose first reply was lost):
+-- it leaves the count again and the claim goes; the task stays at its new time.
+local function moved_unsent(tkey, h)
+  h[ATT] = h[ATT] - 1
+  if h[ATT] == 0 then h[ST] = 's' end
+  h[CLAIM], h[STARTED] = NONE, 0
+  put_head(tkey, h)
+end
+
 -- The refusal of a script that meets a record of the v1 layout (run before any write).
 local function old_layout(key)
   return redis.error_reply('OLDLAYOUT task ' .. key .. ' has a record of the v1 layout; ' ..
