@@ -36,8 +36,15 @@ _FILTER_TIMES = ("due_before", "created_before")
 
 
 def filter_view(stored: dict[str, Any]) -> dict[str, Any]:
-    return {name: format_ms(parse_execute_at(value)) if name in _FILTER_TIMES else value
+    return {name: _filter_time(value) if name in _FILTER_TIMES else value
             for name, value in stored.items()}
+
+
+def _filter_time(value: Any) -> Any:
+    try:
+        return format_ms(parse_execute_at(value))
+    except (ValueError, OverflowError):  # past year 9999 in UTC: accepted, shown as given
+        return value
 
 
 def job_view(job: JobRecord) -> JobView:
