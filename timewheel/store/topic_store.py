@@ -9,6 +9,7 @@ in their own buckets (timewheel/store/publish.py).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import TopicDeleteReply, TopicPutReply
 from timewheel.store.task_store import Store
 
+log = logging.getLogger(__name__)
 SCRIPTS = ("topic_put", "topic_delete")
 RECENT_KEPT = 50  # publishes remembered per topic, for its page in the dashboard
 
@@ -85,9 +87,18 @@ class TopicStore:
             for name in shown:
                 pipe.hmget(f"{self.prefix}tp:{name}", ["spec", "created", "updated"])
             rows: list[Any] = await pipe.execute() if shown else []
-        records = [self._record(name, row) for name, row in zip(shown, rows, strict=True)]
+        records = [self._listed(name, row) for name, row in zip(shown, rows, strict=True)]
         following = shown[-1] if len(names) > limit else None
         return [r for r in records if r is not None], following
+
+    def _listed(self, name: str, raw: list[Any]) -> TopicRecord | None:
+        """A listed topic, or None for one no listed key opens: such a topic is left out of
+        the listing (logged) rather than failing it; GET /topics/{name} says why (a 503)."""
+        try:
+            return self._record(name, raw)
+        except StoreUnavailable as exc:
+            log.warning("topic left out of the listing: %s", exc)
+            return None
 
     async def note_publish(self, name: str, publish_key: str, *, now_ms: int) -> None:
         """Remember a publish in the topic's recent list (the newest RECENT_KEPT). Written after
