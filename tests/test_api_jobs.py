@@ -334,6 +334,28 @@ async def test_a_task_changed_between_the_listing_and_the_step_is_skipped(
     assert (await client.get("/tasks/d.0")).json()["status"] == "scheduled"
 
 
+def claim_after_the_slices_listing(monkeypatch: pytest.MonkeyPatch, store: Store, key: str,
+                                   park: bool = False) -> list[str]:
+    """Between the job's listing of the slices that found ``key`` and its step, the ticker
+    claims the task (and, with ``park``, the flow gate parks it: 'w', in pa). The keys moved."""
+    bucket = store.keys.bucket_of(key)
+    real_find = JobStore.find
+    moved: list[str] = []
+
+    async def find(self: JobStore, b: int, src: Any, *args: Any, **kwargs: Any) -> Any:
+        found = await real_find(self, b, src, *args, **kwargs)
+        if b == bucket and src.index == "slices" and key in found.keys and not moved:
+            _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS,
+                                         limit=10, token="tok")
+            if park:
+                await store.park(bucket, [(t.key, "tok") for t in tasks])
+            moved.extend(t.key for t in tasks)
+        return found
+
+    monkeypatch.setattr(JobStore, "find", find)
+    return moved
+
+
 async def test_a_task_claimed_between_the_listing_and_the_step_counts_once(
         client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -342,21 +364,9 @@ async def test_a_task_claimed_between_the_listing_and_the_step_counts_once(
     it was skipped there and cancelled again in the lease index: matched 2 for one task."""
     await add(client, "c.0", delay=0)
     job_id = await start(client, "cancel", {"key_prefix": "c."})
-    bucket = store.keys.bucket_of("c.0")
-    real_find = JobStore.find
-    claimed: list[str] = []
-
-    async def find(self: JobStore, b: int, src: Any, *args: Any, **kwargs: Any) -> Any:
-        found = await real_find(self, b, src, *args, **kwargs)
-        if b == bucket and src.index == "slices" and "c.0" in found.keys and not claimed:
-            _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS,
-                                         limit=10, token="tok")
-            claimed.extend(t.key for t in tasks)
-        return found
-
-    monkeypatch.setattr(JobStore, "find", find)
+    moved = claim_after_the_slices_listing(monkeypatch, store, "c.0")
     assert await runner(store, fake_clock).work_one()
-    assert claimed == ["c.0"]
+    assert moved == ["c.0"]
     view = await job(client, job_id)
     assert (view["state"], view["matched"], view["done"], view["skipped"]) == ("done", 1, 1, 0)
     assert (await statuses(client, ["c.0"])) == {"c.0": "cancelled"}
@@ -364,28 +374,13 @@ async def test_a_task_claimed_between_the_listing_and_the_step_counts_once(
 
 async def test_a_task_parked_between_the_listing_and_the_step_counts_once(
         client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
-        monkeypatch: pytest.MonkeyPatch, redis: Redis) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel of scheduled tasks walks the slices, then the parked tasks: a task moved from
     one to the other between the slices' listing and their step is not counted there (it is
     not finished), and the parked walk cancels and counts it."""
     await add(client, "p.0", delay=0)
     job_id = await start(client, "cancel", {"key_prefix": "p.", "status": "scheduled"})
-    bucket = store.keys.bucket_of("p.0")
-    real_find = JobStore.find
-    moved: list[str] = []
-
-    async def find(self: JobStore, b: int, src: Any, *args: Any, **kwargs: Any) -> Any:
-        found = await real_find(self, b, src, *args, **kwargs)
-        if b == bucket and src.index == "slices" and "p.0" in found.keys and not moved:
-            # As the flow gate parks a claimed task it has no permit for: 'w', in pa.
-            _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS,
-                                         limit=10, token="tok")
-            assert [t.key for t in tasks] == ["p.0"]
-            await store.park(bucket, [(t.key, "tok") for t in tasks])
-            moved.append("p.0")
-        return found
-
-    monkeypatch.setattr(JobStore, "find", find)
+    moved = claim_after_the_slices_listing(monkeypatch, store, "p.0", park=True)
     assert await runner(store, fake_clock).work_one()
     assert moved == ["p.0"]
     view = await job(client, job_id)
