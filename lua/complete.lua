@@ -25,9 +25,9 @@
 --    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: only its
 --                           history entry is written
 --    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight
---                           and the answer is a retry: its history entry and last status are
---                           written; the task stays at the PATCH's time (a final answer, ok or
---                           fail, finishes the task as usual: RECORDED)
+--                           and the answer does not finish it: its history entry and last
+--                           status are written; the task stays at the PATCH's time (a delivery,
+--                           or a failure with the attempts used up, finishes it: RECORDED)
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
@@ -84,16 +84,20 @@ for _, item in ipairs(items) do
   claims[token] = claims[token] or digest(token)
   local ours = h and h[CLAIM] == claims[token]
   -- Rescheduled in flight (lua/reschedule.lua keeps the claim of a started attempt for this):
-  -- a final answer (delivered, failed for good) still decides the task; a retry's leaves it at
-  -- the time the PATCH gave, with the answer in its history and last status.
+  -- a delivery finishes the task, and so does a failure once the task's attempts are used up
+  -- (max 0: its flow's default, which a PATCH cannot have raised); any other answer leaves it
+  -- at the time the PATCH gave (a PATCH that raised max_attempts is not undone by a failure
+  -- the executor judged against the old one), with the answer in its history and last status.
   local moved = ours and h[STARTED] == 1 and PENDING[h[ST]]
+  local final = outcome == 'ok' or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX]))
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
     add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
-  elseif moved and outcome == 'retry' then
+  elseif moved and not final then
+    redis.call('ZREM', P .. 'ls', key)
     h[CLAIM], h[STARTED] = NONE, 0
     h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
     put_with_err(tkey, h, err)
@@ -102,10 +106,9 @@ for _, item in ipairs(items) do
   elseif not ours or (h[ST] ~= 'd' and not moved) or (outcome == 'retry' and not due) then
     out[#out + 1] = 0
   else
+    redis.call('ZREM', P .. 'ls', key)
     if moved then  -- its entry in the PATCH's slice goes with the claimer, as a cancel's does
       redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
-    else
-      redis.call('ZREM', P .. 'ls', key)
     end
     h[CLAIM], h[STARTED] = NONE, 0
     h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0

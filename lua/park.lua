@@ -27,7 +27,8 @@ for i = 1, #ARGV, 2 do
   local h = head(tkey)
   local claim = digest(ARGV[i + 1])
   if moved_in_flight(h, claim) then
-    moved_unsent(tkey, h)  -- rescheduled after it started: not sent, and no longer to park
+    -- Rescheduled after it started: not sent, and no longer the holder's to park.
+    moved_unsent(P, key, tkey, h)
     out[#out + 1] = 0
   elseif not h or h[ST] ~= 'd' or h[CLAIM] ~= claim then
     out[#out + 1] = 0

@@ -34,7 +34,8 @@ for i = 2, #ARGV, 2 do
       kept, redis.call('PTTL', tkey))
     out[#out + 1] = 2
   elseif moved_in_flight(h, h[CLAIM]) then
-    moved_unsent(tkey, h)  -- rescheduled after it started: it was not sent after all
+    -- Rescheduled after it started: it was not sent after all.
+    moved_unsent(P, key, tkey, h)
     out[#out + 1] = 3
   elseif h[ST] ~= 'd' then
     out[#out + 1] = 0

@@ -5,11 +5,12 @@
 --
 -- A pending task's entry moves from its slice to the new minute's (the old entry is marked in
 -- the old minute's delete-set for the claimer to drop, as cancel and replace do). A task parked
--- for its flow leaves the flow's waiting sets for the new slice. A claimed task loses its lease;
--- one whose attempt has not started loses its claim too, so the holder's start check fails and
--- nothing is sent. An attempt already started keeps its claim, as a cancel keeps it, so that its
--- answer still goes into the history (complete.lua), or, if it was not sent after all, its
--- count is taken back (release.lua); either way the task stays at its new time.
+-- for its flow leaves the flow's waiting sets for the new slice. A claimed task whose attempt
+-- has not started loses its claim and lease, so the holder's start check fails and nothing is
+-- sent. An attempt already started keeps its claim and lease, as a cancel keeps the claim, so
+-- that its answer still goes into the history (complete.lua), or, if it was not sent after
+-- all, its count is taken back (release.lua, park.lua); the task is due again at the time
+-- asked for, or when that lease ends if later.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
 -- ARGV[1]  task key
@@ -38,20 +39,27 @@ if h[OP] == op then return 1 end
 if FINISHED_INDEX[h[ST]] then return -2 end
 if max and max <= h[ATT] then return -3 end
 
+-- A started attempt may still be out: the task keeps its claim and its lease entry, and is not
+-- due again before that lease ends (by then its answer has come, or it counts as lost), so
+-- two of its attempts are never out at once. Its execute_at is the time asked for.
+local out_until = nil
+if h[STARTED] == 1 then out_until = tonumber(redis.call('ZSCORE', P .. 'ls', key)) end
+local next_due = due
+if out_until and out_until > next_due then next_due = out_until end
+
 -- All checks are done; writes follow.
 if h[ST] == 'd' then
-  redis.call('ZREM', P .. 'ls', key)
+  if h[STARTED] ~= 1 then redis.call('ZREM', P .. 'ls', key) end
 elseif h[ST] == 'w' then
   leave_parked(P, flow_of(tkey, h), key)
 else
   redis.call('SADD', P .. 'md:' .. pending_minute(h[DUE], cursor_of(P)), key)
 end
-local minute = slice_minute(P, due, now)
--- A started attempt's claim stays, here as after an earlier PATCH (its attempt still out).
+local minute = slice_minute(P, next_due, now)
 if h[STARTED] ~= 1 then h[CLAIM], h[STARTED] = NONE, 0 end
 h[ST] = h[ATT] == 0 and 's' or 'r'
-h[DUE], h[EXEC], h[OP] = due, due, op
+h[DUE], h[EXEC], h[OP] = next_due, due, op
 if max then h[MAX] = max end
 put_head(tkey, h)
-into_slice(P, key, due, minute)
+into_slice(P, key, next_due, minute)
 return 1

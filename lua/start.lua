@@ -42,9 +42,6 @@ for k = 1, n do
       out[#out + 1] = part_of(tkey, raw, at + h[HL], h[BL])
       out[#out + 1] = results_of(P, key)
     else
-      -- Rescheduled after a start whose reply was lost (this is that call, re-sent): the
-      -- holder sends nothing now, so the attempt leaves the count.
-      if moved_in_flight(h, tokens[token]) then moved_unsent(tkey, h) end
       out[#out + 1] = 0
       out[#out + 1] = ''
       out[#out + 1] = ''

@@ -142,7 +142,8 @@ async def test_a_started_attempt_keeps_its_claim_and_a_retry_answer_leaves_the_n
     moved = rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1", claim="tok", started=True,
                 **REQUEST)
     assert await dump(redis) == {"t:a": moved, f"ms:{M0 + 2}": {"a": NOW + 2 * MIN},
-                                 **minutes(M0 + 2), "cl:tok": ["a"], "cur": str(M0)}
+                                 **minutes(M0 + 2), "cl:tok": ["a"], "cur": str(M0),
+                                 "ls": {"a": NOW + 15_000}}  # the lease of the attempt out
     assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
     state = await dump(redis)
     assert state["t:a"] == rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1",
@@ -150,23 +151,53 @@ async def test_a_started_attempt_keeps_its_claim_and_a_retry_answer_leaves_the_n
     assert await redis.lrange(P + "a:a", 0, -1) == [entry("retry", 503).encode()]
     assert await redis.pttl(P + "a:a") == -1  # pending: the history does not expire
     assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
+    assert "ls" not in state
+
+
+async def test_a_patch_to_before_the_lease_ends_is_due_when_it_ends(
+        store: Store, redis: Redis) -> None:
+    """PATCH to now while an attempt is out: the task is due when that attempt's lease ends
+    (its answer has come by then, or it is lost), so two attempts are never out at once; its
+    execute_at is the time asked for."""
+    await in_flight(redis)
+    assert await reschedule(store, "a", NOW + 1) == 1
+    state = await dump(redis)
+    assert (state["t:a"]["due"], state["t:a"]["exec"]) == (NOW + 15_000, NOW + 1)
+    assert state["ls"] == {"a": NOW + 15_000}
+    assert (await claim(store, NOW + 14_999))[1] == []
+    assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
+    assert (await claim(store, NOW + 15_000, token="tok2"))[1] == ["a"]
 
 
 @pytest.mark.parametrize(("outcome", "code", "status"), [("ok", 200, "succeeded"),
                                                          ("fail", 404, "failed")])
 async def test_a_final_answer_of_an_attempt_moved_in_flight_finishes_the_task(
         store: Store, redis: Redis, outcome: str, code: int, status: str) -> None:
-    """The receiver answered the attempt that was out: delivered (or failed for good) decides
-    the task, which is not sent again at the PATCH's time; its slice entry is left for the
-    claimer, as a cancel's is."""
-    await in_flight(redis)
+    """The receiver answered the attempt that was out: delivered, or failed with the task's
+    attempts used up, decides the task, which is not sent again at the PATCH's time; its slice
+    entry is left for the claimer, as a cancel's is."""
+    await in_flight(redis, max=1)
     assert await reschedule(store, "a", NOW + 2 * MIN) == 1
     assert await complete(store, outcome, code) == [1]
     state = await dump(redis)
     assert state["t:a"]["st"] == layout.STATUS_CODES[status]
     assert state["t:a"]["claim"] == layout.NONE and state["t:a"]["att"] == 1
     assert state[f"md:{M0 + 2}"] == {"a"}
+    assert "ls" not in state
     assert (await claim(store, NOW + 2 * MIN))[1] == []
+
+
+async def test_a_failure_judged_against_the_max_a_patch_raised_leaves_the_task_moved(
+        store: Store, redis: Redis) -> None:
+    """max_attempts 2, attempt 2 out; a PATCH raises it to 5: the executor, which read 2,
+    answers failed for good, but the task has attempts left and stays at the PATCH's time."""
+    await in_flight(redis, attempts=2, max=2)
+    assert await reschedule(store, "a", NOW + 2 * MIN, max_attempts=5) == 1
+    assert await complete(store, "fail", 503, n=2) == [3]
+    state = await dump(redis)
+    assert (state["t:a"]["st"], state["t:a"]["max"], state["t:a"]["due"]) == (
+        "r", 5, NOW + 2 * MIN)
+    assert (await claim(store, NOW + 2 * MIN, token="tok2"))[1] == ["a"]
 
 
 async def test_the_last_attempt_moved_in_flight_is_not_followed_by_one_more(
@@ -200,13 +231,12 @@ async def test_a_delete_after_a_patch_keeps_the_claim_for_the_answer(
     assert (await dump(redis))["t:a"]["st"] == "c"
 
 
-@pytest.mark.parametrize("giving_up", ["release", "park", "start"])
+@pytest.mark.parametrize("giving_up", ["release", "park"])
 async def test_a_started_attempt_not_sent_after_all_leaves_the_count(
         store: Store, redis: Redis, giving_up: str) -> None:
     """PATCH after the start (twice here), then the holder does not send: it hands the claim
-    back (its start deadline passed), parks it (a rated flow's attempt that asked again), or
-    this is a start re-sent after its first reply was lost. The attempt leaves the count,
-    the claim goes, the task stays moved; once."""
+    back (its start deadline passed) or parks it (a rated flow's attempt that asked again).
+    The attempt leaves the count, the claim and lease go, the task stays moved; once."""
     await in_flight(redis)
     assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
     assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1

@@ -207,9 +207,10 @@ local function moved_in_flight(h, claim)
   return h ~= nil and h[CLAIM] == claim and h[STARTED] == 1 and PENDING[h[ST]] == true
 end
 
--- Its holder did not send it after all (release, park, or a start whose first reply was lost):
--- it leaves the count again and the claim goes; the task stays at its new time.
-local function moved_unsent(tkey, h)
+-- Its holder did not send it after all (release, park): it leaves the count again, and its
+-- claim and lease go; the task stays at its new time.
+local function moved_unsent(P, key, tkey, h)
+  redis.call('ZREM', P .. 'ls', key)
   h[ATT] = h[ATT] - 1
   if h[ATT] == 0 then h[ST] = 's' end
   h[CLAIM], h[STARTED] = NONE, 0
