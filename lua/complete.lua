@@ -89,7 +89,8 @@ for _, item in ipairs(items) do
   -- at the time the PATCH gave (a PATCH that raised max_attempts is not undone by a failure
   -- the executor judged against the old one), with the answer in its history and last status.
   local moved = ours and h[STARTED] == 1 and PENDING[h[ST]]
-  local final = outcome == 'ok' or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX]))
+  local final = moved and (outcome == 'ok'
+    or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX])))
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
     h[CLAIM], h[STARTED] = NONE, 0

@@ -211,6 +211,13 @@ async def test_the_last_attempt_moved_in_flight_is_not_followed_by_one_more(
     assert (await claim(store, NOW + 2 * MIN))[1] == []
 
 
+async def test_an_answer_for_a_task_gone_meanwhile_is_stale(store: Store, redis: Redis) -> None:
+    """Every kind of answer for a task that no longer exists (deleted, expired): nothing to
+    write, and the rest of the call goes on (a script error would fail the whole batch)."""
+    for outcome, code in [("ok", 200), ("fail", 404), ("retry", 503)]:
+        assert await complete(store, outcome, code, due=NOW + 1000) == [0]
+
+
 async def test_a_second_patch_keeps_the_claim_of_the_attempt_still_out(
         store: Store, redis: Redis) -> None:
     await in_flight(redis)
