@@ -106,8 +106,7 @@ class Publisher:
         home = [self.home(request.key)]
         # A repeat is answered from the record, whatever the topic makes of the request now:
         # so the record is looked at before (0), which checks the tasks the topic makes now.
-        found = _published(await self.script(keys=home, args=self._head(
-            "record", request, now_ms, request_id)))
+        found = await self._looked_up(request, now_ms)
         if found.reply is not PublishReply.CREATED:  # CREATED: no record
             return await self._repeat(request, found, now_ms)
         groups = self._groups(request)
@@ -123,6 +122,11 @@ class Publisher:
         if opened.reply is not PublishReply.CREATED:  # another call opened it meanwhile
             return await self._repeat(request, opened, now_ms)
         return await self._create(request.key, groups, now_ms, request_id)  # (2) and (3)
+
+    async def _looked_up(self, request: PublishRequest, now_ms: int) -> Published:
+        """The publish's record, read only: EXISTS (with it), CONFLICT, or CREATED for none."""
+        return _published(await self.script(keys=[self.home(request.key)], args=self._head(
+            "record", request, now_ms, secrets.token_hex(8))))
 
     def _groups(self, request: PublishRequest) -> dict[str, list[Any]]:
         """The request's tasks by bucket prefix, as the check and tasks steps take them."""
@@ -146,11 +150,11 @@ class Publisher:
             return found
         if state == "open":
             made = await self._complete(request.key, now_ms)
-            if made is None:  # its own call closed it meanwhile: answer as it ended
-                again = _published(await self.script(keys=[self.home(request.key)], args=self._head(
-                    "record", request, now_ms, secrets.token_hex(8))))
-                return await self._repeat(request, again, now_ms) \
-                    if again.reply is PublishReply.EXISTS else found
+            if made is None:  # closed meanwhile by the call that opened it: as it ended
+                again = await self._looked_up(request, now_ms)
+                if again.reply is PublishReply.EXISTS:
+                    return await self._repeat(request, again, now_ms)
+                return found
         else:
             made = await self._create(request.key, self._groups(request), now_ms,
                                       secrets.token_hex(8))
