@@ -11,10 +11,12 @@ from typing import Any
 import httpx
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from tests.conftest import START_MS
 from tests.test_api import URL, fail_due
 from timewheel.clock import FakeClock
+from timewheel.errors import StoreUnavailable
 from timewheel.jobs.runner import JobRunner
 from timewheel.store import Store
 from timewheel.store.job_store import JobStore
@@ -332,6 +334,50 @@ async def test_a_task_changed_between_the_listing_and_the_step_is_skipped(
                                    task_filter=filt)
     assert code.name == "STEPPED" and counts.skipped == 1
     assert (await client.get("/tasks/d.0")).json()["status"] == "scheduled"
+
+
+def refuse_the_first_step(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
+    """The job's first step is refused by Redis with ``message`` (as redis-py raises it)."""
+    real_step = JobStore.step
+    refused: list[str] = []
+
+    async def step(self: JobStore, *args: Any, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(message)
+            try:
+                raise ResponseError(message)
+            except ResponseError as exc:
+                raise StoreUnavailable(f"job_step: ResponseError: {exc}") from exc
+        return await real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStore, "step", step)
+
+
+async def test_a_busy_redis_is_waited_for_not_a_failed_job(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """BUSY (another script over lua-time-limit) passes: the step is taken again and the job
+    ends done; before, the job was marked failed for good."""
+    await add(client, "b.0")
+    job_id = await start(client, "cancel", {"key_prefix": "b."})
+    refuse_the_first_step(monkeypatch, "BUSY Redis is busy running a script. You can only "
+                                       "call SCRIPT KILL or SHUTDOWN NOSAVE.")
+    assert await runner(store, fake_clock, poll_s=0).work_one()
+    view = await job(client, job_id)
+    assert (view["state"], view["matched"], view["done"]) == ("done", 1, 1)
+
+
+async def test_a_script_that_refuses_fails_the_job(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal no retry mends (a record of the v1 layout): the job fails, saying why."""
+    await add(client, "o.0")
+    job_id = await start(client, "cancel", {"key_prefix": "o."})
+    refuse_the_first_step(monkeypatch, "OLDLAYOUT task o.0 has a record of the v1 layout")
+    assert await runner(store, fake_clock).work_one()
+    view = await job(client, job_id)
+    assert view["state"] == "failed"
+    assert (await statuses(client, ["o.0"])) == {"o.0": "scheduled"}
 
 
 def claim_after_the_slices_listing(monkeypatch: pytest.MonkeyPatch, store: Store, key: str,

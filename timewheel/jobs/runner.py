@@ -39,6 +39,18 @@ class LostLease(Exception):
     """Another runner holds the job now."""
 
 
+# A refusal a later try gets past: another script is over lua-time-limit (BUSY, which redis-py
+# raises as a plain ResponseError). Its own subclasses (OOM, LOADING, TRYAGAIN, READONLY, ...)
+# are retried already; any other plain ResponseError is a script's refusal (a record of the v1
+# layout), which no retry mends.
+_PASSING = ("BUSY ",)
+
+
+def _refused_for_good(exc: StoreUnavailable) -> bool:
+    cause = exc.__cause__
+    return type(cause) is ResponseError and not str(cause).startswith(_PASSING)
+
+
 class JobRunner:
     def __init__(self, jobs: JobStore, clock: Clock, *,
                  poll_s: float = 1.0, lease_ms: int = 10_000, step_tasks: int = 50,
@@ -101,7 +113,7 @@ class JobRunner:
         try:
             await self._work(job)
         except StoreUnavailable as exc:
-            if type(exc.__cause__) is not ResponseError:  # Redis away: retried, maybe elsewhere
+            if not _refused_for_good(exc):  # Redis away: retried, maybe elsewhere
                 raise
             # A script refused (a record of the v1 layout) or failed: no retry mends it.
             log.error("bulk job %s failed: %s", job.id, exc)
@@ -128,7 +140,7 @@ class JobRunner:
                     await self._renew(job.id)
                     position = await self._step(job, bucket, positions[bucket], srcs, filt)
                 except StoreUnavailable as exc:
-                    if type(exc.__cause__) is ResponseError:
+                    if _refused_for_good(exc):
                         raise
                     # One bucket's master failing over or its slot moving: the other buckets
                     # go on, this one is tried again next round (from its stored position).
