@@ -33,6 +33,7 @@ import hmac
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
@@ -125,6 +126,17 @@ def is_sealed(headers_part: bytes) -> bool:
 def sealed_key_id(blob: bytes) -> str:
     """The key id a sealed blob names (no key needed)."""
     return blob[2:2 + blob[1]].decode(errors="replace")
+
+
+def spec_text(cipher: Cipher | None, raw: bytes, open_: Callable[[Cipher, bytes], str]) -> str:
+    """A stored spec's JSON (a schedule's or a topic's): as stored when it was written before
+    encryption was on, else opened by ``open_`` (``Cipher.open_schedule``, ``open_topic``).
+    Raises UnknownKey (no keys listed, or not its key) or BadCiphertext."""
+    if not is_sealed(raw):
+        return raw.decode()
+    if cipher is None:
+        raise UnknownKey(sealed_key_id(raw))
+    return open_(cipher, raw)
 
 
 class Cipher:

@@ -32,7 +32,7 @@ from redis.commands.core import AsyncScript
 from timewheel.domain import TaskStatus
 from timewheel.errors import StoreUnavailable
 from timewheel.store.batch import get_many
-from timewheel.store.encryption import BadCiphertext, UnknownKey, is_sealed, sealed_key_id
+from timewheel.store.encryption import BadCiphertext, UnknownKey, spec_text
 from timewheel.store.record import NewTask
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import (
@@ -182,11 +182,8 @@ class ScheduleStore:
     def _spec_text(self, schedule_id: str, raw: bytes) -> str:
         """The spec JSON of a stored spec, opened when sealed. Raises UnknownKey or
         BadCiphertext."""
-        if not is_sealed(raw):
-            return raw.decode()
-        if self.store.cipher is None:
-            raise UnknownKey(sealed_key_id(raw))
-        return self.store.cipher.open_schedule(schedule_id, raw)
+        return spec_text(self.store.cipher, raw,
+                         lambda cipher, blob: cipher.open_schedule(schedule_id, blob))
 
     def _readable_spec(self, schedule_id: str, raw: bytes) -> str | None:
         """``_spec_text``, or None (logged once per stored spec) when it cannot be opened."""

@@ -16,7 +16,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from timewheel.errors import StoreUnavailable
-from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, is_sealed, sealed_key_id
+from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, spec_text
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import TopicDeleteReply, TopicPutReply
 from timewheel.store.task_store import Store
@@ -128,11 +128,7 @@ class TopicStore:
 
     def _spec_text(self, name: str, raw: bytes) -> str:
         """The spec JSON, opened when sealed; a spec no listed key opens is a 503 saying so."""
-        if not is_sealed(raw):
-            return raw.decode()
         try:
-            if self.cipher is None:
-                raise UnknownKey(sealed_key_id(raw))
-            return self.cipher.open_topic(name, raw)
+            return spec_text(self.cipher, raw, lambda cipher, blob: cipher.open_topic(name, blob))
         except (UnknownKey, BadCiphertext) as exc:
             raise StoreUnavailable(f"topic {name!r}: {exc}") from exc
