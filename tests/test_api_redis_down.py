@@ -120,3 +120,33 @@ async def test_app_started_while_redis_is_down(own_redis: RedisServer, tmp_path:
         assert (await client.get("/tasks/lost")).status_code == 404
         keys = await task_keys(own_redis)
         assert [k.rsplit(b":", 1)[1] for k in keys] == [b"after"]
+
+
+async def test_metrics_are_served_while_redis_is_down(own_redis: RedisServer,
+                                                      tmp_path: Path) -> None:
+    """An outage is when an operator needs the process's metrics: /metrics answers 200 with
+    `timewheel_redis_up 0` and the failing ticks counted; the per-flow series, which need
+    Redis, are left out rather than shown stale; they come back with Redis."""
+    app = create_app(make_settings(own_redis, tmp_path), run_ticker=True)
+    async with running_app(app) as client:
+        assert (await client.put("/flows/tenant-1", json={"parallelism": 5})).status_code == 200
+        text = (await client.get("/metrics")).text
+        assert "timewheel_redis_up 1.0" in text
+        assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text
+
+        await asyncio.to_thread(own_redis.stop)
+
+        async def tick_failed() -> bool:
+            return "timewheel_tick_errors_total 0.0" not in (await client.get("/metrics")).text
+
+        await wait_until(tick_failed, "a failed tick counted in /metrics", RECOVERY_SECONDS)
+        r = await client.get("/metrics")
+        assert r.status_code == 200, r.text
+        assert "timewheel_redis_up 0.0" in r.text
+        assert 'flow="' not in r.text
+
+        await asyncio.to_thread(own_redis.start)
+        await poll(client, "GET", "/healthz", 200)
+        text = (await client.get("/metrics")).text
+        assert "timewheel_redis_up 1.0" in text
+        assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text

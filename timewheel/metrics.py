@@ -49,6 +49,9 @@ class Metrics:
                                         "Tasks parked in Redis waiting for a permit, per "
                                         "configured flow", ["flow"], registry=r)
         self.flow_series: set[str] = set()
+        self.redis_up = Gauge("timewheel_redis_up",
+                              "1 when Redis answered this scrape's reads, 0 when it did not "
+                              "(the per-flow series are then left out)", registry=r)
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
@@ -96,14 +97,21 @@ async def delete_flow(flow_key: FlowKey, wheel: WheelDep) -> Response:
     return Response(status_code=204)
 
 
+def drop_gauges(wheel: Wheel, keep: AbstractSet[str] = frozenset()) -> None:
+    """Remove the per-flow series of every flow not in ``keep``."""
+    metrics = wheel.metrics
+    for gone in metrics.flow_series - keep:
+        metrics.flow_in_flight.remove(gone)
+        metrics.flow_waiting_total.remove(gone)
+    metrics.flow_series &= set(keep)
+
+
 async def refresh_gauges(wheel: Wheel) -> None:
     """Per-flow gauges for the flows with limits set (a series per default flow would be one
     per destination: unbounded)."""
     metrics = wheel.metrics
     shown = set(await wheel.flows.configured())
-    for gone in metrics.flow_series - shown:
-        metrics.flow_in_flight.remove(gone)
-        metrics.flow_waiting_total.remove(gone)
+    drop_gauges(wheel, keep=shown)
     metrics.flow_series = shown
     for key in shown:
         state = await wheel.flows.state(key)

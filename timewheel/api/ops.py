@@ -26,6 +26,13 @@ async def healthz(wheel: WheelDep) -> JSONResponse:
 
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(wheel: WheelDep) -> Response:
-    """Prometheus text format."""
-    await flows.refresh_gauges(wheel)
+    """Prometheus text format. Served while Redis is away too: that is when an operator needs
+    this process's own counters (failed ticks, callbacks in flight)."""
+    try:
+        await flows.refresh_gauges(wheel)
+    except StoreUnavailable:
+        wheel.metrics.redis_up.set(0)
+        flows.drop_gauges(wheel)  # unknown now: better absent than stale
+    else:
+        wheel.metrics.redis_up.set(1)
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)
