@@ -9,13 +9,17 @@
 -- ARGV[1]  now_ms
 -- ARGV[2]  default parallelism, for a flow with none set (TIMEWHEEL_FLOW_PARALLELISM)
 -- ARGV[3]  lease_ms: a new permit is held at most this long unless given back
--- ARGV[4]  r, how many permit ids follow to give back whose attempts were (or may have been)
---          sent: ARGV[5 .. 4+r]
--- ARGV[5+r] u, how many permit ids follow to give back whose attempts were never sent:
---          ARGV[6+r .. 5+r+u]. The starts logged for these never happened: they are struck
+-- ARGV[4]  slack_ms: an attempt whose start is logged for s starts between s and s + slack_ms
+--          (the dispatcher asks again when it is later), so a rated flow's window is that much
+--          longer: `limit` + 1 logged starts span at least window + slack_ms, and the real
+--          starts at least the window, however each of them drifted within its slack
+-- ARGV[5]  r, how many permit ids follow to give back whose attempts were (or may have been)
+--          sent: ARGV[6 .. 5+r]
+-- ARGV[6+r] u, how many permit ids follow to give back whose attempts were never sent:
+--          ARGV[7+r .. 6+r+u]. The starts logged for these never happened: they are struck
 --          from the rate log (permits taken for parked tasks and given back unused would
 --          otherwise fill the window)
--- ARGV[6+r+u ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
+-- ARGV[7+r+u ..] permit id, start_ms pairs wanted, in order: start_ms is when that attempt
 --          will start (the rate log counts starts when they happen, not when they are let
 --          through). A permit id that is already held counts as granted, so a call re-sent
 --          after a lost reply answers the same.
@@ -41,8 +45,9 @@
 -- last lease, so an idle flow leaves only its cfg.
 local P = KEYS[1]
 local now, default_p, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local r = tonumber(ARGV[4])
-local u = tonumber(ARGV[5 + r])
+local slack = tonumber(ARGV[4])
+local r = tonumber(ARGV[5])
+local u = tonumber(ARGV[6 + r])
 local held, starts = P .. 'held', P .. 'starts'
 
 local cfg = redis.call('HMGET', P .. 'cfg', 'p', 'r', 'x', 'ma', 'rb', 'mb')
@@ -51,23 +56,24 @@ local rate = tonumber(cfg[2])
 local paused = cfg[3] == '1'
 
 -- One ZREM per piece of ids, not one per id (a Redis call each), in pieces Lua's stack takes.
-for i = 5, 4 + r, 1000 do redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 4 + r))) end
-for i = 6 + r, 5 + r + u, 1000 do
-  redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 5 + r + u)))
+for i = 6, 5 + r, 1000 do redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 5 + r))) end
+for i = 7 + r, 6 + r + u, 1000 do
+  redis.call('ZREM', held, unpack(ARGV, i, math.min(i + 999, 6 + r + u)))
 end
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 
 -- Rate: at most `limit` starts in any window of `window` ms. A rate of at least 1 allows its
--- whole part per second; below 1, one start per 1/rate seconds. A start is refused when the
--- window before it already holds `limit` starts (starts logged for later times count too:
--- never more, whatever order the calls come in).
+-- whole part per second; below 1, one start per 1/rate seconds. The log keeps each start for
+-- the window and the slack (ARGV[4]), and a start is refused when that span before it already
+-- holds `limit` starts (starts logged for later times count too: never more, whatever order
+-- the calls come in).
 local limit, window
 if rate then
-  if rate >= 1 then limit, window = math.floor(rate), 1000
-  else limit, window = 1, math.ceil(1000 / rate) end
+  if rate >= 1 then limit, window = math.floor(rate), 1000 + slack
+  else limit, window = 1, math.ceil(1000 / rate) + slack end
   redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
-  for i = 6 + r, 5 + r + u, 1000 do  -- never sent: their starts never happened
-    redis.call('ZREM', starts, unpack(ARGV, i, math.min(i + 999, 5 + r + u)))
+  for i = 7 + r, 6 + r + u, 1000 do  -- never sent: their starts never happened
+    redis.call('ZREM', starts, unpack(ARGV, i, math.min(i + 999, 6 + r + u)))
   end
 else
   redis.call('DEL', starts)
@@ -79,7 +85,7 @@ end
 -- written as it goes: each start counts for the next one's window.
 local in_flight = redis.call('ZCOUNT', held, '-inf', BELOW_KEEPER)
 local granted, new, adds = 0, {}, {}
-for i = 6 + r + u, #ARGV, 2 do
+for i = 7 + r + u, #ARGV, 2 do
   local id, start = ARGV[i], tonumber(ARGV[i + 1])
   if not new[id] and not redis.call('ZSCORE', held, id) then
     if paused or in_flight >= parallelism then break end

@@ -30,7 +30,7 @@ from timewheel.engine.ticker import claim_tokens
 from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import Store
-from timewheel.store.flow_store import StoredLimits
+from timewheel.store.flow_store import RATE_SLACK_MS, StoredLimits
 from timewheel.store.record import ClaimedTask
 
 FLOW = "127.0.0.1:9"  # the default flow of URL
@@ -343,7 +343,8 @@ async def test_an_attempt_held_back_while_stopping_is_handed_back(
 
 async def test_rate_spreads_starts_over_windows(gated: Harness,
                                                 router: respx.MockRouter) -> None:
-    """rate 2: two start at once, the next two when the window has moved on a second."""
+    """rate 2: two start at once, the next two when the window has moved on a second and the
+    slack an attempt may start late by (lua/permits.lua)."""
     route = router.post(URL).respond(200)
     await limit(gated.store, FLOW, rate=2)
     keys = [f"r{i}" for i in range(5)]
@@ -351,12 +352,12 @@ async def test_rate_spreads_starts_over_windows(gated: Harness,
     await wait_until(lambda: _true(route.call_count == 2), "the first two")
     await asyncio.sleep(0.05)
     assert route.call_count == 2
-    gated.clock.set(DUE_MS + 999)
+    gated.clock.set(DUE_MS + 999 + RATE_SLACK_MS)
     await asyncio.sleep(0.05)
     assert route.call_count == 2
-    gated.clock.set(DUE_MS + 1000)
+    gated.clock.set(DUE_MS + 1000 + RATE_SLACK_MS)
     await wait_until(lambda: _true(route.call_count == 4), "two more a second later")
-    gated.clock.set(DUE_MS + 2000)
+    gated.clock.set(DUE_MS + 2 * (1000 + RATE_SLACK_MS))
     await wait_until(lambda: _true(route.call_count == 5), "the last")
     await gated.settle()
     assert await statuses(gated, keys) == [("succeeded", 1)] * 5

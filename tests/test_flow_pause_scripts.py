@@ -11,14 +11,15 @@ from redis.asyncio import Redis
 from tests.support.bucket_state import NOW
 from tests.test_flow_scripts import F, flow_state
 from timewheel.store import Store
+from timewheel.store.flow_store import RATE_SLACK_MS
 
 W = "{tw:wl}:"
 
 
 async def permits(store: Store, now: int, release: list[str], want: list[str]) -> list[int]:
     pairs = [part for permit in want for part in (permit, now)]
-    reply = await store.scripts.permits(keys=[F], args=[now, 100, 15_000, len(release),
-                                                        *release, 0, *pairs])
+    reply = await store.scripts.permits(keys=[F], args=[now, 100, 15_000, RATE_SLACK_MS,
+                                                        len(release), *release, 0, *pairs])
     return [int(x) for x in reply]
 
 

@@ -27,19 +27,20 @@ from tests.support.bucket_state import (
 )
 from tests.support.lost_reply import first_reply_lost
 from timewheel.store import Store
-from timewheel.store.flow_store import FlowStore
+from timewheel.store.flow_store import RATE_SLACK_MS, FlowStore
 from timewheel.store.keys import INDEX_KEEPER, INDEX_KEEPER_SCORE
 
 F = "{tw:f:" + FLOW + "}:"
+SLACK = RATE_SLACK_MS
 
 
 async def permits(store: Store, now: int, release: list[str], want: list[str],
                   lease: int = 15_000, default_p: int = 100, unused: tuple[str, ...] = ()
                   ) -> list[int]:
     pairs = [part for permit in want for part in (permit, now)]
-    reply = await store.scripts.permits(keys=[F], args=[now, default_p, lease, len(release),
-                                                        *release, len(unused), *unused,
-                                                        *pairs])
+    reply = await store.scripts.permits(keys=[F], args=[now, default_p, lease, SLACK,
+                                                        len(release), *release, len(unused),
+                                                        *unused, *pairs])
     return [int(x) for x in reply][:4]
 
 
@@ -129,14 +130,31 @@ async def test_the_held_permits_are_a_skiplist_and_counts_leave_its_keeper_out(
 
 
 async def test_permits_rate_sliding_window(store: Store, redis: Redis) -> None:
-    """rate 2: two starts in any window of 1000 ms; the wait says when the oldest leaves."""
+    """rate 2: two logged starts in any window of 1000 ms and the slack; the wait says when
+    the oldest leaves."""
     await redis.hset(F + "cfg", "r", "2")
-    assert await permits(store, NOW, [], ["a", "b", "c"]) == [2, 1000, 2, 0]
+    assert await permits(store, NOW, [], ["a", "b", "c"]) == [2, 1000 + SLACK, 2, 0]
     assert (await flow_state(redis))["starts"] == {"a": NOW, "b": NOW}
     # Giving permits back does not give back rate: the starts happened.
-    assert await permits(store, NOW + 999, ["a", "b"], ["c"]) == [0, 1, 0, 0]
-    assert await permits(store, NOW + 1000, [], ["c"]) == [1, 0, 1, 1]
-    assert (await flow_state(redis))["starts"] == {"c": NOW + 1000}
+    assert await permits(store, NOW + 999 + SLACK, ["a", "b"], ["c"]) == [0, 1, 0, 0]
+    assert await permits(store, NOW + 1000 + SLACK, [], ["c"]) == [1, 0, 1, 1]
+    assert (await flow_state(redis))["starts"] == {"c": NOW + 1000 + SLACK}
+
+
+async def test_permits_rate_holds_for_starts_that_drift_within_the_slack(
+        store: Store, redis: Redis) -> None:
+    """rate 10: an attempt starts up to the slack after its logged start. Logged starts one
+    window apart let an early one that went out late and a later one that went out on time
+    reach the receiver 11 within a second (an audit counted 11 in 999 ms); the log keeps them a
+    window and the slack apart, so the real starts are a window apart at least."""
+    await redis.hset(F + "cfg", "r", "10")
+    ids = [f"p{i}" for i in range(11)]
+    assert (await permits(store, NOW, [], ids))[:2] == [10, 1000 + SLACK]
+    # The first ten went out SLACK late (NOW + SLACK); the eleventh, on time, would start
+    # 1000 ms after them only if logged at NOW + 1000 + SLACK at the earliest.
+    assert await permits(store, NOW + 1000, ids[:10], ids[10:]) == [0, SLACK, 0, 0]
+    assert await permits(store, NOW + 999 + SLACK, [], ids[10:]) == [0, 1, 0, 0]
+    assert (await permits(store, NOW + 1000 + SLACK, [], ids[10:]))[0] == 1
 
 
 async def test_permits_given_back_unused_give_their_starts_back(
@@ -147,25 +165,25 @@ async def test_permits_given_back_unused_give_their_starts_back(
     await redis.hset(F + "cfg", "r", "2")
     for name, sent in (("unused", False), ("control", True)):
         await redis.delete(F + "held", F + "starts")
-        reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0, 0,
+        reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, SLACK, 0, 0,
                                                             "a", NOW + 50, "b", NOW + 50])
-        assert [int(x) for x in reply][:4] == [2, 1050, 2, 0], name
+        assert [int(x) for x in reply][:4] == [2, 1050 + SLACK, 2, 0], name
         if sent:
             got = await permits(store, NOW + 10, ["a", "b"], ["c", "d"])
-            assert got == [0, 1040, 0, 0], name
+            assert got == [0, 1040 + SLACK, 0, 0], name
             assert (await flow_state(redis))["starts"] == {"a": NOW + 50, "b": NOW + 50}
         else:
             got = await permits(store, NOW + 10, [], ["c", "d"], unused=("a", "b"))
-            assert got == [2, 1000, 2, 0], name
+            assert got == [2, 1000 + SLACK, 2, 0], name
             assert (await flow_state(redis))["starts"] == {"c": NOW + 10, "d": NOW + 10}
 
 
 async def test_permits_rate_below_one(store: Store, redis: Redis) -> None:
-    """rate 0.5: one start every two seconds."""
+    """rate 0.5: one start every two seconds (and the slack)."""
     await redis.hset(F + "cfg", "r", "0.5")
-    assert await permits(store, NOW, [], ["a", "b"]) == [1, 2000, 1, 0]
-    assert await permits(store, NOW + 1999, ["a"], ["b"]) == [0, 1, 0, 0]
-    assert await permits(store, NOW + 2000, [], ["b"]) == [1, 2000, 1, 0]
+    assert await permits(store, NOW, [], ["a", "b"]) == [1, 2000 + SLACK, 1, 0]
+    assert await permits(store, NOW + 1999 + SLACK, ["a"], ["b"]) == [0, 1, 0, 0]
+    assert await permits(store, NOW + 2000 + SLACK, [], ["b"]) == [1, 2000 + SLACK, 1, 0]
 
 
 async def test_permits_keys_expire_with_the_last_lease(store: Store, redis: Redis) -> None:
@@ -174,7 +192,7 @@ async def test_permits_keys_expire_with_the_last_lease(store: Store, redis: Redi
     await permits(store, NOW, [], ["a"], lease=20_000)
     await permits(store, NOW, [], ["b"], lease=3_000)
     assert 19_000 < await redis.pttl(F + "held") <= 20_000
-    assert 0 < await redis.pttl(F + "starts") <= 1000
+    assert 0 < await redis.pttl(F + "starts") <= 1000 + SLACK
     assert await redis.pttl(F + "cfg") == -1
 
 
@@ -183,8 +201,8 @@ async def test_permits_room(store: Store, redis: Redis) -> None:
     a call that asks for nothing still says how long a full flow waits."""
     await redis.hset(F + "cfg", mapping={"p": 5, "r": 3})
     assert await permits(store, NOW, [], ["a"]) == [1, 0, 1, 2]
-    assert await permits(store, NOW + 10, [], ["b", "c"]) == [2, 990, 3, 0]
-    assert await permits(store, NOW + 20, [], []) == [0, 980, 3, 0]
+    assert await permits(store, NOW + 10, [], ["b", "c"]) == [2, 990 + SLACK, 3, 0]
+    assert await permits(store, NOW + 20, [], []) == [0, 980 + SLACK, 3, 0]
 
 
 # -- park and unpark ---------------------------------------------------------------------------
@@ -321,11 +339,11 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
     """Each permit carries its start time: a start logged ahead of the call (a task let
     through before its due time) still counts in every window it falls in."""
     await redis.hset(F + "cfg", "r", "2")
-    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, 0, 0,
+    reply = await store.scripts.permits(keys=[F], args=[NOW, 100, 15_000, SLACK, 0, 0,
                                                         "a", NOW + 500, "b", NOW + 500])
-    assert [int(x) for x in reply][:5] == [2, 500 + 1000, 2, 0, 1]
-    reply = await store.scripts.permits(keys=[F], args=[NOW + 1000, 100, 15_000, 2, "a", "b",
-                                                        0, "c", NOW + 1000])
-    assert [int(x) for x in reply][:5] == [0, 500, 0, 0, 1]
+    assert [int(x) for x in reply][:5] == [2, 500 + 1000 + SLACK, 2, 0, 1]
+    reply = await store.scripts.permits(keys=[F], args=[NOW + 1000, 100, 15_000, SLACK, 2, "a",
+                                                        "b", 0, "c", NOW + 1000])
+    assert [int(x) for x in reply][:5] == [0, 500 + SLACK, 0, 0, 1]
     assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}
 

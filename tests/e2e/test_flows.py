@@ -63,9 +63,10 @@ def test_hanging_destination_delays_no_one_else(
 def test_parallelism_and_rate_hold_over_two_processes(
         start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
     """parallelism 3: never more than 3 at the receiver; rate 10/s: no window of one second
-    holds more than 10 starts, up to the dispatcher's jitter (20 ms off the window: each
-    process reads the wheel's clock a little behind Redis, and starts a little after its
-    permit)."""
+    holds more than 10 starts, up to 5 ms (each process reads the wheel's clock a little off
+    Redis's, and a request takes a moment to reach the receiver). An attempt starts up to
+    RATE_SLACK_MS after its logged start; the rate log keeps logged starts that much further
+    apart, so that drift is not allowed for here (it was, 20 ms, before)."""
     first, second = start_service(), start_service()
     with first.client() as client:
         assert client.put("/flows/p3", json={"parallelism": 3}).status_code == 200
@@ -82,8 +83,8 @@ def test_parallelism_and_rate_hold_over_two_processes(
 
     assert receiver.peak_in_flight("/slow") <= 3
     starts = sorted(a.received_at for a in receiver.arrivals_for("/fast"))
-    busiest = max(sum(1 for t in starts if s <= t < s + 0.98) for s in starts)
-    assert busiest <= 10, f"{busiest} starts within 0.98 s at rate 10"
+    busiest = max(sum(1 for t in starts if s <= t < s + 0.995) for s in starts)
+    assert busiest <= 10, f"{busiest} starts within 0.995 s at rate 10"
     assert starts[-1] - starts[0] >= 2.9  # 40 starts at 10/s take at least three windows
     ids = Counter(a.headers["webhook-id"] for a in receiver.arrivals)
     assert ids == {task["key"]: 1 for task in tasks}

@@ -37,7 +37,7 @@ from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
 from timewheel.metrics import Metrics
 from timewheel.store import Store
-from timewheel.store.flow_store import FlowStore
+from timewheel.store.flow_store import RATE_SLACK_MS, FlowStore
 from timewheel.store.record import ClaimedTask
 from timewheel.tracing import Tracing
 
@@ -58,7 +58,6 @@ CHECK_LEAD_MS = 5.0
 # millisecond.
 WAKE_GRID_MS = 5.0
 PARK_LEAD_MS = 100  # an attempt waiting for a permit is parked this long before its send-by
-RATE_SLACK_MS = 20  # a rated flow's attempt starts at most this long after its logged start
 
 
 class Dispatcher:

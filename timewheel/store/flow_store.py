@@ -25,6 +25,10 @@ from timewheel.store.scripts import Scripts
 _CFG_FIELDS = ["p", "r", "x", "ma", "rb", "mb"]  # lua/flow_limits.lua
 DEFAULTS_FRESH_MS = 1000  # task views show a flow's retry defaults read at most this long ago
 DEFAULTS_KEPT = 10_000  # flows whose retry defaults are kept for the views
+# A rated flow's attempt starts (its request is written) at most this long after the start its
+# flow logged for it, or it asks its flow again (engine/dispatcher.py); lua/permits.lua keeps
+# logged starts that much longer apart, so the real ones keep the rate whatever their drift.
+RATE_SLACK_MS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class FlowStore:
         async with redis_errors("permits"):
             reply = await self.scripts.permits(
                 keys=[self.keys.flow(flow)],
-                args=[now_ms, self.default_parallelism, lease_ms, len(release), *release,
+                args=[now_ms, self.default_parallelism, lease_ms, RATE_SLACK_MS,
+                      len(release), *release,
                       len(unused), *unused, *(part for pair in want for part in pair)])
         return PermitReply(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]),
                            bool(reply[4]), bool(reply[5]),
