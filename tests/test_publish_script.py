@@ -330,3 +330,28 @@ async def test_result_callbacks_are_stored_with_each_task(store: Store, redis: R
     for key in KEYS:
         assert await redis.get(f"{prefix(store, key)}r:{key}") == results.encode()
     assert [f for f in await redis.hkeys(home) if f.startswith((b"t:", b"u:"))] == []
+
+
+async def test_tasks_a_completion_makes_are_told_to_the_ticker(store: Store,
+                                                                redis: Redis) -> None:
+    """A publish left open and completed later (by its repeat, or by the sweep) makes its
+    tasks as a first call does, and tells the ticker of each (Store.due_soon), or a task due
+    before the next tick waits for it: up to a tick late."""
+    told: list[tuple[int, int]] = []
+    store.due_soon = lambda bucket, due_ms: told.append((bucket, due_ms))
+    publisher = Publisher(store)
+    first = request(keys=KEYS[:2])
+    quads = [v for t in first.tasks for v in (1, t.key, t.record(), t.results())]
+    await publisher.script(keys=[prefix(store, "o1")],
+                           args=publisher._head("open", first, NOW, "r1") + quads)
+    assert (await publisher._in_steps(first, NOW + 1)).reply is PublishReply.EXISTS
+    assert sorted(told) == sorted((store.keys.bucket_of(k), NOW + 60_000) for k in KEYS[:2])
+
+    told.clear()
+    head = publisher._head("open", PublishRequest(key="o2", fingerprint="pfp", rec=first.rec,
+                                                  tasks=[]), NOW, "r2")
+    await publisher.script(keys=[prefix(store, "o2")],
+                           args=[*head, 1, "o2-a", first.tasks[0].record(), ""])
+    assert await publisher.complete_open(store.keys.bucket_of("o2"), now_ms=NOW + 20_000,
+                                         older_than_ms=10_000) == 1
+    assert told == [(store.keys.bucket_of("o2-a"), NOW + 60_000)]

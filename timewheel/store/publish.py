@@ -28,7 +28,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
-from timewheel.store.record import NewTask
+from timewheel.store.record import NewTask, due_of
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import PublishReply
 from timewheel.store.task_store import Store
@@ -77,9 +77,8 @@ class Publisher:
     async def publish(self, request: PublishRequest, *, now_ms: int) -> Published:
         async with redis_errors("publish"):
             if isinstance(self.store.redis, RedisCluster):
-                published = await self._in_steps(request, now_ms)
-            else:
-                published = await self._at_once(request, now_ms)
+                return await self._in_steps(request, now_ms)  # (its tasks step tells)
+            published = await self._at_once(request, now_ms)
         if published.reply is PublishReply.CREATED:
             for task in request.tasks:
                 self.store.due_soon(self.keys.bucket_of(task.key), task.due_ms)
@@ -168,6 +167,12 @@ class Publisher:
         replies = [_published(reply) for reply in await asyncio.gather(*(
             self.script(keys=[prefix], args=head + quads)
             for prefix, quads in groups.items()))]
+        # Tell the ticker of each task, whichever call made it (this publish's own, its repeat
+        # after it died, the sweep), or one due before the next tick waits for that tick.
+        # Told of a task that was not written (a taken key): one claim of its bucket too many.
+        for quads in groups.values():
+            for key, stored in zip(quads[1::4], quads[2::4], strict=True):
+                self.store.due_soon(self.keys.bucket_of(key), due_of(stored))
         taken = next((r for r in replies if r.reply is PublishReply.TASK_CONFLICT), None)
         await self.script(keys=[self.home(publish_key)], args=[
             "close", publish_key, now_ms, request_id, "", "partial" if taken else "done", 0])

@@ -175,6 +175,11 @@ _ATT, _MAX, _METH, _DUE, _EXEC, _CREATED, _BACKOFF, _TIMEOUT, _FL, _UL = (
 _METHODS = {code.encode(): name for code, name in layout.METHOD_NAMES.items()}
 
 
+def due_of(record: bytes) -> int:
+    """The time a stored record's task is due (from its head). Raises layout.BadRecord."""
+    return int.from_bytes(layout.head_values(record)[_DUE], "big")
+
+
 def claimed_task(key: str, bucket: int, token: str, prefix: bytes) -> ClaimedTask:
     """A claim reply's task (its record's head, flow and url). Raises layout.BadRecord.
 
