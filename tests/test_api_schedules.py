@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
+from tests.support.cursors import assert_cursor_refused, b64, cursors_not_handed_out
 from tests.support.redis_server import RedisServer
 from timewheel.api.app import create_app
 from timewheel.clock import FakeClock
@@ -88,26 +89,65 @@ async def test_unknown_schedule_is_404(client: httpx.AsyncClient) -> None:
         assert r.json() == {"detail": "no schedule with id 'nope'"}
 
 
-async def test_list_is_cursor_paginated_in_id_order(client: httpx.AsyncClient) -> None:
-    ids = ["a", "b.1", "b-2", "c", "d_9", "e"]
+async def put_schedules(client: httpx.AsyncClient, ids: list[str]) -> None:
     for i in ids:
         assert (await client.put(f"/schedules/{i}", json={"every": 5, "task": TASK})
                 ).status_code == 201
-    seen: list[str] = []
+
+
+async def every_page(client: httpx.AsyncClient, limit: int) -> list[dict[str, Any]]:
+    """The listing's pages, first to last, following ``next_cursor``."""
+    pages: list[dict[str, Any]] = []
     cursor = None
-    pages = 0
-    while True:
-        params: dict[str, Any] = {"limit": 4}
-        if cursor:
-            params["cursor"] = cursor
-        page = (await client.get("/schedules", params=params)).json()
-        seen += [s["id"] for s in page["schedules"]]
-        pages += 1
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
-    assert seen == sorted(ids) and pages == 2
+    while not pages or cursor is not None:
+        params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+        r = await client.get("/schedules", params=params)
+        assert r.status_code == 200, r.text
+        pages.append(r.json())
+        cursor = pages[-1]["next_cursor"]
+    return pages
+
+
+async def test_list_is_cursor_paginated_in_id_order(client: httpx.AsyncClient) -> None:
+    ids = ["a", "b.1", "b-2", "c", "d_9", "e"]
+    await put_schedules(client, ids)
+    pages = await every_page(client, 4)
+    assert [s["id"] for p in pages for s in p["schedules"]] == sorted(ids) and len(pages) == 2
     assert (await client.get("/schedules", params={"limit": 0})).status_code == 422
+
+
+async def test_list_cursor_is_opaque_and_pages_every_schedule_once(
+        client: httpx.AsyncClient) -> None:
+    """Each page's cursor is opaque (not the page's last id, which is any string a schedule
+    could be named), reusable, and the cursors lead through every schedule exactly once."""
+    ids = [f"sched.{n:02d}" for n in range(7)] + ["sched-x", "sched_y"]
+    await put_schedules(client, ids)
+    pages = await every_page(client, 2)
+    seen = [s["id"] for p in pages for s in p["schedules"]]
+    assert seen == sorted(ids) and len(pages) == 5
+    for page in pages[:-1]:
+        last = page["schedules"][-1]["id"]
+        assert page["next_cursor"] and last not in page["next_cursor"]
+    again = [(await client.get("/schedules", params={"limit": 2,
+                                                     "cursor": pages[0]["next_cursor"]})).json()
+             for _ in range(2)]
+    assert again[0] == again[1] == pages[1]
+
+
+@pytest.mark.parametrize("cursor", [
+    *cursors_not_handed_out("schedules", "s00"),
+    pytest.param(b64("schedules\n" + "x" * 151), id="an-id-too-long-inside"),
+])
+async def test_a_cursor_the_listing_did_not_hand_out_is_422(
+        client: httpx.AsyncClient, redis: Redis, cursor: str) -> None:
+    """As GET /tasks and GET /topics: a cursor the listing could not have handed out is a 422
+    naming the cursor, and nothing is read or stored for it, not a page from somewhere (a
+    bare schedule id was one: the listing used to hand out its last id as it was)."""
+    await put_schedules(client, ["s00", "s01"])
+    await assert_cursor_refused(client, redis, "/schedules", cursor)
+    # Control: the cursor the listing hands out for "s00" works.
+    r = await client.get("/schedules", params={"cursor": b64("schedules\ns00")})
+    assert [s["id"] for s in r.json()["schedules"]] == ["s01"]
 
 
 # -- pause, resume, delete, and the occurrences they stop -------------------------------------

@@ -120,9 +120,11 @@ def not_a_known_bug(context: HookContext, failure: Failure, case: schemathesis.C
             and response.status_code == 200
             and any(r["status"] == 422 for r in response.json()["results"])):
         return False
-    # Not a bug: GET /tasks's and GET /topics' cursors are opaque; only the listing that handed
-    # it out can tell a real one, so a schema-valid string that is none is a 422 on the cursor.
-    if (isinstance(failure, RejectedPositiveData) and label in ("GET /tasks", "GET /topics")
+    # Not a bug: GET /tasks's, GET /topics' and GET /schedules' cursors are opaque; only the
+    # listing that handed it out can tell a real one, so a schema-valid string that is none is
+    # a 422 on the cursor.
+    if (isinstance(failure, RejectedPositiveData)
+            and label in ("GET /tasks", "GET /topics", "GET /schedules")
             and failure.status_code == 422
             and all(d["loc"] == ["query", "cursor"] for d in response.json()["detail"])):
         return False

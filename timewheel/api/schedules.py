@@ -64,12 +64,13 @@ async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: Whe
 async def list_schedules(
     wheel: WheelDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(pattern=SCHEDULE_ID_PATTERN)] = None,
+    cursor: Annotated[str | None, Query(max_length=400, description="`next_cursor` of the "
+                                        "previous page")] = None,
 ) -> ScheduleList:
     """Schedules in id order, cursor-paginated."""
-    records, last = await wheel.schedules.page(limit, cursor)
+    records, following = await wheel.schedules.page(limit, cursor)
     now = wheel.clock.now_ms()
-    return ScheduleList(schedules=[_view(r, now) for r in records], next_cursor=last)
+    return ScheduleList(schedules=[_view(r, now) for r in records], next_cursor=following)
 
 
 @router.get("/{schedule_id}", dependencies=[Needs.READ],

@@ -135,6 +135,8 @@ class ScheduleView(BaseModel):
 
 
 class ScheduleList(BaseModel):
+    """A page of ``GET /schedules``, in id order; ``next_cursor`` (opaque) null at the end."""
+
     schedules: list[ScheduleView]
     next_cursor: str | None
 

@@ -10,12 +10,15 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.engine.occurrences import next_after
 from timewheel.errors import InvalidInput, ScheduleNotFound
-from timewheel.models import ScheduleCreate
+from timewheel.models import SCHEDULE_ID_PATTERN, ScheduleCreate
+from timewheel.operations.cursors import NameCursor
 from timewheel.operations.prepare import template_task
 from timewheel.operations.tasks import TaskOperations
 from timewheel.store.replies import SchedPutReply
 from timewheel.store.schedule_store import ScheduleRecord, ScheduleStore
 from timewheel.store.task_store import Store
+
+_CURSOR = NameCursor("schedules", SCHEDULE_ID_PATTERN)
 
 
 def spec_of(body: ScheduleCreate) -> dict[str, Any]:
@@ -63,7 +66,10 @@ class ScheduleOperations:
 
     async def page(self, limit: int, cursor: str | None
                    ) -> tuple[list[ScheduleRecord], str | None]:
-        return await self.schedules.page(limit, cursor)
+        """A page of schedules in id order, and the cursor of the next (None: the end)."""
+        after = None if cursor is None else _CURSOR.decode(cursor)
+        records, last = await self.schedules.page(limit, after)
+        return records, None if last is None else _CURSOR.encode(last)
 
     async def delete(self, schedule_id: str) -> None:
         """Once this returns, no occurrence of the schedule starts."""

@@ -5,8 +5,6 @@ them all or none (store/publish.py)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import logging
 import re
@@ -26,6 +24,7 @@ from timewheel.errors import (
 )
 from timewheel.metrics import Metrics
 from timewheel.models import KEY_PATTERN, TOPIC_NAME_PATTERN, TaskFields, TopicPublish, TopicPut
+from timewheel.operations.cursors import NameCursor
 from timewheel.operations.prepare import fingerprint
 from timewheel.operations.tasks import ALLOW_PRIVATE_HINT, TaskOperations
 from timewheel.store.batch import get_many
@@ -36,7 +35,7 @@ from timewheel.store.topic_store import PublishNote, TopicRecord, TopicStore
 
 log = logging.getLogger(__name__)
 _TASK_KEY = re.compile(KEY_PATTERN)
-_TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
+_CURSOR = NameCursor("topics", TOPIC_NAME_PATTERN)
 # A publish's bodies in all: each endpoint's task stores its own copy, and all are written by
 # one script call (on a cluster, also held in one open record), which Redis runs alone. 1 MiB
 # to 100 endpoints was one 100 MiB call that held every claim ~0.4 s; 4 MiB keeps a publish's
@@ -51,26 +50,6 @@ class PublishOutcome:
 
     created: bool
     tasks: list[TaskRecord]
-
-
-def encode_cursor(name: str) -> str:
-    """``GET /topics``' cursor: the last name of the page, opaque as GET /tasks' cursors are,
-    so that a cursor the listing did not hand out is told from one it did (a bare name
-    cannot be: every such string is a topic name)."""
-    return base64.urlsafe_b64encode(f"topics\n{name}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> str:
-    """The name ``cursor`` continues after; InvalidInput (422) for a cursor ``encode_cursor``
-    did not make."""
-    try:
-        listing, name = base64.urlsafe_b64decode(
-            cursor + "=" * (-len(cursor) % 4)).decode().split("\n")
-    except (ValueError, binascii.Error) as exc:
-        raise InvalidInput(("query", "cursor"), "not a cursor of GET /topics", cursor) from exc
-    if listing != "topics" or not _TOPIC_NAME.fullmatch(name) or encode_cursor(name) != cursor:
-        raise InvalidInput(("query", "cursor"), "not a cursor of GET /topics", cursor)
-    return name
 
 
 def merged_headers(published: dict[str, str], endpoint: dict[str, str]) -> dict[str, str]:
@@ -115,9 +94,9 @@ class TopicOperations:
     async def page(self, limit: int, cursor: str | None
                    ) -> tuple[list[TopicRecord], str | None]:
         """A page of topics in name order, and the cursor of the next (None: the end)."""
-        after = None if cursor is None else decode_cursor(cursor)
+        after = None if cursor is None else _CURSOR.decode(cursor)
         records, last = await self.topics.page(limit, after)
-        return records, None if last is None else encode_cursor(last)
+        return records, None if last is None else _CURSOR.encode(last)
 
     async def delete(self, name: str) -> None:
         if not await self.topics.delete(name):
