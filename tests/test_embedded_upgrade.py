@@ -34,6 +34,14 @@ def started_on_redis_6_2(data: Path) -> EmbeddedRedis:
     return server
 
 
+def died(server: EmbeddedRedis) -> None:
+    """``server``'s service died (and the server lived on): the kernel let go of the data
+    dir's lock that the service held (store/embedded.py)."""
+    assert server._lock is not None
+    server._lock.close()
+    server._lock = None
+
+
 async def server_name(store: Store) -> str:
     info = await store.redis.info("server")
     return "valkey" if "valkey_version" in info else f"redis {info['redis_version']}"
@@ -95,6 +103,7 @@ async def test_a_6_2_server_left_running_is_stopped_before_valkey_starts(tmp_pat
     left_over = started_on_redis_6_2(data)  # and never stopped: its service was SIGKILLed
     process = left_over._process
     assert process is not None
+    died(left_over)
     # Our child, so a zombie once it exits, until poll() reaps it: EmbeddedRedis must take a
     # zombie for gone (a service's orphan is reaped by init instead).
     try:
@@ -121,6 +130,7 @@ async def test_a_valkey_server_left_running_is_stopped_and_nobody_elses(tmp_path
     left_over.start()  # and never stopped
     process = left_over._process
     assert process is not None
+    died(left_over)
     with RedisServer(tmp_path / "other") as other:  # a valkey-server too, not ours
         try:
             new = EmbeddedRedis(data)
@@ -138,3 +148,4 @@ async def test_a_valkey_server_left_running_is_stopped_and_nobody_elses(tmp_path
             if process.poll() is None:
                 process.kill()
                 process.wait()
+

@@ -37,7 +37,7 @@ from timewheel.settings import Settings
 from timewheel.store import Store
 from timewheel.store.connection import bucket_spread, make_redis
 from timewheel.store.durability import Durability
-from timewheel.store.embedded import EmbeddedRedis
+from timewheel.store.embedded import DataDirInUse, EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.job_store import JobStore
 from timewheel.store.publish import Publisher
@@ -81,7 +81,11 @@ class Wheel:
         url = settings.redis_url
         if url is None:
             embedded = EmbeddedRedis(settings.data_dir, appendfsync=settings.embedded_appendfsync)
-            await asyncio.to_thread(embedded.start)
+            try:
+                await asyncio.to_thread(embedded.start)
+            except DataDirInUse as exc:  # refuse to start (uvicorn exits non-zero)
+                log.critical("%s", exc)
+                raise
             url = embedded.url
         redis = make_redis(url, cluster=settings.redis_cluster)
         metrics = metrics or Metrics()

@@ -14,12 +14,19 @@ an empty wheel (``check_can_read`` stops a pre-7.0 server from PATH doing so her
 Started first and stopped last by the app's lifespan. If the service dies without stopping it,
 the kernel sends it SIGTERM (PR_SET_PDEATHSIG) and it shuts down cleanly; a left-over server
 found through the pid file is stopped before a new one opens the same append-only file.
+
+One service a data dir: the service that starts the server holds a lock on the data dir
+(``serve.lock``, flock) as long as it runs, and the kernel lets go of it when the service
+dies, however it dies. A second service on the same data dir refuses to start
+(DataDirInUse); before the lock, it took the first one's server for a left-over, stopped it
+and left the first service on a Redis that was gone, answering 503 until restarted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -31,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import redis
 
@@ -108,12 +116,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class DataDirInUse(RuntimeError):
+    """Another running service holds the data dir (its embedded Redis is that service's)."""
+
+
 class EmbeddedRedis:
     def __init__(self, data_dir: Path, *, appendfsync: str = "always") -> None:
         self.data_dir = data_dir.resolve()
         self.appendfsync = appendfsync
         self._socket_dir: str | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None  # serve.lock, held from start to stop
 
     @property
     def pid_file(self) -> Path:
@@ -126,6 +139,33 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 30.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _take_lock(self) -> None:
+        """Hold the data dir's lock, or raise DataDirInUse naming the service that holds it."""
+        lock = open(self.data_dir / "serve.lock", "a+")  # held until stop()
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            raise DataDirInUse(
+                f"the data directory {self.data_dir} is in use by another timewheel process "
+                f"(pid {holder}): each process with the embedded Redis needs a data directory "
+                "of its own (--data-dir, TIMEWHEEL_DATA_DIR); processes that share a wheel "
+                "share one Redis (TIMEWHEEL_REDIS_URL)") from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        self._lock = lock
+
+    def _start(self, timeout: float) -> None:
         binary = redis_server_binary()
         version = server_version(binary)
         check_can_read(self.data_dir, binary, version)
@@ -207,3 +247,6 @@ class EmbeddedRedis:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
+        if self._lock is not None:  # last: the data dir is free once its server is gone
+            self._lock.close()
+            self._lock = None
