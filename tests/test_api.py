@@ -252,22 +252,28 @@ async def test_list_bad_query(client: httpx.AsyncClient, params: dict[str, Any])
 
 
 async def test_replay(client: httpx.AsyncClient, store: Store, fake_clock: FakeClock) -> None:
-    """Replay: failed or cancelled → scheduled now with attempts 0; others 409; unknown 404."""
+    """Replay: failed or cancelled → scheduled now with attempts 0, its execute_at now too (a
+    task cancelled before its time and replayed goes out now: not before its execute_at);
+    others 409; unknown 404."""
     for key in ("f", "x", "live"):
         await client.post("/tasks", json={"key": key, "callback_url": URL,
                                           "delay": 3600 if key == "live" else 0})
+    await client.post("/tasks", json={"key": "later", "callback_url": URL, "delay": 3600})
     await client.delete("/tasks/x")
+    await client.delete("/tasks/later")
     assert await fail_due(store, START_MS + 100) == ["f"]
     fake_clock.advance(7000)
     r = await client.post("/tasks/f/replay")
     assert r.status_code == 200
     assert r.json() == expected_view(
-        "f", next_attempt_at="2027-01-15T08:00:07.000Z", last_status_code=400,
+        "f", execute_at="2027-01-15T08:00:07.000Z", last_status_code=400,
         last_attempt_at="2027-01-15T08:00:00.100Z", last_error="HTTP 400")
     assert (await client.get("/tasks", params={"status": "failed"})).json() == {
         "tasks": [], "next_cursor": None}
     r = await client.post("/tasks/x/replay")
-    assert r.json() == expected_view("x", next_attempt_at="2027-01-15T08:00:07.000Z")
+    assert r.json() == expected_view("x", execute_at="2027-01-15T08:00:07.000Z")
+    r = await client.post("/tasks/later/replay")
+    assert r.json() == expected_view("later", execute_at="2027-01-15T08:00:07.000Z")
     r = await client.post("/tasks/live/replay")
     assert r.status_code == 409
     assert r.json()["status"] == "scheduled"

@@ -561,7 +561,7 @@ async def test_replay_schedules_now(store: Store, redis: Redis, status: str) -> 
                        "cur": str(M0)})
     await redis.pexpire(P + "t:a", RET)
     assert await run(store, "replay", "a", now, "r1") == 1
-    assert await dump(redis) == {"t:a": rec(due=now, exec=NOW, last_code=500, op="r1"),
+    assert await dump(redis) == {"t:a": rec(due=now, exec=now, last_code=500, op="r1"),
                                  INDEX[status]: {"b": NOW - 1}, f"ms:{M0 + 2}": {"a": now},
                                  **minutes(M0 + 2), "cur": str(M0)}
     await assert_ttls(redis, {})

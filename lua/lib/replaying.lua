@@ -3,7 +3,10 @@
 -- Whether a task in state h may be replayed: it failed or was cancelled.
 local function replayable(h) return h ~= nil and (h[ST] == 'f' or h[ST] == 'c') end
 
--- Schedule a task whose head h passed `replayable` again, now, with its attempts reset.
+-- Schedule a task whose head h passed `replayable` again, now, with its attempts reset. Its
+-- execute_at becomes now too: a cancelled task replayed before the time it was set for would
+-- otherwise go out before its execute_at (and say so in its timewheel-scheduled-at header),
+-- and a failed one's first attempt would count as late by its whole time in the dead letters.
 -- op: the digest of the request that replays (kept in the record).
 local function replay_task(P, key, h, now, op)
   local tkey = P .. 't:' .. key
@@ -12,7 +15,7 @@ local function replay_task(P, key, h, now, op)
   keep_attempts(P, key)
   keep_results(P, key)
   remove_finished(P, h[ST], h[FINISHED], key)
-  h[ST], h[ATT], h[DUE], h[FINISHED], h[OP] = 's', 0, now, 0, op
+  h[ST], h[ATT], h[DUE], h[EXEC], h[FINISHED], h[OP] = 's', 0, now, now, 0, op
   -- A claim kept for an attempt cancelled in flight (lua/cancel.lua) is dropped with it.
   h[CLAIM], h[STARTED] = NONE, 0
   put_head(tkey, h)
