@@ -81,6 +81,28 @@ async def test_put_creates_then_replaces(client: httpx.AsyncClient) -> None:
     assert r.json()["created_at"] == view["created_at"]
 
 
+async def test_the_template_shows_the_retry_fields_its_occurrences_get(
+        client: httpx.AsyncClient) -> None:
+    """A template that sets no max_attempts or retry_backoff shows those its occurrences get,
+    its flow's defaults (as a task view does), not the service's as if set; one that sets them
+    shows its own. Every view (PUT, GET, the listing, pause) shows the same."""
+    flow = {"max_attempts": 2, "retry_backoff": 0.2}
+    assert (await client.put("/flows/retrying", json=flow)).status_code == 200
+    own = {**TASK, "flow_key": "retrying", "max_attempts": 7, "retry_backoff": 3}
+    r = await client.put("/schedules/a-unset", json={"every": 60,
+                                                     "task": {**TASK, "flow_key": "retrying"}})
+    assert (r.json()["task"]["max_attempts"], r.json()["task"]["retry_backoff"]) == (2, 0.2)
+    r = await client.put("/schedules/b-own", json={"every": 60, "task": own})
+    assert (r.json()["task"]["max_attempts"], r.json()["task"]["retry_backoff"]) == (7, 3.0)
+    views = {v["id"]: v["task"] for v in (await client.get("/schedules")).json()["schedules"]}
+    assert [(t["max_attempts"], t["retry_backoff"]) for t in views.values()] == [(2, 0.2),
+                                                                                   (7, 3.0)]
+    for path in ("/schedules/a-unset", "/schedules/a-unset/pause"):
+        task = (await client.request("GET" if "pause" not in path else "POST", path)).json()
+        assert (task["task"]["max_attempts"], task["task"]["retry_backoff"]) == (2, 0.2)
+    assert (await client.delete("/flows/retrying")).status_code == 204
+
+
 async def test_unknown_schedule_is_404(client: httpx.AsyncClient) -> None:
     for method, path in [("GET", "/schedules/nope"), ("DELETE", "/schedules/nope"),
                          ("POST", "/schedules/nope/pause"), ("POST", "/schedules/nope/resume")]:

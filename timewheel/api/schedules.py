@@ -21,6 +21,7 @@ from timewheel.models import (
     format_ms,
 )
 from timewheel.operations.records import ScheduleRecord
+from timewheel.service import Wheel
 
 router = APIRouter(prefix="/schedules", tags=["schedules"], route_class=TaskRoute)
 
@@ -31,7 +32,18 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _view(record: ScheduleRecord, now: int) -> ScheduleView:
+async def _view(wheel: Wheel, record: ScheduleRecord) -> ScheduleView:
+    return (await _views(wheel, [record]))[0]
+
+
+async def _views(wheel: Wheel, records: list[ScheduleRecord]) -> list[ScheduleView]:
+    now = wheel.clock.now_ms()
+    templates = await wheel.schedules.templates(records)
+    return [_one_view(record, template, now)
+            for record, template in zip(records, templates, strict=True)]
+
+
+def _one_view(record: ScheduleRecord, template: dict[str, Any], now: int) -> ScheduleView:
     spec = record.spec
     last = None
     if record.hi_ms is not None:
@@ -41,7 +53,7 @@ def _view(record: ScheduleRecord, now: int) -> ScheduleView:
         last = record.hi_ms if latest is None else min(record.hi_ms, latest)
     return ScheduleView(
         id=record.id, cron=spec["cron"], every=spec["every"], timezone=spec["timezone"],
-        task=ScheduleTask.model_validate(spec["task"]), paused=record.paused,
+        task=ScheduleTask.model_validate(template), paused=record.paused,
         next_run_at=None if record.paused else format_ms(record.next_ms),
         last_run_at=format_ms(last), created_at=format_ms(record.created_ms) or "",
     )
@@ -57,7 +69,7 @@ async def put_schedule(schedule_id: ScheduleId, body: ScheduleCreate, wheel: Whe
     if created:
         response.status_code = 201
         response.headers["Location"] = f"/schedules/{schedule_id}"
-    return _view(record, wheel.clock.now_ms())
+    return await _view(wheel, record)
 
 
 @router.get("", dependencies=[Needs.READ], response_model=ScheduleList, responses=_RESPONSES)
@@ -69,14 +81,13 @@ async def list_schedules(
 ) -> ScheduleList:
     """Schedules in id order, cursor-paginated."""
     records, following = await wheel.schedules.page(limit, cursor)
-    now = wheel.clock.now_ms()
-    return ScheduleList(schedules=[_view(r, now) for r in records], next_cursor=following)
+    return ScheduleList(schedules=await _views(wheel, records), next_cursor=following)
 
 
 @router.get("/{schedule_id}", dependencies=[Needs.READ],
             response_model=ScheduleView, responses=_RESPONSES)
 async def get_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
-    return _view(await wheel.schedules.get(schedule_id), wheel.clock.now_ms())
+    return await _view(wheel, await wheel.schedules.get(schedule_id))
 
 
 @router.delete("/{schedule_id}", dependencies=[Needs.WRITE],
@@ -93,7 +104,7 @@ async def delete_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> Response:
              response_model=ScheduleView, responses=_RESPONSES)
 async def pause_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
     """Pause: once this returns, no occurrence starts until a resume."""
-    return _view(await wheel.schedules.pause(schedule_id), wheel.clock.now_ms())
+    return await _view(wheel, await wheel.schedules.pause(schedule_id))
 
 
 @router.post("/{schedule_id}/resume", dependencies=[Needs.WRITE],
@@ -101,4 +112,4 @@ async def pause_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleVi
 async def resume_schedule(schedule_id: ScheduleId, wheel: WheelDep) -> ScheduleView:
     """Resume from the next occurrence after now: occurrences missed while paused are not
     fired."""
-    return _view(await wheel.schedules.resume(schedule_id), wheel.clock.now_ms())
+    return await _view(wheel, await wheel.schedules.resume(schedule_id))

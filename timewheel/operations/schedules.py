@@ -4,16 +4,19 @@ paused, resumed and deleted, and the occurrences such a change takes back are ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from timewheel.clock import Clock
+from timewheel.delivery.retry_policy import NO_DEFAULTS
 from timewheel.engine.occurrences import next_after
 from timewheel.errors import InvalidInput, ScheduleNotFound
 from timewheel.models import SCHEDULE_ID_PATTERN, ScheduleCreate
 from timewheel.operations.cursors import NameCursor
 from timewheel.operations.prepare import template_task
 from timewheel.operations.tasks import TaskOperations
+from timewheel.store.record import default_flow
 from timewheel.store.replies import SchedPutReply
 from timewheel.store.schedule_store import ScheduleRecord, ScheduleStore
 from timewheel.store.task_store import Store
@@ -57,6 +60,23 @@ class ScheduleOperations:
             await self.schedules.cancel_occurrences(schedule_id, outstanding, spec["task"],
                                                     now_ms=now)
         return code is SchedPutReply.CREATED, await self.get(schedule_id)
+
+    async def templates(self, records: Sequence[ScheduleRecord]) -> list[dict[str, Any]]:
+        """Each record's task template as its occurrences get it: a template that sets no
+        ``max_attempts`` or ``retry_backoff`` shows its flow's default, else the service's (as
+        a task view does), not the service's as if it were set."""
+        templates: list[dict[str, Any]] = [record.spec["task"] for record in records]
+        flows = [t.get("flow_key") or default_flow(t["callback_url"]) for t in templates]
+        unset = {flow for flow, t in zip(flows, templates, strict=True)
+                 if "max_attempts" not in t or "retry_backoff" not in t}
+        defaults = ({} if not unset or self.tasks.flows is None else
+                    await self.tasks.flows.retry_defaults(unset, now_ms=self.clock.now_ms()))
+        resolved = []
+        for flow, template in zip(flows, templates, strict=True):
+            retry = defaults.get(flow, NO_DEFAULTS)
+            resolved.append({"max_attempts": retry.max_attempts_for(0),
+                             "retry_backoff": retry.backoff_ms_for(0) / 1000, **template})
+        return resolved
 
     async def get(self, schedule_id: str) -> ScheduleRecord:
         record = await self.schedules.get(schedule_id)
