@@ -112,3 +112,22 @@ def test_every_secret_setting_is_one_the_warning_knows() -> None:
               if "SecretStr" in repr(info.annotation) or "ApiToken" in repr(info.annotation)}
     assert set(secret_settings()) == secret == {
         "api_tokens", "signing_secret", "encryption_keys"}
+
+
+@pytest.mark.parametrize(("host", "tokens", "warned"), [
+    ("0.0.0.0", None, True), ("::", None, True), ("192.168.1.5", None, True),
+    ("0.0.0.0", "tok-from-the-environment", False),
+    ("127.0.0.1", None, False), ("::1", None, False), ("localhost", None, False),
+])
+def test_an_api_open_to_the_network_without_tokens_is_warned_of(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], host: str,
+        tokens: str | None, warned: bool) -> None:
+    """Listening beyond loopback with no TIMEWHEEL_API_TOKENS lets anyone who reaches the
+    port create, read and cancel tasks (and send its callbacks with the wheel's signature):
+    the service starts, and says so. Loopback alone, or tokens set, is nothing to warn of."""
+    monkeypatch.delenv("TIMEWHEEL_API_TOKENS", raising=False)
+    if tokens:
+        monkeypatch.setenv("TIMEWHEEL_API_TOKENS", tokens)
+    _served(monkeypatch, ["serve", "--host", host])
+    warning = capsys.readouterr().err
+    assert ("TIMEWHEEL_API_TOKENS" in warning and host in warning) is warned, warning

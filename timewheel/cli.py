@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import sys
 from typing import Any
@@ -57,7 +58,29 @@ def main(argv: list[str] | None = None) -> None:
         problems = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
                     for e in exc.errors(include_input=False, include_url=False)]
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
+    _warn_of_an_open_api(settings)
     serve(settings, settings.host, settings.port)
+
+
+def _warn_of_an_open_api(settings: Settings) -> None:
+    """Beyond loopback with no API tokens, anyone who reaches the port can create, read and
+    cancel tasks, and have the wheel call (and sign) any URL: say so (the service starts)."""
+    if settings.api_tokens or _loopback(settings.host):
+        return
+    sys.stderr.write(f"timewheel: warning: listening on {settings.host} with no "
+                     "TIMEWHEEL_API_TOKENS: anyone who can reach this port can create, read "
+                     "and cancel tasks and have them call any URL, signed; set tokens "
+                     "(README.md, Security) or listen on 127.0.0.1 behind a proxy that checks "
+                     "callers\n")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: where it points is not known here
+        return False
 
 
 def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:
