@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.ports import listens_on, on_a_free_port
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.waiting import settle
 
@@ -39,36 +40,32 @@ class Service:
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> Service:
+        """Start the process and return once it is healthy: on its port (kept from a start
+        before), or on a new one if another worker's socket took that port meanwhile (CI saw
+        a receiver answer in the service's place)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for tries_left in (2, 1, 0):
-            log = open(self.log_path, "ab")
-            try:
-                self.process = subprocess.Popen(
-                    [sys.executable, "-m", "timewheel.cli", "serve", "--host", "127.0.0.1",
-                     "--port", str(self.port)],
-                    env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL)
-            finally:
-                log.close()
-            try:
-                settle(self._healthy, timeout,
-                       lambda: f"timewheel serve healthy; its log:\n{self.log()}")
-                return self
-            except RuntimeError:
-                # free_port's port was free a moment ago; another worker's socket may have
-                # taken it since (CI saw a receiver answer in the service's place): a new one.
-                if not tries_left or "address already in use" not in self.log():
-                    raise
-                self.port = free_port()
-                self.base_url = f"http://127.0.0.1:{self.port}"
-        raise AssertionError("unreachable")
+        return on_a_free_port(lambda port: self._start(port, timeout), self.log, self.port)
+
+    def _start(self, port: int, timeout: float) -> Service:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "timewheel.cli", "serve", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        settle(self._healthy, timeout, lambda: f"timewheel serve healthy; its log:\n{self.log()}")
+        return self
 
     def _healthy(self) -> bool:
-        """/healthz answers timewheel's 200 (not another server's on a reused port); raises if
-        the process has exited (then it never will)."""
+        """This process listens on the port (not another worker's server, which answers there
+        while this one has not yet found the port taken: it is not asked) and /healthz answers
+        timewheel's 200; raises if the process has exited (then it never will)."""
         assert self.process is not None
         if self.process.poll() is not None:
             raise RuntimeError(f"timewheel serve exited early:\n{self.log()}")
+        if not listens_on(self.process.pid, self.port):
+            return False
         try:
             answer = httpx.get(f"{self.base_url}/healthz", timeout=1)
             return answer.status_code == 200 and answer.json().get("status") == "ok"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +16,7 @@ import pytest
 import redis
 import redis.cluster
 
+from .ports import listens_on, on_a_free_port, refused_port
 from .receiver import Receiver, Reply, ThreadedReceiver
 from .redis_server import PortTaken, RedisCluster, RedisServer, free_port
 
@@ -67,6 +70,59 @@ def test_a_port_given_by_the_test_is_not_changed(tmp_path: Path) -> None:
     with RedisServer(tmp_path / "theirs") as theirs:
         with pytest.raises(PortTaken):
             RedisServer(tmp_path / "ours", port=theirs.port).start()
+
+
+def test_a_refused_port_refuses_and_cannot_be_taken() -> None:
+    with refused_port() as port:
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.connect(("127.0.0.1", port))
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError, match="in use"):
+                other.bind(("127.0.0.1", port))
+
+
+def test_listens_on_tells_the_process_listening_from_another() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import socket, sys; s = socket.create_server(('127.0.0.1', 0));"
+         " print(s.getsockname()[1], flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        childs = int(child.stdout.readline())
+        with socket.create_server(("127.0.0.1", 0)) as ours:
+            assert listens_on(child.pid, childs)
+            assert not listens_on(child.pid, ours.getsockname()[1])
+    finally:
+        child.communicate("")
+
+
+def test_a_start_that_found_its_port_taken_starts_again_on_another() -> None:
+    tried: list[int] = []
+    said = ""
+
+    def start(port: int) -> int:
+        nonlocal said
+        tried.append(port)
+        if len(tried) == 1:
+            said = "error while attempting to bind: address already in use"
+            raise RuntimeError("exited")
+        return port
+
+    assert on_a_free_port(start, lambda: said, 1) == tried[1]
+    assert tried[0] == 1 and tried[1] != 1
+
+
+def test_a_start_that_failed_otherwise_is_not_tried_again() -> None:
+    tried: list[int] = []
+
+    def start(port: int) -> int:
+        tried.append(port)
+        raise RuntimeError("exited")
+
+    with pytest.raises(RuntimeError, match="exited"):
+        on_a_free_port(start, lambda: "no Redis")
+    assert len(tried) == 1
 
 
 async def test_receiver_scripted_statuses_and_delay() -> None:
