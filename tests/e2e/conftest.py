@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
@@ -21,10 +22,14 @@ pytestmark = pytest.mark.e2e
 
 
 class Service:
-    """One `timewheel serve` process. ``redis_url=None`` makes it start its embedded Redis."""
+    """One `timewheel serve` process. ``redis_url=None`` makes it start its embedded Redis.
+    It is told where to listen by ``--host`` and ``--port``, or with ``address_from="env"``
+    by TIMEWHEEL_HOST and TIMEWHEEL_PORT."""
 
-    def __init__(self, directory: Path, redis_url: str | None, **settings: str) -> None:
+    def __init__(self, directory: Path, redis_url: str | None,
+                 address_from: Literal["flags", "env"] = "flags", **settings: str) -> None:
         self.directory = directory
+        self.address_from = address_from
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
         self.env.update({
@@ -51,11 +56,17 @@ class Service:
         self.base_url = f"http://127.0.0.1:{port}"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "timewheel.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(port)],
+                [sys.executable, "-m", "timewheel.cli", "serve", *self._address()],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         settle(self._healthy, timeout, lambda: f"timewheel serve healthy; its log:\n{self.log()}")
         return self
+
+    def _address(self) -> list[str]:
+        """Where it listens: flags, or TIMEWHEEL_HOST and TIMEWHEEL_PORT (``address_from``)."""
+        if self.address_from == "flags":
+            return ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.env.update(TIMEWHEEL_HOST="127.0.0.1", TIMEWHEEL_PORT=str(self.port))
+        return []
 
     def _healthy(self) -> bool:
         """This process listens on the port (not another worker's server, which answers there
