@@ -16,7 +16,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from tests.e2e.conftest import Service
-from tests.support.redis_server import free_port
+from tests.support.ports import listens_on, on_a_free_port
 from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
@@ -28,18 +28,10 @@ class Listener:
     """One ``timewheel listen`` process; its stdout goes to a file the test reads."""
 
     def __init__(self, directory: Path, *argv: str) -> None:
-        # free_port() gives a port that was free a moment ago: another test worker may take it
-        # before listen binds it. Then listen says so and exits, and starts again elsewhere.
-        for attempt in range(3):
-            try:
-                self._start(directory, argv)
-                return
-            except RuntimeError:
-                if attempt == 2 or "address already in use" not in self.text().lower():
-                    raise
+        on_a_free_port(lambda port: self._start(directory, port, argv), self.text)
 
-    def _start(self, directory: Path, argv: tuple[str, ...]) -> None:
-        self.port = free_port()
+    def _start(self, directory: Path, port: int, argv: tuple[str, ...]) -> None:
+        self.port = port
         self.out = directory / f"listen-{self.port}.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
         with open(self.out, "wb") as out:
@@ -52,7 +44,11 @@ class Listener:
         settle(self._ready, 20, lambda: f"listen to answer /ready; its output:\n{self.text()}")
 
     def _ready(self) -> bool:
+        """It listens on its port (another worker's server there would answer as well, and is
+        not asked) and answers."""
         self._running()
+        if not listens_on(self.process.pid, self.port):
+            return False
         try:
             httpx.get(f"{self.url}/ready", timeout=1)
         except httpx.TransportError:
