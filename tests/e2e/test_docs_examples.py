@@ -11,8 +11,8 @@ that stops working fails CI. The convention, also in the README's "Development" 
 - An HTML comment on the line just before a block changes what happens to it:
   ``<!-- not-run: why -->`` skips it (the reason is required);
   ``<!-- background NAME: 127.0.0.1:PORT -->`` marks a command that keeps running
-  (``timewheel serve``, ``timewheel listen``): the test starts it, waits until that address
-  accepts a connection (no request: a listener would print it), and stops it at the end.
+  (``timewheel serve``, ``timewheel listen``): the test starts it, waits until it listens on
+  that address (no connection: a listener would print it), and stops it at the end.
 - A comment on a line of its own, ``<!-- wait-for: NAME prints "TEXT" -->``, waits (up to 30 s)
   until the background command NAME has printed TEXT: how the test sees that a callback arrived.
 
@@ -21,7 +21,10 @@ What the test gives the blocks:
 - Addresses: the examples use 127.0.0.1:8080 for the service, 127.0.0.1:8081 for a second one
   (the README's scoped tokens) and 127.0.0.1:9000 for ``timewheel listen``. The test replaces
   ``127.0.0.1:PORT`` / ``--port PORT`` of these three in every block by free ports of its own,
-  so that it can run beside other tests; nothing but loopback is ever called.
+  so that it can run beside other tests; nothing but loopback is ever called. A port another
+  test worker takes before the background command binds it is replaced by a new one, and the
+  command started again: no block has used it yet (each background command starts before any
+  block calls its address).
 - The environment: ``TIMEWHEEL_URL`` and ``TIMEWHEEL_PORT`` (that free port),
   ``TIMEWHEEL_DATA_DIR`` in the test's tmp dir (the embedded Redis), this Python's ``bin`` and
   scripts dirs first on PATH (``python3``, ``timewheel``), and a curl configuration with
@@ -40,7 +43,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -52,6 +54,7 @@ from typing import NoReturn
 
 import pytest
 
+from tests.support.ports import listens_on, on_a_free_port
 from tests.support.redis_server import free_port
 from tests.support.waiting import settle
 
@@ -153,8 +156,7 @@ class Session:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.ports = {port: str(free_port()) for port in (SERVICE_PORT, SECOND_PORT, LISTEN_PORT,
-                                                        THIRD_PORT)}
+        self.ports: dict[str, str] = {}
         curl_home = directory / "curl"
         curl_home.mkdir()
         (curl_home / ".curlrc").write_text("fail-with-body\nshow-error\n")
@@ -165,12 +167,18 @@ class Session:
         self.env.update({
             "PATH": os.pathsep.join([*bin_dirs, os.environ.get("PATH", "")]),
             "CURL_HOME": str(curl_home),
-            "TIMEWHEEL_URL": f"http://127.0.0.1:{self.ports[SERVICE_PORT]}",
-            "TIMEWHEEL_PORT": self.ports[SERVICE_PORT],
             "TIMEWHEEL_DATA_DIR": str(directory / "data"),
             "PYTHONUNBUFFERED": "1",
         })
         self.background: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        for documented in (SERVICE_PORT, SECOND_PORT, LISTEN_PORT, THIRD_PORT):
+            self.use_port(documented, free_port())
+
+    def use_port(self, documented: str, port: int) -> None:
+        """Blocks run from now on get ``port`` for the examples' ``documented`` port."""
+        self.ports[documented] = str(port)
+        if documented == SERVICE_PORT:
+            self.env.update(TIMEWHEEL_URL=f"http://127.0.0.1:{port}", TIMEWHEEL_PORT=str(port))
 
     def localise(self, text: str) -> str:
         return ADDRESS.sub(lambda m: m.group(1) + self.ports[m.group(2)], text)
@@ -206,6 +214,19 @@ class Session:
             self.fail(step, f"exited with status {done.returncode}", done.stdout, done.stderr)
 
     def start(self, step: Step) -> None:
+        """Start a background command and wait until its own process listens on its address
+        (another worker's server that took the port would accept a connection there too);
+        on a new port if that one was taken before the command bound it."""
+        documented = step.target.rsplit(":", 1)[1]
+        try:
+            on_a_free_port(lambda port: self._start(step, documented, port),
+                           lambda: self.background[step.name][1].read_text(errors="replace"),
+                           int(self.ports[documented]))
+        except RuntimeError as exited:
+            self.fail(step, str(exited))
+
+    def _start(self, step: Step, documented: str, port: int) -> None:
+        self.use_port(documented, port)
         log = self.directory / f"{step.name}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(
@@ -213,16 +234,13 @@ class Session:
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         self.background[step.name] = (process, log)
-        host, port = self.localise(step.target).rsplit(":", 1)
 
         def listening() -> bool:
             if process.poll() is not None:
-                self.fail(step, f"exited with status {process.returncode} instead of running")
-            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
-                return True
-            return False
+                raise RuntimeError(f"exited with status {process.returncode} instead of running")
+            return listens_on(process.pid, port)
 
-        self.settle_step(step, listening, f"something listening on {host}:{port}")
+        self.settle_step(step, listening, f"it to listen on {self.localise(step.target)}")
 
     def wait_for(self, step: Step) -> None:
         if step.name not in self.background:
