@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
+from tests.support.ports import refused_port
 from tests.support.redis_server import RedisServer, free_port
 from timewheel.delivery import guarded_clients
 from timewheel.delivery.guarded_clients import (
@@ -249,9 +250,10 @@ async def test_aiohttp_calls_the_override_for_an_ip_literal(dials: list[str]) ->
 
 async def test_aiohttp_dials_through_the_socket_factory(dials: list[str]) -> None:
     """The control: allowed, the same kind of request reaches the socket factory (and finds
-    nothing listening)."""
-    error = await _aiohttp_get(NetworkPolicy(allow_private=True),
-                               f"http://127.0.0.1:{free_port()}/", dials)
+    nothing listening: the port is held by the test, so no other worker's server answers)."""
+    with refused_port() as port:
+        error = await _aiohttp_get(NetworkPolicy(allow_private=True),
+                                   f"http://127.0.0.1:{port}/", dials)
     assert blocked_cause(error) is None
     assert dials == ["127.0.0.1"]
 
