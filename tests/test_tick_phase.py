@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import socket
 
 import pytest
 from redis.asyncio import Redis
@@ -14,6 +13,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from tests.conftest import START_MS
+from tests.support.ports import refused_port
 from tests.test_ticker import FakeDispatcher, make_ticker
 from timewheel.clock import FakeClock
 from timewheel.engine.tick_phase import DEAD_BAND_MS, MAX_SHIFT_MS, TickPhases, shift_ms
@@ -113,14 +113,13 @@ async def test_without_redis_it_ticks_on_its_own_period(
         caplog: pytest.LogCaptureFixture) -> None:
     """Noting the tick fails (nothing listens where Redis should be): no shift, no error for
     the ticker, and one warning however many ticks fail."""
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    redis = Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))  # fail at once
-    store = Store(redis, "tw", retention_ms=60_000, lease_margin_ms=5000)
-    phases = TickPhases(store, PERIOD)
-    caplog.set_level(logging.WARNING, logger="timewheel.engine.tick_phase")
-    assert await phases.note(START_MS) == 0.0
-    assert await phases.note(START_MS + PERIOD) == 0.0
+    # A port the test holds, bound and never listening: another worker's Redis cannot take it.
+    with refused_port() as port:
+        redis = Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0))  # fail at once
+        store = Store(redis, "tw", retention_ms=60_000, lease_margin_ms=5000)
+        phases = TickPhases(store, PERIOD)
+        caplog.set_level(logging.WARNING, logger="timewheel.engine.tick_phase")
+        assert await phases.note(START_MS) == 0.0
+        assert await phases.note(START_MS + PERIOD) == 0.0
     assert [r.getMessage()[:16] for r in caplog.records] == ["tick not noted ("]
     await redis.aclose()
