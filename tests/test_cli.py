@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 
@@ -131,3 +132,36 @@ def test_an_api_open_to_the_network_without_tokens_is_warned_of(
     _served(monkeypatch, ["serve", "--host", host])
     warning = capsys.readouterr().err
     assert ("TIMEWHEEL_API_TOKENS" in warning and host in warning) is warned, warning
+
+
+def test_a_misspelt_setting_in_the_environment_is_warned_of(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """TIMEWHEEL_API_TOKEN (singular) was ignored without a word, and the API ran with no
+    tokens: an unknown TIMEWHEEL_* name is named (never its value), with the setting it most
+    looks like. The client's own names (TIMEWHEEL_URL, TIMEWHEEL_TOKEN) are no setting of the
+    service and nothing to warn of."""
+    for name in list(os.environ):
+        if name.upper().startswith("TIMEWHEEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("TIMEWHEEL_API_TOKEN", "SECRET-VALUE")
+    monkeypatch.setenv("timewheel_redis_clusters", "true")
+    monkeypatch.setenv("TIMEWHEEL_URL", "http://127.0.0.1:8080")
+    monkeypatch.setenv("TIMEWHEEL_TOKEN", "client-token")
+    _served(monkeypatch, ["serve"])
+    warning = capsys.readouterr().err
+    assert "TIMEWHEEL_API_TOKEN " in warning and "TIMEWHEEL_API_TOKENS" in warning
+    assert "timewheel_redis_clusters" in warning and "TIMEWHEEL_REDIS_CLUSTER" in warning
+    assert "SECRET-VALUE" not in warning
+    assert "TIMEWHEEL_URL" not in warning and "TIMEWHEEL_TOKEN " not in warning
+
+
+def test_known_settings_in_the_environment_are_no_warning(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("TIMEWHEEL_"):
+            monkeypatch.delenv(name)
+    for name, info in Settings.model_fields.items():
+        if info.default is not None and not isinstance(info.default, list):
+            monkeypatch.setenv(f"TIMEWHEEL_{name.upper()}", str(info.default).lower())
+    _served(monkeypatch, ["serve"])
+    assert capsys.readouterr().err == ""

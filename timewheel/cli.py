@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
+import os
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         key.removeprefix("setting_"): value for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None}
     _warn_of_secret_flags(overrides)
+    _warn_of_unknown_names(os.environ)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -60,6 +64,25 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
     _warn_of_an_open_api(settings)
     serve(settings, settings.host, settings.port)
+
+
+# TIMEWHEEL_* names that are not the service's settings: the client's (timewheel tasks ...),
+# and the test suite's choice of redis-server (tests/support/redis_server.py).
+_NOT_SETTINGS = frozenset({"TIMEWHEEL_URL", "TIMEWHEEL_TOKEN", "TIMEWHEEL_TEST_REDIS_SERVER"})
+
+
+def _warn_of_unknown_names(environ: Mapping[str, str]) -> None:
+    """Name each TIMEWHEEL_* variable that is no setting, with the setting it most looks like:
+    pydantic-settings ignores them, and TIMEWHEEL_API_TOKEN (singular) ran the API with no
+    tokens, without a word. Never the value."""
+    known = {f"TIMEWHEEL_{name.upper()}" for name in Settings.model_fields} | _NOT_SETTINGS
+    for name in sorted(environ):
+        upper = name.upper()
+        if upper.startswith("TIMEWHEEL_") and upper not in known:
+            near = difflib.get_close_matches(upper, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            sys.stderr.write(f"timewheel: warning: {name} is not a setting and is ignored"
+                             f"{hint}; the settings are listed by timewheel serve --help\n")
 
 
 def _warn_of_an_open_api(settings: Settings) -> None:
