@@ -165,3 +165,21 @@ def test_known_settings_in_the_environment_are_no_warning(
             monkeypatch.setenv(f"TIMEWHEEL_{name.upper()}", str(info.default).lower())
     _served(monkeypatch, ["serve"])
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--log-level", "warn"], "log_level"), (["--log-level", "verbose"], "log_level"),
+    (["--max-horizon-seconds", "1e13"], "max_horizon_seconds"),
+])
+def test_settings_that_failed_later_are_refused_at_start(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], named: str) -> None:
+    """A log level uvicorn does not know ended the start in a KeyError traceback, and a
+    horizon past what a record holds made a far create a 500: both are settings errors now."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", *argv])
+    assert "invalid settings" in str(exit_.value) and named in str(exit_.value)
+
+
+def test_the_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings, _, _ = _served(monkeypatch, ["serve", "--log-level", "WARNING"])
+    assert settings.log_level == "warning"

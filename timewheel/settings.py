@@ -64,7 +64,9 @@ class Settings(BaseSettings):
     allowed_networks: Annotated[list[IPNetwork], NoDecode] = []
     tick_seconds: float = Field(default=1.0, gt=0, le=60)
     batch_deadline_seconds: float = Field(default=30.0, gt=0, le=3600)
-    max_horizon_seconds: float = Field(default=31_536_000, gt=0)
+    # At most 100 years: a time further out than the record's 6-byte milliseconds and RFC 3339
+    # years can hold made a create a 500 (OverflowError), not a 422.
+    max_horizon_seconds: float = Field(default=31_536_000, gt=0, le=3_153_600_000)
     flow_parallelism: int = Field(default=100, ge=1, le=10_000)
     # The attempt history (docs/api.md v3): entries kept per task, response body bytes each.
     attempts_kept: int = Field(default=20, ge=0, le=1000)
@@ -100,7 +102,8 @@ class Settings(BaseSettings):
     # How long that WAIT may take before the answer is 503. Below the client's 5 s socket
     # timeout (timewheel/store/connection.py), which a blocked WAIT must not run into.
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=4000)
-    log_level: str = "info"
+    # The levels both uvicorn and Python's logging know; given in any case.
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (timewheel.logs)
     # One INFO line per callback attempt (key, attempt, status or error, duration); without
     # it successes are logged at DEBUG (failures and retries are always INFO).
@@ -130,6 +133,11 @@ class Settings(BaseSettings):
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("port", mode="before")
     @classmethod
