@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -128,3 +129,21 @@ def test_costly_settings_name_each_one_in_the_servers_own_names() -> None:
     assert costly_settings({"zset-max-ziplist-entries": "128",
                             "set-max-intset-entries": "512"}) == [
         "zset-max-ziplist-entries 128 (set 512)"]
+
+
+@pytest.mark.parametrize(("server_options", "said"), [
+    ({"extra_args": ["--appendonly", "no"]}, "appendonly no: a restart of it loses every task"),
+    ({"appendfsync": "no"}, "appendfsync no: a power loss loses"),
+])
+async def test_a_redis_that_may_lose_acknowledged_tasks_is_warned_about(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, server_options: dict[str, Any],
+        said: str) -> None:
+    """The README promised a start-up warning for a Redis without an append-only file, and
+    there was none: its restart loses the wheel. One now, naming the setting; the control
+    (always, everysec: the test servers') is the silence of the tests above."""
+    caplog.set_level(logging.WARNING, logger="timewheel.store")
+    with RedisServer(tmp_path / "redis", **server_options) as server:
+        async for _ in started_store(server.url):
+            pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and said in warnings[0], warnings

@@ -103,14 +103,25 @@ def _text(value: Any) -> str:
 
 
 async def warn_about_settings(redis: Redis | RedisCluster) -> None:
-    """Log a warning for every primary that may evict tasks, and one for every primary whose
+    """Log a warning for every primary that may evict tasks, or lose them on a restart (no
+    append-only file) or a power loss (appendfsync no), and one for every primary whose
     settings will cost memory (naming each, with the value to set). Says nothing where CONFIG
     is refused (or Redis fails: the caller has done its work already)."""
     try:
         policies = await primaries_config(redis, "maxmemory-policy")
         encodings = await primaries_config(redis, "*set-max-*-entries")
+        persistence = await primaries_config(redis, "append*")
     except RedisError:  # managed Redis often refuses CONFIG
         return
+    for node, values in persistence.items():
+        if values.get("appendonly") == "no":
+            log.warning("Redis %s has appendonly no: a restart of it loses every task written "
+                        "since its last snapshot, acknowledged or not (set appendonly yes, "
+                        "README.md, \"Redis requirements\")", node)
+        elif values.get("appendfsync") == "no":
+            log.warning("Redis %s has appendfsync no: a power loss loses the tasks written in "
+                        "the last ~30 s, acknowledged or not (set always, or everysec for up to "
+                        "a second)", node)
     for node, values in policies.items():
         policy = values.get("maxmemory-policy", "")
         if policy != "noeviction":
