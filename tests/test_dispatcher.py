@@ -607,6 +607,8 @@ async def test_an_attempt_unanswered_past_the_grace_period_leaves_the_books(
     await wheel.dispatcher.stop(0.1)
     assert wheel.dispatcher.in_flight == 0
     assert (await wheel.view()).status == "delivering"
+    # No answer, so no other outcome counted it (the metric's outcomes add up to the sends).
+    assert wheel.counter("timewheel_callbacks_total", outcome="abandoned") == 1
     assert await wheel.lease() != []  # not handed back: its lease re-sends it
 
 

@@ -17,8 +17,9 @@ class Metrics:
                                  registry=r)
         self.cancelled = Counter("timewheel_tasks_cancelled", "Tasks cancelled", registry=r)
         self.callbacks = Counter(
-            "timewheel_callbacks", "Callback attempts by outcome "
-            "(succeeded, retried, failed, abandoned)", ["outcome"], registry=r)
+            "timewheel_callbacks", "Callback attempts sent, by outcome: succeeded, retried, "
+            "failed, or abandoned (no answer yet when the process stopped: its lease sends it "
+            "again)", ["outcome"], registry=r)
         self.lateness = Histogram(
             "timewheel_callback_lateness_seconds",
             "Start of an attempt minus the time it was due (execute_at for first attempts), "
@@ -46,8 +47,10 @@ class Metrics:
                                     "Permits held over every process, per configured flow",
                                     ["flow"], registry=r)
         self.flow_waiting_total = Gauge("timewheel_flow_waiting",
-                                        "Tasks parked in Redis waiting for a permit, per "
-                                        "configured flow", ["flow"], registry=r)
+                                        "Due tasks waiting for a permit or a resume, per "
+                                        "configured flow: parked in Redis or held by a "
+                                        "process (GET /flows' waiting)", ["flow"],
+                                        registry=r)
         self.flow_series: set[str] = set()
         self.redis_up = Gauge("timewheel_redis_up",
                               "1 when Redis answered this scrape's reads, 0 when it did not "

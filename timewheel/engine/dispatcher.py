@@ -201,7 +201,8 @@ class Dispatcher:
         lease re-sends it."""
         if attempt.stage in (Stage.ADMITTED, Stage.STARTED):
             self._hand_back(attempt, why)
-        elif attempt.stage is Stage.SENT:
+        elif attempt.stage is Stage.SENT:  # no answer, so no other outcome counted it
+            self._metrics.outcomes["abandoned"].inc()
             self._lifecycle.move(attempt, Stage.UNRECORDED)
             self._gate.give_back(attempt)
 
