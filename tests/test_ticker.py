@@ -14,6 +14,7 @@ from tests.conftest import START_MS
 from tests.support.lost_reply import first_reply_lost
 from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock
+from timewheel.engine import ticker as ticker_module
 from timewheel.engine.soon_claims import SOON_LEAD_MS, SoonClaims
 from timewheel.engine.ticker import LOOKAHEAD_MARGIN_MS, Ticker
 from timewheel.errors import StoreUnavailable
@@ -559,8 +560,8 @@ class SlowClaimStore:
 async def test_a_claim_between_ticks_waits_for_the_ticks_claim_under_way(
         fake_clock: FakeClock) -> None:
     """Found by review: a claim between ticks read the room while a tick's claim was out,
-    and both claimed into it (20 held with max_pending 10). Now one claim at a time, each
-    reading the room after the one before came back."""
+    and both claimed into it (20 held with max_pending 10). The room a claim takes is now
+    reserved while it is out: the claim between ticks finds none left."""
     store, dispatcher = SlowClaimStore(), FakeDispatcher()
     ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
                             claim_batch=10, max_pending=10)
@@ -577,3 +578,50 @@ async def test_a_claim_between_ticks_waits_for_the_ticks_claim_under_way(
         await asyncio.wait_for(runner, 10)
     assert store.most_out == 1
     assert dispatcher.in_flight == 10
+
+
+class SilentBucketStore(SlowClaimStore):
+    """Four buckets with one task each due; bucket 1's claims wait for ``reply`` (its master
+    went silent), the others answer at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys = SimpleNamespace(buckets=4)
+        self.claims: list[int] = []
+
+    async def claim(self, bucket: int, *, limit: int, **_: Any) -> tuple[bool, list[Any]]:
+        self.claims.append(bucket)
+        key = f"{bucket}-{len(self.claims)}"  # bucket, and which claim it was
+        if bucket == 1:
+            await self.reply.wait()
+        return False, [ClaimedTask(key=key, bucket=bucket,
+                                   token="t", due_ms=0, execute_at_ms=0, created_ms=0,
+                                   attempts=0, max_attempts=5, backoff_ms=1000,
+                                   timeout_ms=10_000, url=URL, method="POST", flow="f")]
+
+
+async def test_a_bucket_whose_claim_does_not_answer_does_not_hold_the_others(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a Redis Cluster one silent master held every tick on its first bucket, for as long as
+    the client retried (tests/cluster/test_silent_master.py). Its claim is now left to finish
+    on its own after CLAIM_WAIT_S: the buckets after it are claimed in the same pass, the
+    next passes skip it (and count it failed) rather than claim it twice, its room stays
+    reserved, and its tasks are handed over when it answers."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
+    store, dispatcher = SilentBucketStore(), FakeDispatcher()
+    ticker, metrics = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                                  claim_batch=10, max_pending=30)
+    await ticker.tick()
+    assert sorted(dispatcher.keys) == ["0-1", "2-3", "3-4"]
+    assert ticker._reserved == 10  # bucket 1's claim is out with room for 10
+    assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 1
+    await ticker.tick()
+    assert store.claims.count(1) == 1  # skipped, not claimed again while its claim is out
+    assert await ticker._claim_within_room(1) == (False, 0)  # nor between ticks
+    assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 2
+    store.reply.set()
+    await wait_until(lambda: "1-2" in dispatcher.keys, "bucket 1's claim to come back")
+    await wait_until(lambda: ticker._slow == {}, "bucket 1 to be free")
+    assert ticker._reserved == 0
+    await ticker.tick()
+    assert store.claims.count(1) == 2

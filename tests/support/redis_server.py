@@ -264,16 +264,18 @@ class RedisServer:
 class RedisCluster:
     """`size` cluster-enabled masters (no replicas) joined by `redis-cli --cluster create`."""
 
-    def __init__(self, directory: Path, *, size: int = 3, appendfsync: str = "everysec") -> None:
+    def __init__(self, directory: Path, *, size: int = 3, appendfsync: str = "everysec",
+                 extra_args: list[str] | None = None) -> None:
         self.directory = Path(directory)
         self.size = size
         self.appendfsync = appendfsync
+        self.extra_args = list(extra_args or [])  # every node's
         self.nodes = self._new_nodes("")
 
     def _new_nodes(self, prefix: str) -> list[RedisServer]:
         return [
             RedisServer(self.directory / f"{prefix}node{i}", cluster=True,
-                        appendfsync=self.appendfsync)
+                        appendfsync=self.appendfsync, extra_args=self.extra_args)
             for i in range(self.size)
         ]
 

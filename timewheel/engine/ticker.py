@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 
 LOOKAHEAD_MARGIN_MS = 250  # claims reach this far past the next tick, in case it runs late
 MAX_BACKOFF_SECONDS = 5.0
+# A bucket's claim not answered in this long is left to finish on its own, and the pass goes
+# on with the other buckets: on a Redis Cluster one silent master (stopped, frozen, cut off)
+# held the whole wheel for as long as the client kept retrying it, minutes (tests/cluster/
+# test_silent_master.py). Until that claim ends its bucket is skipped, by ticks and by
+# claims between them. A healthy claim takes milliseconds, a loaded one ~100 ms.
+CLAIM_WAIT_S = 1.0
 
 
 def claim_tokens() -> Iterator[str]:
@@ -51,7 +57,8 @@ class Ticker:
         self._phases = phases
         self._stopping = asyncio.Event()
         self.soon: SoonClaims | None = None  # while run() runs
-        self._claiming = asyncio.Lock()  # _claim_within_room
+        self._reserved = 0  # room taken by claims under way (_claim_within_room)
+        self._slow: dict[int, asyncio.Task[tuple[bool, int] | None]] = {}  # bucket -> claim
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -65,10 +72,14 @@ class Ticker:
         failed: list[tuple[int, Exception]] = []
         buckets = self._store.keys.buckets
         for bucket in range(buckets):
+            if bucket in self._slow:  # its claim of an earlier pass has not answered yet
+                failed.append((bucket, StoreUnavailable(
+                    f"claim of bucket {bucket}: no answer for over {CLAIM_WAIT_S:g} s")))
+                continue
             more = True
             while more and not self._stopping.is_set():
                 try:
-                    within = await self._claim_within_room(bucket)
+                    within = await self._claim_or_leave(bucket)
                 except Exception as exc:  # one bucket must not stop the others
                     # A slot half-moved on a cluster, one master refusing: the other buckets
                     # (other slots, other masters) are claimed all the same (the soak found a
@@ -89,15 +100,35 @@ class Ticker:
                         type(first).__name__, first)
         return claimed
 
+    async def _claim_or_leave(self, bucket: int) -> tuple[bool, int] | None:
+        """``_claim_within_room``, waited for CLAIM_WAIT_S at most: then it is left to finish
+        on its own (its bucket skipped until it does) and this raises StoreUnavailable."""
+        claim = asyncio.ensure_future(self._claim_within_room(bucket))
+        done, _ = await asyncio.wait({claim}, timeout=CLAIM_WAIT_S)
+        if not done:
+            self._slow[bucket] = claim
+            claim.add_done_callback(lambda _: self._slow.pop(bucket, None))
+            claim.add_done_callback(_retrieved)
+            raise StoreUnavailable(f"claim of bucket {bucket}: no answer in {CLAIM_WAIT_S:g} "
+                                   "s; left to finish on its own")
+        return claim.result()
+
     async def _claim_within_room(self, bucket: int) -> tuple[bool, int] | None:
         """One claim of up to ``claim_batch`` tasks, no more than the dispatcher has room for
-        (None: no room). One at a time, a tick's and those between ticks alike: the room is
-        read and claimed into before another reads it, so together they keep max_pending."""
-        async with self._claiming:
-            room = self._max_pending - self._dispatcher.holding
-            if room <= 0:
-                return None
-            return await self._claim(bucket, min(self._claim_batch, room))
+        (None: no room; (False, 0) for a bucket whose claim under way has not answered). The
+        room a claim takes is reserved until its tasks are handed over, so claims under way
+        at once (a tick's, those between ticks, one left to finish) keep max_pending."""
+        if bucket in self._slow:
+            return False, 0
+        room = self._max_pending - self._dispatcher.holding - self._reserved
+        if room <= 0:
+            return None
+        limit = min(self._claim_batch, room)
+        self._reserved += limit
+        try:
+            return await self._claim(bucket, limit)
+        finally:
+            self._reserved -= limit
 
     async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
         now = self._clock.now_ms()
@@ -131,6 +162,12 @@ class Ticker:
         finally:
             self._store.due_soon = listening
             soon.stop()
+            # Claims left to finish on their own: given up (what one claimed in Redis comes
+            # back when its lease runs out, as after a crash).
+            slow = list(self._slow.values())
+            for claim in slow:
+                claim.cancel()
+            await asyncio.gather(*slow, return_exceptions=True)
             try:
                 await claiming
             except Exception:  # never in the way of the shutdown that follows
@@ -170,3 +207,10 @@ class Ticker:
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+def _retrieved(claim: asyncio.Task[tuple[bool, int] | None]) -> None:
+    """A claim left to finish on its own: its failure is logged here, not by asyncio."""
+    if not claim.cancelled() and claim.exception() is not None:
+        exc = claim.exception()
+        log.warning("a claim left to finish on its own failed: %s: %s", type(exc).__name__, exc)
