@@ -276,3 +276,23 @@ async def test_a_silent_master_is_given_up_on_after_one_timeout(
     finally:
         await client.aclose()
     replicated.wait_acknowledged()
+
+
+async def test_a_rotation_waits_for_the_replicas_as_acknowledged_changes_do(
+        replicated: Replicated, master: Redis) -> None:
+    """keys rotate re-seals records and the operator then removes the old key: a failover
+    that lost the re-sealed records would leave them under a key no longer listed. With
+    replicas wanted, the rotation ends only once they have it all; a replica that does not
+    confirm (stopped) makes it NotReplicated (the CLI says so, exit 1), not a quiet success."""
+    from timewheel.store.encryption import Cipher
+    from timewheel.store.rotation import Rotation
+
+    store = await durable_store(master, replicas=0)
+    await store.schedule(new_task("plain-1"), replace=False, now_ms=START_MS)
+    k0, k1 = ("k0", bytes(range(32))), ("k1", bytes(range(32, 64)))
+    report = await Rotation(master, "tw", Cipher([k0]), durability=Durability(1, WAIT_MS)).run()
+    assert report.tasks_rekeyed == 1
+    with replicated.replica_client() as conn:  # there when run() returned, not later
+        assert b"k0" in conn.get(store.keys.task("plain-1"))
+    with replicated.replica_stopped(), pytest.raises(NotReplicated):
+        await Rotation(master, "tw", Cipher([k1, k0]), durability=Durability(1, WAIT_MS)).run()

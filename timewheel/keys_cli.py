@@ -16,9 +16,10 @@ import sys
 
 from pydantic import ValidationError
 
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import NotReplicated, StoreUnavailable
 from timewheel.settings import Settings
 from timewheel.store.connection import make_redis
+from timewheel.store.durability import Durability
 from timewheel.store.embedded import socket_dir
 from timewheel.store.encryption import generate_line
 from timewheel.store.rotation import DEFAULT_STEP, Rotation, RotationReport
@@ -84,13 +85,19 @@ def rotate(step: int) -> int:
     async def main() -> RotationReport:
         redis = make_redis(url, cluster=settings.redis_cluster)
         try:
-            rotation = Rotation(redis, settings.key_prefix, cipher, step=max(1, step))
+            rotation = Rotation(redis, settings.key_prefix, cipher, step=max(1, step),
+                                durability=Durability(settings.redis_wait_replicas,
+                                                      settings.redis_wait_timeout_ms))
             return await rotation.run(progress)
         finally:
             await redis.aclose()
 
     try:
         report = asyncio.run(main())
+    except NotReplicated as exc:
+        _say(f"timewheel keys rotate: rotated, but not yet on every replica ({exc}): keep the "
+             "old key listed, and run it again until it says rotated")
+        return 1
     except StoreUnavailable as exc:
         _say(f"timewheel keys rotate: Redis unavailable: {exc}")
         return 1

@@ -29,6 +29,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from timewheel.store import layout
+from timewheel.store.durability import NONE as NO_REPLICAS
+from timewheel.store.durability import Call, Durability, run_acknowledged
 from timewheel.store.encryption import (
     BadCiphertext,
     Cipher,
@@ -69,10 +71,13 @@ class RotationReport:
 
 class Rotation:
     def __init__(self, redis: Redis | RedisCluster, key_prefix: str, cipher: Cipher, *,
-                 step: int = DEFAULT_STEP) -> None:
+                 step: int = DEFAULT_STEP, durability: Durability = NO_REPLICAS) -> None:
         self.redis = redis
         self.cipher = cipher
         self.step = step
+        self.durability = durability
+        self._written: set[str] = set()  # the prefixes (slots) a rekey script ran in
+        self._mark = redis.register_script("return 1")  # a call routed to one of them
         self.report = RotationReport()
         self._prefix = key_prefix
         # "{<prefix>:<bucket>}:t:<key>" and ":a:<key>"; task keys hold no braces.
@@ -104,7 +109,19 @@ class Rotation:
         await self._topics()
         if progress is not None:
             progress(self.report)
+        await self._replicated()
         return self.report
+
+    async def _replicated(self) -> None:
+        """With TIMEWHEEL_REDIS_WAIT_REPLICAS set, wait until that many replicas of every
+        master written to have all of it, as every acknowledged change does: a failover
+        right after a rotation must not bring back records sealed under the key the operator
+        removes next. Raises NotReplicated (the rotation stands; running it again is safe)."""
+        if not self.durability.enabled or not self._written:
+            return
+        calls = [Call(self._mark, [prefix], []) for prefix in sorted(self._written)]
+        async with redis_errors("rotate"):
+            await run_acknowledged(self.redis, self.durability, "rotate", calls)
 
     async def _topics(self) -> None:
         """Every topic's spec: topics are few, in one slot, so one SCAN of it."""
@@ -156,6 +173,7 @@ class Rotation:
             keyed = fp != TOMBSTONE_FP
         new_fp = self.cipher.fingerprint(h12) if keyed else fp  # a tombstone's stays one
         sealed = self.cipher.seal_task(key, h12, plain_headers, plain_body)
+        self._written.add(prefix)
         reply = RekeyReply(int(await self._rekey(
             keys=[prefix], args=[key, headers, body, fp, sealed, new_fp])))
         if reply is RekeyReply.REKEYED:
@@ -172,6 +190,7 @@ class Rotation:
                 continue
             entry.pop("b", None)
             entry["bx"] = self.cipher.seal_text(key, int(entry["n"]), text)
+            self._written.add(prefix)
             reply = RekeyAttemptReply(int(await self._rekey_attempt(
                 keys=[prefix], args=[key, row, _encode(entry)])))
             if reply is RekeyAttemptReply.REKEYED:
@@ -202,6 +221,7 @@ class Rotation:
                 return
         else:
             text = raw.decode()
+        self._written.add(prefix)
         reply = RekeyScheduleReply(int(await self._rekey_schedule(
             keys=[prefix], args=[rest, raw, seal(ident, text)])))
         self._count(kind, "rekeyed" if reply is RekeyScheduleReply.REKEYED else "changed")
