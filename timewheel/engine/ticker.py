@@ -31,8 +31,9 @@ MAX_BACKOFF_SECONDS = 5.0
 # A bucket's claim not answered in this long is left to finish on its own, and the pass goes
 # on with the other buckets: on a Redis Cluster one silent master (stopped, frozen, cut off)
 # held the whole wheel for as long as the client kept retrying it, minutes (tests/cluster/
-# test_silent_master.py). Until that claim ends its bucket is skipped, by ticks and by
-# claims between them. A healthy claim takes milliseconds, a loaded one ~100 ms.
+# test_silent_master.py). Claims between ticks (engine/soon_claims.py) are left the same way.
+# Until that claim ends its bucket is skipped, by ticks and by claims between them. A healthy
+# claim takes milliseconds, a loaded one ~100 ms.
 CLAIM_WAIT_S = 1.0
 
 
@@ -154,7 +155,7 @@ class Ticker:
         """Tick every ``tick_ms`` until ``stop()``; between ticks, claim the tasks made due
         before the next one as the store tells of them (engine/soon_claims.py)."""
         self.soon = soon = SoonClaims(self._clock, tick_ms=self._tick_ms,
-                                      claim=self._claim_within_room)
+                                      claim=self._claim_or_leave)
         listening, self._store.due_soon = self._store.due_soon, soon.told
         claiming = asyncio.create_task(soon.run(), name="timewheel-soon")
         try:
