@@ -20,6 +20,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from timewheel.settings import Settings
 from timewheel.store.redis_settings import MEMORY_SETTINGS, costly_settings
@@ -141,6 +142,24 @@ def test_deployment_reads_the_secret_and_the_configmap() -> None:
     assert secret_keys | set(docs["ConfigMap"]["data"]) <= SETTING_NAMES
     # Secrets stay out of the ConfigMap.
     assert not {"TIMEWHEEL_API_TOKENS", "TIMEWHEEL_SIGNING_SECRET"} & set(docs["ConfigMap"]["data"])
+
+
+def env_file() -> dict[str, str]:
+    """deploy/timewheel.env's settings (the systemd unit's EnvironmentFile)."""
+    return dict(line.split("=", 1) for line in (DEPLOY / "timewheel.env").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+
+
+@pytest.mark.parametrize("source", ["timewheel.env", "k8s/secret.yaml"])
+def test_a_forgotten_placeholder_secret_stops_the_start(source: str) -> None:
+    """The tokens and signing secrets printed in deploy/ are refused by the settings: a deploy
+    that forgets to replace one does not start (an accepted placeholder token would be an admin
+    token anyone can read here, on a service that listens on 0.0.0.0)."""
+    values = env_file() if source == "timewheel.env" else k8s_documents()["Secret"]["stringData"]
+    for name in ("TIMEWHEEL_API_TOKENS", "TIMEWHEEL_SIGNING_SECRET"):
+        setting = name.removeprefix("TIMEWHEEL_").lower()
+        with pytest.raises(ValidationError, match=setting):
+            Settings(**{setting: values[name]})
 
 
 def test_service_and_pdb_select_the_pods() -> None:
@@ -301,9 +320,7 @@ def test_systemd_unit_stop_timeout_outlasts_the_batch_deadline() -> None:
     unit = (DEPLOY / "timewheel.service").read_text()
     (timeout,) = re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.MULTILINE)
     assert float(timeout) > DEADLINE_DEFAULT
-    env = dict(line.split("=", 1) for line in (DEPLOY / "timewheel.env").read_text().splitlines()
-               if line.strip() and not line.startswith("#"))
-    assert set(env) <= SETTING_NAMES
+    assert set(env_file()) <= SETTING_NAMES
 
 
 # --- deploy/cluster: a Redis Cluster in production shape (issue #12) ----------------------------
