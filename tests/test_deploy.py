@@ -120,6 +120,8 @@ def test_deployment_runs_replicas_with_probes_and_resources() -> None:
     assert deployment["spec"]["replicas"] >= 2
     spec = pod_spec()
     assert spec["securityContext"]["runAsNonRoot"] is True
+    # The Service is named timewheel: its links would set TIMEWHEEL_PORT=tcp://... in the pods.
+    assert spec["enableServiceLinks"] is False
     (container,) = spec["containers"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
