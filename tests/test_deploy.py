@@ -325,6 +325,23 @@ def test_systemd_unit_stop_timeout_outlasts_the_batch_deadline() -> None:
     assert set(env_file()) <= SETTING_NAMES
 
 
+def test_systemd_unit_keeps_the_embedded_redis_socket_where_keys_rotate_finds_it() -> None:
+    """PrivateTmp=true gives the service a /tmp no shell sees, and the embedded Redis's socket
+    is under TMPDIR (timewheel/store/embedded.py, socket_dir): the unit sets TMPDIR to its
+    runtime directory, and the keys rotate line of its header runs with the same TMPDIR and
+    environment file."""
+    unit = (DEPLOY / "timewheel.service").read_text()
+    (runtime,) = re.findall(r"^RuntimeDirectory=(\S+)$", unit, re.MULTILINE)
+    (tmpdir,) = re.findall(r"^Environment=TMPDIR=(\S+)$", unit, re.MULTILINE)
+    assert tmpdir == f"/run/{runtime}"
+    (env_path,) = re.findall(r"^EnvironmentFile=(\S+)$", unit, re.MULTILINE)
+    joined = re.sub(r"\\\n#\s*", " ", unit)
+    (rotate,) = [line for line in joined.splitlines() if "systemd-run" in line]
+    assert rotate.rstrip().endswith("timewheel keys rotate")
+    assert f"--setenv=TMPDIR={tmpdir}" in rotate.split()
+    assert f"EnvironmentFile={env_path}" in rotate.split()
+
+
 # --- deploy/cluster: a Redis Cluster in production shape (issue #12) ----------------------------
 
 def test_cluster_compose_is_valid_and_its_nodes_run_the_documented_settings() -> None:
