@@ -125,6 +125,10 @@ def test_deployment_runs_replicas_with_probes_and_resources() -> None:
     (container,) = spec["containers"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/healthz"
+    # Started is not ready: /healthz is 503 while Redis is down, and a startup probe on it would
+    # restart every pod that starts during an outage.
+    assert "httpGet" not in container["startupProbe"]
+    assert container["startupProbe"]["tcpSocket"]["port"] in {p["name"] for p in container["ports"]}
     assert set(container["resources"]["requests"]) >= {"cpu", "memory"}
     assert "memory" in container["resources"]["limits"]
     assert container["args"][:3] == ["serve", "--host", "0.0.0.0"]
