@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.conftest import running_app
+from tests.support.ports import refused_port
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 from timewheel.api.app import create_app
@@ -150,3 +151,19 @@ async def test_metrics_are_served_while_redis_is_down(own_redis: RedisServer,
         text = (await client.get("/metrics")).text
         assert "timewheel_redis_up 1.0" in text
         assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text
+
+
+async def test_a_cluster_that_cannot_be_reached_is_503_not_a_crash(tmp_path: Path) -> None:
+    """TIMEWHEEL_REDIS_CLUSTER=true with no node reachable: redis-py's cluster client raises
+    RedisClusterException ("cannot be connected"), which is no RedisError, and the service
+    exited at start (code 3: pods crash-looping through a cluster outage; found in a deploy
+    review) or, running, answered 500. It starts and answers 503, as for a single Redis."""
+    with refused_port() as port:
+        settings = Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_cluster=True,
+                            allow_private_networks=True, data_dir=tmp_path, tick_seconds=0.2)
+        app = create_app(settings, run_ticker=True)
+        async with running_app(app) as client:
+            assert (await client.get("/healthz")).status_code == 503
+            for method, path, kwargs in DOWN_CALLS:
+                r = await client.request(method, path, **kwargs)
+                assert r.status_code == 503, (method, path, r.status_code, r.text)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from timewheel import __version__
 from timewheel.clock import Clock, RedisClock
@@ -41,6 +40,7 @@ from timewheel.store.embedded import DataDirInUse, EmbeddedRedis
 from timewheel.store.flow_store import FlowStore
 from timewheel.store.job_store import JobStore
 from timewheel.store.publish import Publisher
+from timewheel.store.redis_errors import redis_errors
 from timewheel.store.schedule_store import ScheduleStore
 from timewheel.store.topic_store import TopicStore
 from timewheel.tracing import Tracing
@@ -186,10 +186,8 @@ class Wheel:
 async def _report_spread(redis: RedisCluster, store: Store) -> None:
     """Log how many buckets each master serves: a bucket is one hash slot, so this is how a
     minute's due load is shared (docs/design.md, "Choosing the bucket count")."""
-    try:
+    async with redis_errors("bucket spread"):
         spread = await bucket_spread(redis, store.keys)
-    except RedisError as exc:
-        raise StoreUnavailable(f"bucket spread: {exc}") from exc
     shares = ", ".join(f"{node}={count}" for node, count in spread.items())
     log.info("Redis Cluster: %d buckets over %d masters (buckets per master: %s)",
              store.keys.buckets, len(spread), shares)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from timewheel.errors import StoreUnavailable
 
@@ -26,5 +26,7 @@ class redis_errors:  # lower case: used like the function it replaced
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         traceback: TracebackType | None) -> None:
-        if isinstance(exc, RedisError):
+        # RedisClusterException is no RedisError: the cluster client's "cannot be connected"
+        # (no node reachable) is Redis unavailable all the same.
+        if isinstance(exc, RedisError | RedisClusterException):
             raise StoreUnavailable(f"{self._what}: {type(exc).__name__}: {exc}") from exc
