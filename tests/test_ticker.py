@@ -543,6 +543,9 @@ class SlowClaimStore:
         self.out = 0
         self.most_out = 0
 
+    def node_of(self, bucket: int) -> str:
+        return f"node-{bucket}"  # each bucket on a node of its own
+
     async def claim(self, bucket: int, *, limit: int, **_: Any) -> tuple[bool, list[Any]]:
         self.out += 1
         self.most_out = max(self.most_out, self.out)
@@ -558,10 +561,12 @@ class SlowClaimStore:
 
 
 async def test_a_claim_between_ticks_waits_for_the_ticks_claim_under_way(
-        fake_clock: FakeClock) -> None:
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by review: a claim between ticks read the room while a tick's claim was out,
     and both claimed into it (20 held with max_pending 10). The room a claim takes is now
-    reserved while it is out: the claim between ticks finds none left."""
+    reserved while it is out: the claim between ticks finds none left. (Not one left to
+    finish on its own: that gives its room back, tested below.)"""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 60.0)
     store, dispatcher = SlowClaimStore(), FakeDispatcher()
     ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
                             claim_batch=10, max_pending=10)
@@ -581,47 +586,106 @@ async def test_a_claim_between_ticks_waits_for_the_ticks_claim_under_way(
 
 
 class SilentBucketStore(SlowClaimStore):
-    """Four buckets with one task each due; bucket 1's claims wait for ``reply`` (its master
-    went silent), the others answer at once."""
+    """Four buckets with one task each due; buckets 1 and 2 are on one master, whose claims
+    wait for ``reply`` once ``silent`` (it stopped answering); 0 and 3 on masters of their own,
+    which answer at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, silent: bool = True) -> None:
         super().__init__()
         self.keys = SimpleNamespace(buckets=4)
         self.claims: list[int] = []
+        self.silent = silent
+
+    def node_of(self, bucket: int) -> str:
+        return "silent-master" if bucket in (1, 2) else f"node-{bucket}"
 
     async def claim(self, bucket: int, *, limit: int, **_: Any) -> tuple[bool, list[Any]]:
         self.claims.append(bucket)
         key = f"{bucket}-{len(self.claims)}"  # bucket, and which claim it was
-        if bucket == 1:
+        if self.silent and self.node_of(bucket) == "silent-master":
             await self.reply.wait()
-        return False, [ClaimedTask(key=key, bucket=bucket,
-                                   token="t", due_ms=0, execute_at_ms=0, created_ms=0,
-                                   attempts=0, max_attempts=5, backoff_ms=1000,
-                                   timeout_ms=10_000, url=URL, method="POST", flow="f")]
+        return False, [ClaimedTask(key=key, bucket=bucket, token="t", due_ms=0,
+                                   execute_at_ms=0, created_ms=0, attempts=0, max_attempts=5,
+                                   backoff_ms=1000, timeout_ms=10_000, url=URL,
+                                   method="POST", flow="f")]
 
 
-async def test_a_bucket_whose_claim_does_not_answer_does_not_hold_the_others(
+class Drained(FakeDispatcher):
+    """Sends what it is handed at once: holds nothing."""
+
+    @property
+    def holding(self) -> int:
+        return 0
+
+
+async def test_a_silent_masters_claim_does_not_hold_the_other_buckets(
         fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a Redis Cluster one silent master held every tick on its first bucket, for as long as
     the client retried (tests/cluster/test_silent_master.py). Its claim is now left to finish
-    on its own after CLAIM_WAIT_S: the buckets after it are claimed in the same pass, the
-    next passes skip it (and count it failed) rather than claim it twice, its room stays
-    reserved, and its tasks are handed over when it answers."""
+    on its own after CLAIM_WAIT_S: the buckets of other masters are claimed in the same pass,
+    the master's other buckets are skipped (a pass waits once a silent master, not once a
+    bucket), as are its buckets in the next passes and between ticks (counted as failed), and
+    the left claim's tasks are handed over when it answers."""
     monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
     store, dispatcher = SilentBucketStore(), FakeDispatcher()
     ticker, metrics = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
-                                  claim_batch=10, max_pending=30)
+                                  claim_batch=10, max_pending=1000)
     await ticker.tick()
-    assert sorted(dispatcher.keys) == ["0-1", "2-3", "3-4"]
-    assert ticker._reserved == 10  # bucket 1's claim is out with room for 10
+    assert store.claims == [0, 1, 3]
+    assert sorted(dispatcher.keys) == ["0-1", "3-3"]
     assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 1
     await ticker.tick()
-    assert store.claims.count(1) == 1  # skipped, not claimed again while its claim is out
-    assert await ticker._claim_within_room(1) == (False, 0)  # nor between ticks
+    assert store.claims == [0, 1, 3, 0, 3]  # the silent master's buckets skipped
+    assert await ticker._claim_within_room(2) == (False, 0)  # and between ticks
     assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 2
     store.reply.set()
-    await wait_until(lambda: "1-2" in dispatcher.keys, "bucket 1's claim to come back")
-    await wait_until(lambda: ticker._slow == {}, "bucket 1 to be free")
-    assert ticker._reserved == 0
+    await wait_until(lambda: "1-2" in dispatcher.keys, "the left claim to come back")
+    await wait_until(lambda: ticker._left == {}, "the master to be free")
     await ticker.tick()
-    assert store.claims.count(1) == 2
+    assert store.claims[-4:] == [0, 1, 2, 3]
+
+
+async def test_a_left_claim_gives_its_room_back(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a left claim kept its room reserved for as long as it stayed out, so
+    with max_pending near a batch the other masters' buckets got no room at all, and the pass
+    ended as if the dispatcher were full, with no error counted. Its room is given back when
+    it is left (it may pass max_pending by one batch when it answers)."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
+    store, dispatcher = SilentBucketStore(), Drained()
+    ticker, metrics = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                                  claim_batch=10, max_pending=10)
+    for _ in range(3):
+        await ticker.tick()
+    assert store.claims == [0, 1, 3, 0, 3, 0, 3]
+    assert ticker._reserved == 0
+    assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 3
+    store.reply.set()
+    await wait_until(lambda: ticker._left == {}, "the master to be free")
+
+
+async def test_a_claim_between_ticks_is_left_too_and_shutdown_does_not_wait_for_it(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: claims between ticks went to the silent master without the limit,
+    one at a time, so every other bucket's claim between ticks waited behind it, and stop()
+    waited for it too."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
+    store, dispatcher = SilentBucketStore(silent=False), Drained()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            tick_ms=60_000)
+    runner = asyncio.create_task(ticker.run())
+    try:
+        await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
+        store.silent = True  # the master of buckets 1 and 2 stops answering
+        store.due_soon(1, fake_clock.now_ms() + 100)
+        fake_clock.advance(100)
+        await wait_until(lambda: 1 in ticker._left, "the claim of bucket 1 to be left")
+        store.due_soon(3, fake_clock.now_ms() + 100)
+        fake_clock.advance(100)
+        await wait_until(lambda: store.claims[-1] == 3, "bucket 3's claim between ticks")
+    finally:
+        ticker.stop()
+        done, _ = await asyncio.wait({runner}, timeout=10)
+        store.reply.set()
+        await runner
+    assert done, "run() waited for the silent master's claim"

@@ -10,6 +10,7 @@ the claims evenly (timewheel/engine/tick_phase.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -32,8 +33,9 @@ MAX_BACKOFF_SECONDS = 5.0
 # on with the other buckets: on a Redis Cluster one silent master (stopped, frozen, cut off)
 # held the whole wheel for as long as the client kept retrying it, minutes (tests/cluster/
 # test_silent_master.py). Claims between ticks (engine/soon_claims.py) are left the same way.
-# Until that claim ends its bucket is skipped, by ticks and by claims between them. A healthy
-# claim takes milliseconds, a loaded one ~100 ms.
+# Until that claim ends, the buckets of its node are skipped, by ticks and by claims between
+# them: a pass waits this long once per silent node, not once per bucket. A healthy claim
+# takes milliseconds, a loaded one ~100 ms.
 CLAIM_WAIT_S = 1.0
 
 
@@ -59,7 +61,8 @@ class Ticker:
         self._stopping = asyncio.Event()
         self.soon: SoonClaims | None = None  # while run() runs
         self._reserved = 0  # room taken by claims under way (_claim_within_room)
-        self._slow: dict[int, asyncio.Task[tuple[bool, int] | None]] = {}  # bucket -> claim
+        # Claims left to finish on their own: bucket -> (its node, the claim).
+        self._left: dict[int, tuple[str, asyncio.Task[tuple[bool, int]]]] = {}
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -72,15 +75,19 @@ class Ticker:
         claimed = 0
         failed: list[tuple[int, Exception]] = []
         buckets = self._store.keys.buckets
+        full = False
         for bucket in range(buckets):
-            if bucket in self._slow:  # its claim of an earlier pass has not answered yet
+            if full:
+                break  # bounded work: the rest waits in Redis for the next tick
+            if self._held_up(bucket):  # its node has a claim out that did not answer
                 failed.append((bucket, StoreUnavailable(
-                    f"claim of bucket {bucket}: no answer for over {CLAIM_WAIT_S:g} s")))
+                    f"claim of bucket {bucket}: its Redis node left a claim unanswered for "
+                    f"over {CLAIM_WAIT_S:g} s")))
                 continue
             more = True
             while more and not self._stopping.is_set():
                 try:
-                    within = await self._claim_or_leave(bucket)
+                    within = await self._claim_within_room(bucket)
                 except Exception as exc:  # one bucket must not stop the others
                     # A slot half-moved on a cluster, one master refusing: the other buckets
                     # (other slots, other masters) are claimed all the same (the soak found a
@@ -88,7 +95,8 @@ class Ticker:
                     failed.append((bucket, exc))
                     break
                 if within is None:
-                    return claimed  # bounded work: the rest waits in Redis for the next tick
+                    full = True
+                    break
                 more, count = within
                 claimed += count
         if failed:
@@ -101,35 +109,58 @@ class Ticker:
                         type(first).__name__, first)
         return claimed
 
-    async def _claim_or_leave(self, bucket: int) -> tuple[bool, int] | None:
-        """``_claim_within_room``, waited for CLAIM_WAIT_S at most: then it is left to finish
-        on its own (its bucket skipped until it does) and this raises StoreUnavailable."""
-        claim = asyncio.ensure_future(self._claim_within_room(bucket))
-        done, _ = await asyncio.wait({claim}, timeout=CLAIM_WAIT_S)
-        if not done:
-            self._slow[bucket] = claim
-            claim.add_done_callback(lambda _: self._slow.pop(bucket, None))
-            claim.add_done_callback(_retrieved)
-            raise StoreUnavailable(f"claim of bucket {bucket}: no answer in {CLAIM_WAIT_S:g} "
-                                   "s; left to finish on its own")
-        return claim.result()
+    def _held_up(self, bucket: int) -> bool:
+        """Whether the node of ``bucket`` has a claim out that was left (CLAIM_WAIT_S)."""
+        if not self._left:
+            return False
+        node = self._store.node_of(bucket)
+        return any(held == node for held, _ in self._left.values())
 
     async def _claim_within_room(self, bucket: int) -> tuple[bool, int] | None:
         """One claim of up to ``claim_batch`` tasks, no more than the dispatcher has room for
-        (None: no room; (False, 0) for a bucket whose claim under way has not answered). The
-        room a claim takes is reserved until its tasks are handed over, so claims under way
-        at once (a tick's, those between ticks, one left to finish) keep max_pending."""
-        if bucket in self._slow:
+        (None: no room; (False, 0) while the bucket's node is held up).
+
+        The room a claim takes is reserved while it is out, so claims under way at once (a
+        tick's, those between ticks) keep max_pending. A claim not answered in CLAIM_WAIT_S is
+        left to finish on its own: its room is given back (a silent master must not hold it
+        for minutes and starve the others; when it does answer, it passes max_pending by one
+        batch at most, one left claim a node), the buckets of its node are skipped until it
+        ends, and this raises StoreUnavailable."""
+        if self._held_up(bucket):
             return False, 0
         room = self._max_pending - self._dispatcher.holding - self._reserved
         if room <= 0:
             return None
         limit = min(self._claim_batch, room)
         self._reserved += limit
+        reserved = [limit]
+
+        def give_back(_: object = None) -> None:
+            self._reserved -= reserved[0]
+            reserved[0] = 0
+
+        claim = asyncio.ensure_future(self._claim(bucket, limit))
+        claim.add_done_callback(give_back)  # before the waiter below wakes
         try:
-            return await self._claim(bucket, limit)
-        finally:
-            self._reserved -= limit
+            done, _ = await asyncio.wait({claim}, timeout=CLAIM_WAIT_S)
+        except BaseException:  # cancelled (shutdown): the claim goes with it
+            claim.cancel()
+            raise
+        if not done:
+            give_back()
+            self._left[bucket] = (self._store.node_of(bucket), claim)
+            claim.add_done_callback(functools.partial(self._answered, bucket))
+            raise StoreUnavailable(f"claim of bucket {bucket}: no answer in {CLAIM_WAIT_S:g} "
+                                   "s; left to finish on its own")
+        return claim.result()
+
+    def _answered(self, bucket: int, claim: asyncio.Task[tuple[bool, int]]) -> None:
+        """A claim left to finish on its own ended: its node is no longer held up."""
+        if self._left.get(bucket, ("", None))[1] is claim:
+            del self._left[bucket]
+        if not claim.cancelled() and (exc := claim.exception()) is not None:
+            log.warning("a claim left to finish on its own failed: %s: %s",
+                        type(exc).__name__, exc)
 
     async def _claim(self, bucket: int, limit: int) -> tuple[bool, int]:
         now = self._clock.now_ms()
@@ -155,7 +186,7 @@ class Ticker:
         """Tick every ``tick_ms`` until ``stop()``; between ticks, claim the tasks made due
         before the next one as the store tells of them (engine/soon_claims.py)."""
         self.soon = soon = SoonClaims(self._clock, tick_ms=self._tick_ms,
-                                      claim=self._claim_or_leave)
+                                      claim=self._claim_within_room)
         listening, self._store.due_soon = self._store.due_soon, soon.told
         claiming = asyncio.create_task(soon.run(), name="timewheel-soon")
         try:
@@ -165,10 +196,10 @@ class Ticker:
             soon.stop()
             # Claims left to finish on their own: given up (what one claimed in Redis comes
             # back when its lease runs out, as after a crash).
-            slow = list(self._slow.values())
-            for claim in slow:
+            left = [claim for _, claim in self._left.values()]
+            for claim in left:
                 claim.cancel()
-            await asyncio.gather(*slow, return_exceptions=True)
+            await asyncio.gather(*left, return_exceptions=True)
             try:
                 await claiming
             except Exception:  # never in the way of the shutdown that follows
@@ -209,9 +240,3 @@ class Ticker:
     def stop(self) -> None:
         self._stopping.set()
 
-
-def _retrieved(claim: asyncio.Task[tuple[bool, int] | None]) -> None:
-    """A claim left to finish on its own: its failure is logged here, not by asyncio."""
-    if not claim.cancelled() and claim.exception() is not None:
-        exc = claim.exception()
-        log.warning("a claim left to finish on its own failed: %s: %s", type(exc).__name__, exc)

@@ -80,6 +80,17 @@ class Store(ClaimSide):
         self.ready = True
         await warn_about_settings(self.redis)
 
+    def node_of(self, bucket: int) -> str:
+        """The Redis node that serves ``bucket`` as far as the client knows ("" on a single
+        Redis, or before a cluster's slot map is read): what a silent node holds up."""
+        if not isinstance(self.redis, RedisCluster):
+            return ""
+        try:
+            node = self.redis.get_node_from_key(self.keys.prefix(bucket))
+        except Exception:  # no slot map yet, or one being refreshed: no node known
+            return ""
+        return node.name if node is not None else ""
+
     async def ping(self) -> None:
         """Every primary must answer: on a cluster, one master down fails the buckets it holds."""
         async with redis_errors("ping"):
