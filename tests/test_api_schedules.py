@@ -103,6 +103,20 @@ async def test_the_template_shows_the_retry_fields_its_occurrences_get(
     assert (await client.delete("/flows/retrying")).status_code == 204
 
 
+async def test_a_flow_backoff_over_a_tasks_limit_is_shown_not_a_500(
+        client: httpx.AsyncClient) -> None:
+    """Found by review: PUT /flows takes retry_backoff up to a day, a task's at most an hour,
+    and the filled-in template was validated again as a task's: every view of the schedule
+    answered 500 (the PUT after the schedule was written)."""
+    assert (await client.put("/flows/slow", json={"retry_backoff": 7200})).status_code == 200
+    r = await client.put("/schedules/nightly", json={"every": 60,
+                                                     "task": {**TASK, "flow_key": "slow"}})
+    assert r.status_code == 201, r.text
+    assert r.json()["task"]["retry_backoff"] == 7200.0
+    g = await client.get("/schedules")
+    assert g.status_code == 200 and g.json()["schedules"][0]["task"]["retry_backoff"] == 7200.0
+
+
 async def test_unknown_schedule_is_404(client: httpx.AsyncClient) -> None:
     for method, path in [("GET", "/schedules/nope"), ("DELETE", "/schedules/nope"),
                          ("POST", "/schedules/nope/pause"), ("POST", "/schedules/nope/resume")]:

@@ -38,12 +38,12 @@ async def _view(wheel: Wheel, record: ScheduleRecord) -> ScheduleView:
 
 async def _views(wheel: Wheel, records: list[ScheduleRecord]) -> list[ScheduleView]:
     now = wheel.clock.now_ms()
-    templates = await wheel.schedules.templates(records)
-    return [_one_view(record, template, now)
-            for record, template in zip(records, templates, strict=True)]
+    filled = await wheel.schedules.retry_in_force(records)
+    return [_one_view(record, unset, now)
+            for record, unset in zip(records, filled, strict=True)]
 
 
-def _one_view(record: ScheduleRecord, template: dict[str, Any], now: int) -> ScheduleView:
+def _one_view(record: ScheduleRecord, unset: dict[str, Any], now: int) -> ScheduleView:
     spec = record.spec
     last = None
     if record.hi_ms is not None:
@@ -53,7 +53,8 @@ def _one_view(record: ScheduleRecord, template: dict[str, Any], now: int) -> Sch
         last = record.hi_ms if latest is None else min(record.hi_ms, latest)
     return ScheduleView(
         id=record.id, cron=spec["cron"], every=spec["every"], timezone=spec["timezone"],
-        task=ScheduleTask.model_validate(template), paused=record.paused,
+        task=ScheduleTask.model_validate(spec["task"]).model_copy(update=unset),
+        paused=record.paused,
         next_run_at=None if record.paused else format_ms(record.next_ms),
         last_run_at=format_ms(last), created_at=format_ms(record.created_ms) or "",
     )

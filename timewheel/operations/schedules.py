@@ -61,22 +61,24 @@ class ScheduleOperations:
                                                     now_ms=now)
         return code is SchedPutReply.CREATED, await self.get(schedule_id)
 
-    async def templates(self, records: Sequence[ScheduleRecord]) -> list[dict[str, Any]]:
-        """Each record's task template as its occurrences get it: a template that sets no
-        ``max_attempts`` or ``retry_backoff`` shows its flow's default, else the service's (as
-        a task view does), not the service's as if it were set."""
+    async def retry_in_force(self, records: Sequence[ScheduleRecord]) -> list[dict[str, Any]]:
+        """For each record, the retry fields its template does not set, as its occurrences
+        get them: its flow's default, else the service's (as a task view shows them). A
+        flow's default may be past what a task may set (a backoff over an hour): the caller
+        shows these values, it does not validate them again."""
         templates: list[dict[str, Any]] = [record.spec["task"] for record in records]
         flows = [t.get("flow_key") or default_flow(t["callback_url"]) for t in templates]
         unset = {flow for flow, t in zip(flows, templates, strict=True)
                  if "max_attempts" not in t or "retry_backoff" not in t}
         defaults = ({} if not unset or self.tasks.flows is None else
                     await self.tasks.flows.retry_defaults(unset, now_ms=self.clock.now_ms()))
-        resolved = []
+        filled = []
         for flow, template in zip(flows, templates, strict=True):
             retry = defaults.get(flow, NO_DEFAULTS)
-            resolved.append({"max_attempts": retry.max_attempts_for(0),
-                             "retry_backoff": retry.backoff_ms_for(0) / 1000, **template})
-        return resolved
+            in_force = {"max_attempts": retry.max_attempts_for(0),
+                        "retry_backoff": retry.backoff_ms_for(0) / 1000}
+            filled.append({k: v for k, v in in_force.items() if k not in template})
+        return filled
 
     async def get(self, schedule_id: str) -> ScheduleRecord:
         record = await self.schedules.get(schedule_id)
