@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Set as AbstractSet
 from typing import Annotated, Any
 
@@ -101,8 +102,11 @@ def drop_gauges(wheel: Wheel, keep: AbstractSet[str] = frozenset()) -> None:
     """Remove the per-flow series of every flow not in ``keep``."""
     metrics = wheel.metrics
     for gone in metrics.flow_series - keep:
-        metrics.flow_in_flight.remove(gone)
-        metrics.flow_waiting_total.remove(gone)
+        for gauge in (metrics.flow_in_flight, metrics.flow_waiting_total):
+            # A flow listed but never labelled (its state read failed): older releases of
+            # prometheus-client raise KeyError for it, and every later scrape failed so.
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
     metrics.flow_series &= set(keep)
 
 
