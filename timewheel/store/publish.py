@@ -28,6 +28,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from timewheel.store import layout
 from timewheel.store.record import NewTask, due_of
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import PublishReply
@@ -172,7 +173,11 @@ class Publisher:
         # Told of a task that was not written (a taken key): one claim of its bucket too many.
         for quads in groups.values():
             for key, stored in zip(quads[1::4], quads[2::4], strict=True):
-                self.store.due_soon(self.keys.bucket_of(key), due_of(stored))
+                try:
+                    due = due_of(stored)
+                except layout.BadRecord:  # another layout (a rolling update): claim soon
+                    due = now_ms
+                self.store.due_soon(self.keys.bucket_of(key), due)
         taken = next((r for r in replies if r.reply is PublishReply.TASK_CONFLICT), None)
         await self.script(keys=[self.home(publish_key)], args=[
             "close", publish_key, now_ms, request_id, "", "partial" if taken else "done", 0])

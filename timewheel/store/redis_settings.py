@@ -110,9 +110,12 @@ async def warn_about_settings(redis: Redis | RedisCluster) -> None:
     try:
         policies = await primaries_config(redis, "maxmemory-policy")
         encodings = await primaries_config(redis, "*set-max-*-entries")
-        persistence = await primaries_config(redis, "append*")
     except RedisError:  # managed Redis often refuses CONFIG
         return
+    try:
+        persistence = await primaries_config(redis, "append*")
+    except RedisError:  # refused alone: the warnings above are still given
+        persistence = {}
     for node, values in persistence.items():
         if values.get("appendonly") == "no":
             log.warning("Redis %s has appendonly no: a restart of it loses every task written "
