@@ -167,3 +167,21 @@ async def test_a_cluster_that_cannot_be_reached_is_503_not_a_crash(tmp_path: Pat
             for method, path, kwargs in DOWN_CALLS:
                 r = await client.request(method, path, **kwargs)
                 assert r.status_code == 503, (method, path, r.status_code, r.text)
+
+
+async def test_a_scrape_does_not_wait_on_redis_for_long(
+        own_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster client retries a silent master for minutes: the per-flow gauges' reads are
+    given up after GAUGES_READ_S, and the scrape answers with what the process knows."""
+    from timewheel.api import flows, ops
+
+    monkeypatch.setattr(ops, "GAUGES_READ_S", 0.05)
+
+    async def silent(wheel: object) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(flows, "refresh_gauges", silent)
+    app = create_app(make_settings(own_redis, tmp_path), run_ticker=False)
+    async with running_app(app) as client:
+        r = await client.get("/metrics")
+        assert r.status_code == 200 and "timewheel_redis_up 0.0" in r.text

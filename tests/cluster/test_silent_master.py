@@ -16,6 +16,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Service
@@ -89,6 +90,8 @@ def test_the_other_masters_tasks_are_delivered_while_one_is_silent(
             # connection lost is sent again when its lease runs out.)
             arrived_while_silent = delivered(receiver, healthy, 60, service)
             assert arrived_while_silent <= set(healthy)
+            # A scrape answers within Prometheus's default timeout, 10 s.
+            assert httpx.get(f"{service.base_url}/metrics", timeout=10).status_code == 200
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert delivered(receiver, healthy + stalled, 120, service) == set(healthy + stalled)

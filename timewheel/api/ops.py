@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -12,6 +14,7 @@ from timewheel.errors import StoreUnavailable
 
 router = APIRouter(tags=["operations"])
 metrics_router = APIRouter(tags=["operations"])
+GAUGES_READ_S = 3.0  # how long a scrape waits for the per-flow gauges' Redis reads
 
 
 @router.get("/healthz")
@@ -29,8 +32,10 @@ async def metrics(wheel: WheelDep) -> Response:
     """Prometheus text format. Served while Redis is away too: that is when an operator needs
     this process's own counters (failed ticks, callbacks in flight)."""
     try:
-        await flows.refresh_gauges(wheel)
-    except StoreUnavailable:
+        # Bounded: a cluster client retries a silent master for minutes, and a scrape that
+        # outlasts Prometheus's timeout (10 s by default) shows nothing at all.
+        await asyncio.wait_for(flows.refresh_gauges(wheel), GAUGES_READ_S)
+    except (StoreUnavailable, TimeoutError):
         wheel.metrics.redis_up.set(0)
         flows.drop_gauges(wheel)  # unknown now: better absent than stale
     else:
