@@ -51,6 +51,14 @@ def slot_owners(cluster: RedisCluster) -> dict[int, int]:
     return owners
 
 
+def owner_of(cluster: RedisCluster, key: str) -> int:
+    """Port of the master serving ``key``'s slot, as the cluster itself says."""
+    with cluster.nodes[0].client() as conn:
+        slot = int(conn.execute_command("CLUSTER KEYSLOT", key))
+        ranges = conn.execute_command("CLUSTER SLOTS")
+    return next(int(r[2][1]) for r in ranges if r[0] <= slot <= r[1])
+
+
 def all_keys(nodes: list[redis.Redis]) -> dict[str, tuple[redis.Redis, int]]:
     """Every key on every node -> (the node's client, the key's PTTL)."""
     found: dict[str, tuple[redis.Redis, int]] = {}

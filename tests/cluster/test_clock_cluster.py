@@ -12,7 +12,7 @@ from tests.support.redis_server import RedisCluster
 from timewheel.clock import CLOCK_ROUTE_KEY, RedisClock
 from timewheel.store.connection import make_redis
 
-from .conftest import node_clients
+from .conftest import node_clients, owner_of
 
 pytestmark = pytest.mark.cluster
 
@@ -25,14 +25,6 @@ def time_calls(cluster: RedisCluster) -> dict[int, int]:
             stats: dict[str, Any] = conn.info("commandstats")
             calls[node.port] = int(stats.get("cmdstat_time", {}).get("calls", 0))
     return calls
-
-
-def owner_of(cluster: RedisCluster, key: str) -> int:
-    """Port of the master serving ``key``'s slot, as the cluster itself says."""
-    with cluster.nodes[0].client() as conn:
-        slot = int(conn.execute_command("CLUSTER KEYSLOT", key))
-        ranges = conn.execute_command("CLUSTER SLOTS")
-    return next(int(r[2][1]) for r in ranges if r[0] <= slot <= r[1])
 
 
 async def test_clocks_with_different_default_nodes_read_the_same_node(

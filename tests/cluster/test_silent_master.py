@@ -26,7 +26,7 @@ from tests.support.waiting import settle
 from timewheel.clock import CLOCK_ROUTE_KEY
 from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 
-from .conftest import early_arrivals, keys_in_buckets, once_each
+from .conftest import early_arrivals, keys_in_buckets, once_each, owner_of
 
 KEYSPACE = Keyspace("tw")
 
@@ -45,28 +45,20 @@ def own_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
         yield cluster
 
 
-def owner(cluster: RedisCluster, key: str) -> int:
-    """The port of the master that serves ``key``'s slot."""
-    with cluster.nodes[0].client() as conn:
-        slot = int(conn.execute_command("CLUSTER KEYSLOT", key))
-        ranges = conn.execute_command("CLUSTER SLOTS")
-    return next(int(r[2][1]) for r in ranges if r[0] <= slot <= r[1])
-
-
 def buckets_served_by(cluster: RedisCluster, port: int) -> set[int]:
-    return {b for b in range(DEFAULT_BUCKETS) if owner(cluster, KEYSPACE.prefix(b)) == port}
+    return {b for b in range(DEFAULT_BUCKETS) if owner_of(cluster, KEYSPACE.prefix(b)) == port}
 
 
 def flow_served_by(cluster: RedisCluster, port: int) -> str:
     """A flow key whose own slot ``port`` serves."""
     return next(f"flow-{n}" for n in range(10_000)
-                if owner(cluster, KEYSPACE.flow(f"flow-{n}")) == port)
+                if owner_of(cluster, KEYSPACE.flow(f"flow-{n}")) == port)
 
 
 def test_the_other_masters_tasks_are_delivered_while_one_is_silent(
         own_cluster: RedisCluster, tmp_path: Path, receiver: ThreadedReceiver) -> None:
     seed, *others = own_cluster.nodes
-    clock = owner(own_cluster, CLOCK_ROUTE_KEY)
+    clock = owner_of(own_cluster, CLOCK_ROUTE_KEY)
     silent = next(node for node in others if node.port != clock)
     proc = silent._proc
     assert proc is not None
