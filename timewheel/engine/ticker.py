@@ -239,4 +239,3 @@ class Ticker:
 
     def stop(self) -> None:
         self._stopping.set()
-
