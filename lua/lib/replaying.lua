@@ -5,8 +5,7 @@ local function replayable(h) return h ~= nil and (h[ST] == 'f' or h[ST] == 'c') 
 
 -- Schedule a task whose head h passed `replayable` again, now, with its attempts reset. Its
 -- execute_at becomes now too: a cancelled task replayed before the time it was set for would
--- otherwise go out before its execute_at (and say so in its timewheel-scheduled-at header),
--- and a failed one's first attempt would count as late by its whole time in the dead letters.
+-- otherwise go out before its execute_at (and say so in its timewheel-scheduled-at header).
 -- op: the digest of the request that replays (kept in the record).
 local function replay_task(P, key, h, now, op)
   local tkey = P .. 't:' .. key
