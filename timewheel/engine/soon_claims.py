@@ -12,9 +12,10 @@ due.
   the same delay, share a claim (the claim takes every task of the bucket due up to the next
   tick, not only the one told of). A task due more than ``SOON_LEAD_MS`` after the next
   tick is left to that tick.
-- **Bounded work.** One claim at a time, over all buckets and with the tick's own claims,
-  the room read before each (``Ticker._claim_within_room``); a claim that answers "more"
-  goes on while there is room.
+- **Bounded work.** One claim at a time here, over all buckets, each within the room the
+  tick's own claims leave (``Ticker._claim_within_room`` reserves a claim's room while it is
+  out, and leaves one not answered in a second to finish on its own); a claim that answers
+  "more" goes on while there is room.
 - **Never in the way.** A failed claim only leaves the task to the next tick, as before.
 """
 
