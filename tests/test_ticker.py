@@ -679,7 +679,7 @@ async def test_a_claim_between_ticks_is_left_too_and_shutdown_does_not_wait_for_
         store.silent = True  # the master of buckets 1 and 2 stops answering
         store.due_soon(1, fake_clock.now_ms() + 100)
         fake_clock.advance(100)
-        await wait_until(lambda: 1 in ticker._left, "the claim of bucket 1 to be left")
+        await wait_until(lambda: len(ticker._left) == 1, "the claim of bucket 1 to be left")
         store.due_soon(3, fake_clock.now_ms() + 100)
         fake_clock.advance(100)
         await wait_until(lambda: store.claims[-1] == 3, "bucket 3's claim between ticks")
@@ -689,3 +689,82 @@ async def test_a_claim_between_ticks_is_left_too_and_shutdown_does_not_wait_for_
         store.reply.set()
         await runner
     assert done, "run() waited for the silent master's claim"
+
+
+class BatchSilentStore(SilentBucketStore):
+    """SilentBucketStore whose claims each return ``limit`` tasks."""
+
+    async def claim(self, bucket: int, *, limit: int, **_: Any) -> tuple[bool, list[Any]]:
+        self.claims.append(bucket)
+        n = len(self.claims)
+        if self.silent and self.node_of(bucket) == "silent-master":
+            await self.reply.wait()
+        return False, [ClaimedTask(key=f"{bucket}-{n}-{i}", bucket=bucket, token="t", due_ms=0,
+                                   execute_at_ms=0, created_ms=0, attempts=0, max_attempts=5,
+                                   backoff_ms=1000, timeout_ms=10_000, url=URL,
+                                   method="POST", flow="f") for i in range(limit)]
+
+
+async def test_two_left_claims_of_one_node_pass_max_pending_by_one_batch_at_most(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a second review: a tick's claim and one between ticks, out at once on one
+    silent master and both left, both gave their room back; the others filled max_pending,
+    and when the master answered it was passed by two batches. Only the first left claim of a
+    node gives its room back now."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
+    store, dispatcher = BatchSilentStore(), FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            claim_batch=10, max_pending=30)
+    claims = [asyncio.create_task(ticker._claim_within_room(b)) for b in (1, 2)]
+    for claim in claims:
+        with pytest.raises(StoreUnavailable):
+            await claim
+    assert len(ticker._left) == 2  # the same bucket, or two of one node: both tracked
+    await ticker.tick()
+    await ticker.tick()
+    store.reply.set()
+    await wait_until(lambda: ticker._left == {}, "the master to answer")
+    assert dispatcher.holding <= 30 + 10, dispatcher.holding
+
+
+async def test_the_same_bucket_left_twice_is_tracked_twice(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a second review: left claims were kept by bucket, so a second left claim of
+    the same bucket hid the first (never cancelled at shutdown; its node freed by the other's
+    end)."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
+    store, dispatcher = BatchSilentStore(), FakeDispatcher()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            claim_batch=10, max_pending=1000)
+    claims = [asyncio.create_task(ticker._claim_within_room(1)) for _ in range(2)]
+    for claim in claims:
+        with pytest.raises(StoreUnavailable):
+            await claim
+    assert len(ticker._left) == 2
+    store.reply.set()
+    await wait_until(lambda: ticker._left == {}, "the master to answer")
+
+
+async def test_shutdown_cancels_a_claim_between_ticks_left_during_it(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a second review: stop() while a claim between ticks waited on a silent master;
+    run() took the left claims before it awaited the claims between ticks, whose claim was left
+    after that, and it still ran (and handed tasks over) after run() returned."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.3)
+    store, dispatcher = SilentBucketStore(silent=False), Drained()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            tick_ms=60_000)
+    runner = asyncio.create_task(ticker.run())
+    try:
+        await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
+        store.silent = True
+        n = len(store.claims)
+        store.due_soon(1, fake_clock.now_ms() + 100)
+        fake_clock.advance(100)
+        await wait_until(lambda: len(store.claims) > n, "the claim between ticks to be out")
+    finally:
+        ticker.stop()
+        await asyncio.wait_for(runner, 10)
+    still_out = [claim for claim in ticker._left if not claim.done()]
+    store.reply.set()
+    assert not still_out, "a left claim still runs after run() returned"

@@ -10,7 +10,6 @@ the claims evenly (timewheel/engine/tick_phase.py).
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import os
@@ -61,8 +60,8 @@ class Ticker:
         self._stopping = asyncio.Event()
         self.soon: SoonClaims | None = None  # while run() runs
         self._reserved = 0  # room taken by claims under way (_claim_within_room)
-        # Claims left to finish on their own: bucket -> (its node, the claim).
-        self._left: dict[int, tuple[str, asyncio.Task[tuple[bool, int]]]] = {}
+        # Claims left to finish on their own: the claim -> its node.
+        self._left: dict[asyncio.Task[tuple[bool, int]], str] = {}
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -113,8 +112,7 @@ class Ticker:
         """Whether the node of ``bucket`` has a claim out that was left (CLAIM_WAIT_S)."""
         if not self._left:
             return False
-        node = self._store.node_of(bucket)
-        return any(held == node for held, _ in self._left.values())
+        return self._store.node_of(bucket) in self._left.values()
 
     async def _claim_within_room(self, bucket: int) -> tuple[bool, int] | None:
         """One claim of up to ``claim_batch`` tasks, no more than the dispatcher has room for
@@ -147,17 +145,18 @@ class Ticker:
             claim.cancel()
             raise
         if not done:
-            give_back()
-            self._left[bucket] = (self._store.node_of(bucket), claim)
-            claim.add_done_callback(functools.partial(self._answered, bucket))
+            node = self._store.node_of(bucket)
+            if node not in self._left.values():
+                give_back()  # one left claim a node passes max_pending; more keep their room
+            self._left[claim] = node
+            claim.add_done_callback(self._answered)
             raise StoreUnavailable(f"claim of bucket {bucket}: no answer in {CLAIM_WAIT_S:g} "
                                    "s; left to finish on its own")
         return claim.result()
 
-    def _answered(self, bucket: int, claim: asyncio.Task[tuple[bool, int]]) -> None:
+    def _answered(self, claim: asyncio.Task[tuple[bool, int]]) -> None:
         """A claim left to finish on its own ended: its node is no longer held up."""
-        if self._left.get(bucket, ("", None))[1] is claim:
-            del self._left[bucket]
+        self._left.pop(claim, None)
         if not claim.cancelled() and (exc := claim.exception()) is not None:
             log.warning("a claim left to finish on its own failed: %s: %s",
                         type(exc).__name__, exc)
@@ -194,16 +193,16 @@ class Ticker:
         finally:
             self._store.due_soon = listening
             soon.stop()
-            # Claims left to finish on their own: given up (what one claimed in Redis comes
-            # back when its lease runs out, as after a crash).
-            left = [claim for _, claim in self._left.values()]
-            for claim in left:
-                claim.cancel()
-            await asyncio.gather(*left, return_exceptions=True)
-            try:
+            try:  # first: its claim under way may yet be left (CLAIM_WAIT_S at most)
                 await claiming
             except Exception:  # never in the way of the shutdown that follows
                 log.exception("claims between ticks failed")
+            # Claims left to finish on their own: given up (what one claimed in Redis comes
+            # back when its lease runs out, as after a crash).
+            left = list(self._left)
+            for claim in left:
+                claim.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
