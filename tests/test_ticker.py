@@ -664,19 +664,28 @@ async def test_a_left_claim_gives_its_room_back(
     await wait_until(lambda: ticker._left == {}, "the master to be free")
 
 
+async def silent_after_the_first_tick(
+        fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch, claim_wait_s: float
+) -> tuple[SilentBucketStore, Ticker, asyncio.Task[None]]:
+    """A running ticker (one tick a minute) whose master of buckets 1 and 2 stops answering
+    after its first tick."""
+    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", claim_wait_s)
+    store, dispatcher = SilentBucketStore(silent=False), Drained()
+    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
+                            tick_ms=60_000)
+    runner = asyncio.create_task(ticker.run())
+    await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
+    store.silent = True
+    return store, ticker, runner
+
+
 async def test_a_claim_between_ticks_is_left_too_and_shutdown_does_not_wait_for_it(
         fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by review: claims between ticks went to the silent master without the limit,
     one at a time, so every other bucket's claim between ticks waited behind it, and stop()
     waited for it too."""
-    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.05)
-    store, dispatcher = SilentBucketStore(silent=False), Drained()
-    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
-                            tick_ms=60_000)
-    runner = asyncio.create_task(ticker.run())
+    store, ticker, runner = await silent_after_the_first_tick(fake_clock, monkeypatch, 0.05)
     try:
-        await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
-        store.silent = True  # the master of buckets 1 and 2 stops answering
         store.due_soon(1, fake_clock.now_ms() + 100)
         fake_clock.advance(100)
         await wait_until(lambda: len(ticker._left) == 1, "the claim of bucket 1 to be left")
@@ -750,14 +759,8 @@ async def test_shutdown_cancels_a_claim_between_ticks_left_during_it(
     """Found by a second review: stop() while a claim between ticks waited on a silent master;
     run() took the left claims before it awaited the claims between ticks, whose claim was left
     after that, and it still ran (and handed tasks over) after run() returned."""
-    monkeypatch.setattr(ticker_module, "CLAIM_WAIT_S", 0.3)
-    store, dispatcher = SilentBucketStore(silent=False), Drained()
-    ticker, _ = make_ticker(store, fake_clock, dispatcher,  # type: ignore[arg-type]
-                            tick_ms=60_000)
-    runner = asyncio.create_task(ticker.run())
+    store, ticker, runner = await silent_after_the_first_tick(fake_clock, monkeypatch, 0.3)
     try:
-        await wait_until(lambda: getattr(dispatcher, "polls", 0) >= 1, "the first tick")
-        store.silent = True
         n = len(store.claims)
         store.due_soon(1, fake_clock.now_ms() + 100)
         fake_clock.advance(100)
