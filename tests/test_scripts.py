@@ -361,19 +361,25 @@ async def test_claim_max_minutes_budget(store: Store, redis: Redis) -> None:
 
 async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None:
     """An expired lease is claimed again under the new token (start mark cleared, attempts
-    kept); a stale lease entry is dropped; a live lease stays."""
-    await seed(redis, {"t:a": delivering("old", started=True, attempts=1),
+    kept); a stale lease entry is dropped; a live lease stays. A started attempt goes into the
+    history as lost, with the time its start gave it as started_at; one started before starts
+    kept that time (last_at 0) has none."""
+    await seed(redis, {"t:a": delivering("old", started=True, attempts=1, last_at=NOW - 10_000),
                        "t:b": rec("succeeded", finished=NOW - 9), "t:c": delivering("other"),
-                       "ls": {"a": NOW, "b": NOW - 5, "c": NOW + 1},
-                       "cl:old": ["a"], "cur": str(M0)})
+                       "t:e": delivering("old", started=True, attempts=2),
+                       "ls": {"a": NOW, "b": NOW - 5, "c": NOW + 1, "e": NOW - 1},
+                       "cl:old": ["a", "e"], "cur": str(M0)})
     more, tasks = await store.claim(B, now_ms=NOW, horizon_ms=NOW, limit=10, token="new")
-    assert (more, [(t.key, t.attempts) for t in tasks]) == (False, [("a", 1)])
+    assert (more, [(t.key, t.attempts) for t in tasks]) == (False, [("e", 2), ("a", 1)])
+    lost = "no outcome within its lease: its process died or stalled"
     assert history_parsed(await dump(redis)) == {
-        "t:a": delivering("new", attempts=1), "t:b": rec("succeeded", finished=NOW - 9),
-        "t:c": delivering("other"), "ls": {"a": NOW + 10_000 + MARGIN, "c": NOW + 1},
-        "cl:old": ["a"], "cl:new": ["a"], "cur": str(M0),
-        "a:a": [{"e": "no outcome within its lease: its process died or stalled", "o": "lost",
-                 "n": 1}]}
+        "t:a": delivering("new", attempts=1, last_at=NOW - 10_000),
+        "t:b": rec("succeeded", finished=NOW - 9),
+        "t:c": delivering("other"), "t:e": delivering("new", attempts=2),
+        "ls": {"a": NOW + 10_000 + MARGIN, "c": NOW + 1, "e": NOW + 10_000 + MARGIN},
+        "cl:old": ["a", "e"], "cl:new": ["e", "a"], "cur": str(M0),
+        "a:a": [{"e": lost, "o": "lost", "n": 1, "s": NOW - 10_000}],
+        "a:e": [{"e": lost, "o": "lost", "n": 2}]}
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:
@@ -402,20 +408,23 @@ async def test_claim_trims_old_finished_entries(store: Store, redis: Redis) -> N
 
 async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Redis) -> None:
     """Only the claim's holder starts; the attempt counter is bumped once per claim; the
-    reply carries the headers and body as stored at that moment."""
+    reply carries the headers and body as stored at that moment. A start records when the
+    attempt will be sent, max(now, due), as last_at (a lost attempt's started_at), once."""
     body = "x" * 70_000
-    await seed(redis, {"t:a": delivering(headers="X-A:1\nX-B:", body=body),
-                       "t:b": delivering(attempts=2), "t:c": delivering("other"),
-                       "t:d": rec(claim="tok")})
+    await seed(redis, {"t:a": delivering(headers="X-A:1\nX-B:", body=body, due=NOW - 50),
+                       "t:b": delivering(attempts=2, due=NOW + 7, last_at=NOW - 900),
+                       "t:c": delivering("other"), "t:d": rec(claim="tok")})
     args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok"]
     expected = [1, b"X-A:1\nX-B:", body.encode(), b"", 3, b"", b"", b"", 0, b"", b"", b"",
                 0, b"", b"", b"", 0, b"", b"", b""]
-    assert await run(store, "start", *args) == expected
-    after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body),
-             "t:b": delivering(attempts=3, started=True), "t:c": delivering("other"),
-             "t:d": rec(claim="tok")}
+    assert await run(store, "start", *args) == expected  # at NOW
+    after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body,
+                               due=NOW - 50, last_at=NOW),
+             "t:b": delivering(attempts=3, started=True, due=NOW + 7, last_at=NOW + 7),
+             "t:c": delivering("other"), "t:d": rec(claim="tok")}
     assert await dump(redis) == after
-    assert await run(store, "start", *args) == expected
+    later = await store.scripts.start(keys=[P], args=[NOW + 20, 1, len(args) // 2, *args])
+    assert later == expected
     assert await dump(redis) == after
 
 

@@ -20,9 +20,12 @@ local function add_attempt(P, key, entry, kept, ttl)
 end
 
 -- An attempt that no answer will ever be recorded for: its lease ran out (its process died
--- or stalled), or a DELETE stopped it before it was sent.
-local function add_unanswered(P, key, n, outcome, err, kept, ttl)
-  add_attempt(P, key, cjson.encode({n = n, o = outcome, e = err}), kept, ttl)
+-- or stalled), or a DELETE stopped it before it was sent. `started`: when a lost attempt was
+-- to be sent (lua/start.lua), nil (or 0, a record started before start.lua kept it) for none.
+local function add_unanswered(P, key, n, outcome, err, kept, ttl, started)
+  local entry = {n = n, o = outcome, e = err}
+  if started and started > 0 then entry.s = started end
+  add_attempt(P, key, cjson.encode(entry), kept, ttl)
 end
 
 -- A finished task becomes pending again (replay, or a re-create over its record): its
