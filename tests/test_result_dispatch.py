@@ -153,3 +153,26 @@ async def test_a_failing_result_task_calls_nothing_further(
     assert (await wheel.view("job-1.on_failure")).status == "failed"
     for suffix in (".on_success", ".on_failure"):
         assert await wheel.store.get(f"job-1.on_failure{suffix}") is None
+
+
+async def test_an_empty_answer_is_an_empty_body_in_the_history_as_in_the_result(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """An answer with no body is "" in the attempt history, as in the result callback; no
+    answer at all (a refused connection), or no body kept, is null there."""
+    router.post(URL).respond(204)
+    await wheel.add("job-1", on_success=OK_URL)
+    await wheel.fire("job-1")
+    record = await wheel.store.get("job-1.on_success")
+    assert record is not None and json.loads(record.body or b"")["response_body"] == ""
+    await wheel.add("job-2")
+    await wheel.fire("job-2")
+    router.post(URL).mock(side_effect=httpx.ConnectError("refused"))
+    await wheel.add("job-3", max_attempts=1)
+    await wheel.fire("job-3")
+    router.post(URL).respond(200, text="kept nowhere")
+    wheel.sender.keep_body = 0  # TIMEWHEEL_ATTEMPT_BODY_BYTES=0 keeps none
+    await wheel.add("job-4")
+    await wheel.fire("job-4")
+    bodies = [[a.response_body for a in await wheel.store.attempts(key) or []]
+              for key in ("job-1", "job-2", "job-3", "job-4")]
+    assert bodies == [[""], [""], [None], [None]]

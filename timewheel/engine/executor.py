@@ -137,13 +137,15 @@ class Executor:
                            "outcome": verdict, "error": message})
         self._outcome_counters[verdict].inc()
         keep = self._sender.keep_body  # the answer may carry more, for a result callback
-        body = answer.body[:keep].decode(errors="replace") if answer is not None else None
+        # An empty answer is "" (as in a result callback); null is no answer, or none kept.
+        body = (answer.body[:keep].decode(errors="replace")
+                if answer is not None and keep > 0 else None)
         history = attempts.entry(
             attempt=number, started_ms=started_ms, duration_ms=round(took_ms),
             # An answer is data (its status code), not an error: error names no answer.
             verdict=verdict, status_code=code, error=message if answer is None else None,
             headers=answer.headers if answer is not None else None,
-            body=body or None,
+            body=body,
             body_truncated=answer is not None and (answer.body_truncated
                                                    or len(answer.body) > keep),
             next_attempt_ms=next_ms, process=PROCESS, key=task.key, cipher=self._cipher)
