@@ -165,8 +165,14 @@ async def test_rotation_seals_every_record_under_the_first_key(redis: Redis) -> 
     for i in range(30):
         await old.schedule(sealed_task(f"t{i}", NOW + 60_000), replace=False, now_ms=NOW)
     await old.cancel("t0", now_ms=NOW)  # finished records are rotated too (replayable)
-    report = await Rotation(redis, "tw", Cipher([K1, K0]), step=7).run()
+    lines: list[str] = []
+    report = await Rotation(redis, "tw", Cipher([K1, K0]), step=7).run(
+        lambda counts: lines.append(counts.line()))
     assert (report.tasks_rekeyed, report.tasks_current, report.tasks_changed) == (31, 0, 0)
+    # Progress after each step of 7 (31 tasks), each line once.
+    assert [line.split()[0] for line in lines] == [
+        f"tasks_rekeyed={n}" for n in (7, 14, 21, 28, 31)]
+    assert len(set(lines)) == len(lines) and lines[-1] == report.line()
     again = await Rotation(redis, "tw", Cipher([K1, K0])).run()
     assert (again.tasks_rekeyed, again.tasks_current) == (0, 31)
     new = await make_store(redis, K1)  # k0 no longer needed

@@ -89,8 +89,10 @@ class Rotation:
 
     async def run(self, progress: Callable[[RotationReport], None] | None = None
                   ) -> RotationReport:
-        """Rotate every task record, every attempt history, then every schedule's spec;
-        ``progress`` after each step."""
+        """Rotate every task record, every attempt history, every schedule's spec, then every
+        topic's; ``progress`` after each step that changed the counts."""
+        if progress is not None:
+            progress = _when_changed(progress)
         for kind in ("t", "a", "s"):
             batch: list[tuple[str, str, str]] = []
             pattern = f"{{{self._prefix}:*}}:{kind}:*"
@@ -243,3 +245,17 @@ class Rotation:
             return self.cipher.open_text(key, int(entry["n"]), sealed)
         except (ValueError, UnknownKey, BadCiphertext):
             return None  # left as it is; the view shows no body for it
+
+
+def _when_changed(progress: Callable[[RotationReport], None]
+                  ) -> Callable[[RotationReport], None]:
+    """``progress``, called only with counts that differ from the last it was given (the
+    topics add no step of their own: the report after them is often the last step's)."""
+    last: list[str] = []
+
+    def report(counts: RotationReport) -> None:
+        line = counts.line()
+        if last != [line]:
+            last[:] = [line]
+            progress(counts)
+    return report
