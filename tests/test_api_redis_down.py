@@ -83,6 +83,7 @@ async def test_redis_down_answers_503_then_recovers(own_redis: RedisServer,
         await asyncio.to_thread(own_redis.stop)
         r = await client.get("/healthz")
         assert (r.status_code, r.json()) == (503, {"status": "unavailable"})
+        assert (await client.get("/livez")).json() == {"status": "ok"}  # alive: no restart
         for method, path, kwargs in DOWN_CALLS * 2:
             r = await client.request(method, path, **kwargs)
             assert r.status_code == 503, (method, path, r.status_code, r.text)
@@ -164,6 +165,7 @@ async def test_a_cluster_that_cannot_be_reached_is_503_not_a_crash(tmp_path: Pat
         app = create_app(settings, run_ticker=True)
         async with running_app(app) as client:
             assert (await client.get("/healthz")).status_code == 503
+            assert (await client.get("/livez")).json() == {"status": "ok"}
             for method, path, kwargs in DOWN_CALLS:
                 r = await client.request(method, path, **kwargs)
                 assert r.status_code == 503, (method, path, r.status_code, r.text)

@@ -97,9 +97,10 @@ async def test_token_checked_before_the_body(make_client: MakeClient, token_sett
 
 async def test_ops_endpoints_open_by_default(make_client: MakeClient,
                                              token_settings: Settings) -> None:
-    """With tokens set, /healthz, /metrics, /docs and /openapi.json still need none."""
+    """With tokens set, /healthz, /livez, /metrics, /docs and /openapi.json still need none."""
     async with make_client(token_settings) as client:
         assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await client.get("/livez")).json() == {"status": "ok"}
         for path in ("/metrics", "/docs", "/openapi.json"):
             assert (await client.get(path)).status_code == 200, path
         assert "timewheel_tasks_scheduled_total" in (await client.get("/metrics")).text

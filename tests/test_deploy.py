@@ -123,8 +123,9 @@ def test_deployment_runs_replicas_with_probes_and_resources() -> None:
     # The Service is named timewheel: its links would set TIMEWHEEL_PORT=tcp://... in the pods.
     assert spec["enableServiceLinks"] is False
     (container,) = spec["containers"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/healthz"
+    # Ready needs Redis; alive does not: a Redis outage must not restart every pod.
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     # Started is not ready: /healthz is 503 while Redis is down, and a startup probe on it would
     # restart every pod that starts during an outage.
     assert "httpGet" not in container["startupProbe"]

@@ -32,6 +32,7 @@ PUBLIC = None
 # write; flows admin). A route the app has and this table lacks fails test_every_route_...
 TABLE: dict[tuple[str, str], str | None] = {
     ("GET", "/healthz"): PUBLIC,
+    ("GET", "/livez"): PUBLIC,
     ("GET", "/metrics"): "read",  # when TIMEWHEEL_METRICS_PUBLIC=false (else public)
     ("GET", "/auth"): "read",
     ("GET", "/tasks"): "read",

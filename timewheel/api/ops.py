@@ -27,6 +27,15 @@ async def healthz(wheel: WheelDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+@router.get("/livez")
+async def livez() -> JSONResponse:
+    """200 whenever this process's event loop answers, Redis or not: the liveness probe's
+    endpoint. A restart cures no Redis outage (the service recovers by itself when Redis is
+    back), and restarts during a long one put pods into crash-loop back-off, which delays
+    them when Redis returns; a loop that answers nothing is what a restart does cure."""
+    return JSONResponse({"status": "ok"})
+
+
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(wheel: WheelDep) -> Response:
     """Prometheus text format. Served while Redis is away too: that is when an operator needs
