@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+from datetime import datetime
 
 import httpx
 import pytest
@@ -15,6 +16,10 @@ from tests.support.redis_server import RedisServer
 from tests.support.waiting import settle
 
 pytestmark = pytest.mark.e2e
+
+
+def seconds(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def wait_result(client: httpx.Client, key: str, status: str, timeout: float = 30.0) -> None:
@@ -102,8 +107,8 @@ def test_killed_between_answer_and_record_gives_one_result(
     receiver.respond("/h", [Reply(200, delay=1.0, body=b"first"), Reply(200, body=b"second")])
     first = start_service()
     with first.client() as client:
-        schedule(client, receiver.url("/h"), "res-4", timeout=3,
-                 on_success=receiver.url("/ok"))
+        created = schedule(client, receiver.url("/h"), "res-4", timeout=3,
+                           on_success=receiver.url("/ok"))
     receiver.wait_for_sync(1, timeout=15, path="/h")
     first.signal(signal.SIGSTOP)
     settle(lambda: receiver.answered("/h") == 1, 10, "the first answer to be given")
@@ -116,6 +121,12 @@ def test_killed_between_answer_and_record_gives_one_result(
         attempts = client.get("/tasks/res-4/attempts").json()["attempts"]
     assert [a["outcome"] for a in attempts] == ["lost", "delivered"]
     assert [a.headers["timewheel-attempt"] for a in receiver.arrivals_for("/h")] == ["1", "2"]
+    # The lost attempt has the time it was sent at (start.lua keeps it): not before the task's
+    # due time, not after the receiver had it (one host's clock, which the service reads through
+    # Redis's TIME: 5 ms for that reading's error).
+    first_arrival = receiver.arrivals_for("/h")[0].received_at
+    started = seconds(attempts[0]["started_at"])
+    assert seconds(created["execute_at"]) <= started <= first_arrival + 0.005
     [arrival] = receiver.arrivals_for("/ok")
     payload = json.loads(arrival.body)
     assert (payload["attempt"], payload["response_body"]) == (2, "second")
