@@ -45,7 +45,9 @@ Bulk jobs share one hash tag, "{<key_prefix>:jobs}:" (J below; lua/job_create.lu
 
 and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics);
 ``<key_prefix>:ticks`` (zset process id -> its last tick, ms) spreads the processes' ticks
-over the tick period (timewheel/engine/tick_phase.py).
+over the tick period (timewheel/engine/tick_phase.py); ``<key_prefix>:sched:pass`` (string,
+ms) is the schedules' last materializer pass, any process's, kept a day
+(timewheel/store/schedule_store.py ``mark_pass``; schedules' own keys: docs/design.md).
 The processes' counts of attempts waiting in memory for their flow share one hash tag,
 "{<key_prefix>:wl}:" (lua/waiting_report.lua): ``live`` (zset process id -> expiry ms) and
 ``p:<process id>`` (hash flow -> count).
