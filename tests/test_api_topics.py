@@ -301,3 +301,35 @@ async def test_published_tasks_are_sealed_like_any_task(
         task = (await client.get("/tasks/o1.email")).json()
         assert task["body"] == {"card": "s3cr3t-body"} and task["headers"]["X-Api"] == "s3cr3t-hdr"
         assert (await client.post("/topics/orders/publish", json=body)).status_code == 200
+
+
+async def test_a_spec_under_a_key_no_longer_listed_is_a_500_saying_so(
+        make_client: Callable[..., Any], redis_server: RedisServer, tmp_path: Path) -> None:
+    """A topic or schedule sealed under k0, read by a service that lists k1 only: no retry
+    helps, so not the 503 "Redis is unavailable" (with its Retry-After) that it was; a 500
+    naming the record and the key id. The listings still answer, without it."""
+    def keys(*ids: str) -> str:
+        return ",".join(f"{i}:{base64.b64encode(bytes([n]) * 32).decode()}"
+                        for n, i in enumerate(ids))
+
+    def sealed(*ids: str) -> Settings:
+        return Settings(redis_url=redis_server.url, allow_private_networks=True,
+                        data_dir=tmp_path, encryption_keys=keys(*ids))
+
+    schedule = {"every": 3600, "task": {"callback_url": f"{URL}/nightly"}}
+    async with make_client(sealed("k0")) as client:
+        await put_topic(client)
+        assert (await client.put("/schedules/nightly", json=schedule)).status_code == 201
+    async with make_client(sealed("k1")) as client:  # k0 is not listed any more
+        assert (await client.put("/schedules/other", json=schedule)).status_code == 201
+        for method, path, name in [("GET", "/topics/orders", "topic 'orders'"),
+                                   ("POST", "/topics/orders/publish", "topic 'orders'"),
+                                   ("GET", "/schedules/nightly", "schedule 'nightly'")]:
+            r = await client.request(method, path, json={"key": "o1"} if method == "POST"
+                                     else None)
+            assert r.status_code == 500, (path, r.text)
+            assert "retry-after" not in r.headers
+            assert name in r.json()["detail"] and "key id 'k0'" in r.json()["detail"]
+        assert (await client.get("/topics")).json()["topics"] == []
+        listed = (await client.get("/schedules")).json()["schedules"]
+        assert [s["id"] for s in listed] == ["other"]

@@ -268,8 +268,8 @@ def test_keys_generate_prints_an_entry_the_settings_take(capsys: pytest.CaptureF
 async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
     """A schedule's task template (headers and body) is sealed in its spec; GET opens it; the
     rotation seals it anew under the first key; a spec under an unlisted key makes no
-    occurrences (specs() leaves it out) and GET says why."""
-    from timewheel.errors import StoreUnavailable
+    occurrences (specs() leaves it out), the listing leaves it out, and GET says why."""
+    from timewheel.errors import RecordUnreadable
     from timewheel.operations.prepare import template_task
     from timewheel.store.schedule_store import ScheduleStore
 
@@ -290,8 +290,12 @@ async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
 
     only_k1 = schedules(await make_store(redis, K1))
     assert await only_k1.specs(bucket, ["nightly"]) == {}
-    with pytest.raises(StoreUnavailable, match="key id 'k0'"):
+    with pytest.raises(RecordUnreadable, match="key id 'k0'"):
         await only_k1.get("nightly")
+    await only_k1.put("open", spec, paused=False, now_ms=NOW,
+                      next_after=lambda s, t: t + 3600_000)
+    listed, _ = await only_k1.page(10, None)  # the listing still answers, without it
+    assert [r.id for r in listed] == ["open"]
 
     report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
     assert report.schedules_rekeyed == 1
@@ -303,8 +307,8 @@ async def test_schedule_specs_are_sealed_and_rotated(redis: Redis) -> None:
 async def test_topic_specs_are_sealed_and_rotated(redis: Redis) -> None:
     """A topic's endpoints' headers go into every task its publishes make, and hold receivers'
     credentials: sealed in its spec, opened by GET and by a publish, sealed anew by the
-    rotation; a spec under an unlisted key is a 503 saying which key."""
-    from timewheel.errors import StoreUnavailable
+    rotation; a spec under an unlisted key raises RecordUnreadable, saying which key."""
+    from timewheel.errors import RecordUnreadable
     from timewheel.store.topic_store import TopicStore
 
     endpoints = [{"name": "a", "url": "http://127.0.0.1:9/a",
@@ -319,7 +323,7 @@ async def test_topic_specs_are_sealed_and_rotated(redis: Redis) -> None:
     assert [t.endpoints for t in page] == [endpoints, endpoints]
 
     only_k1 = TopicStore(await make_store(redis, K1))
-    with pytest.raises(StoreUnavailable, match=r"topic 'orders'.*key id 'k0'"):
+    with pytest.raises(RecordUnreadable, match=r"topic 'orders'.*key id 'k0'"):
         await only_k1.get("orders")
     assert await only_k1.page(10, None) == ([], None)  # left out, the listing still answers
 

@@ -83,6 +83,12 @@ class StoreUnavailable(TimeWheelError):
     """Redis is down, unreachable or refused the command; the caller may retry later."""
 
 
+class RecordUnreadable(TimeWheelError):
+    """A stored schedule or topic is sealed under a key id TIMEWHEEL_ENCRYPTION_KEYS does not
+    list, or does not verify: no retry helps, listing its key does (a 500 saying so, never
+    the 503 of a Redis that is away). The message names the record and the key id."""
+
+
 class NotReplicated(StoreUnavailable):
     """A change was applied on its Redis master, but fewer replicas than
     TIMEWHEEL_REDIS_WAIT_REPLICAS confirmed it within TIMEWHEEL_REDIS_WAIT_TIMEOUT_MS: it may or

@@ -3,6 +3,7 @@ api/app.py, so handlers and operations raise domain errors and never build an er
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +16,7 @@ from timewheel.errors import (
     InvalidInput,
     JobNotFound,
     NotReplicated,
+    RecordUnreadable,
     ScheduleNotFound,
     StoreUnavailable,
     TaskConflict,
@@ -22,28 +24,21 @@ from timewheel.errors import (
     TopicNotFound,
 )
 
+log = logging.getLogger(__name__)
+
 
 def validation_error(exc: InvalidInput) -> dict[str, Any]:
     """The error as one entry of FastAPI's 422 ``detail``, like the model's own errors."""
     return {"type": "value_error", "loc": exc.loc, "msg": exc.message, "input": exc.value}
 
 
+async def not_found(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(TaskNotFound)
-    async def task_not_found(request: Request, exc: TaskNotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(ScheduleNotFound)
-    async def schedule_not_found(request: Request, exc: ScheduleNotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(TopicNotFound)
-    async def topic_not_found(request: Request, exc: TopicNotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
-
-    @app.exception_handler(JobNotFound)
-    async def job_not_found(request: Request, exc: JobNotFound) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    for missing in (TaskNotFound, ScheduleNotFound, TopicNotFound, JobNotFound):
+        app.add_exception_handler(missing, not_found)
 
     @app.exception_handler(TaskConflict)
     async def conflict(request: Request, exc: TaskConflict) -> JSONResponse:
@@ -63,6 +58,13 @@ def install(app: FastAPI) -> None:
     async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "Redis is unavailable; try again later"},
                             status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(RecordUnreadable)
+    async def unreadable(request: Request, exc: RecordUnreadable) -> JSONResponse:
+        # The server's configuration, not Redis and not the request: no Retry-After.
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{exc}; list its key in TIMEWHEEL_ENCRYPTION_KEYS"},
+                            status_code=500)
 
     @app.exception_handler(NotReplicated)
     async def not_replicated(request: Request, exc: NotReplicated) -> JSONResponse:

@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import RecordUnreadable
 from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, spec_text
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import TopicDeleteReply, TopicPutReply
@@ -93,10 +93,10 @@ class TopicStore:
 
     def _listed(self, name: str, raw: list[Any]) -> TopicRecord | None:
         """A listed topic, or None for one no listed key opens: such a topic is left out of
-        the listing (logged) rather than failing it; GET /topics/{name} says why (a 503)."""
+        the listing (logged) rather than failing it; GET /topics/{name} says why (a 500)."""
         try:
             return self._record(name, raw)
-        except StoreUnavailable as exc:
+        except RecordUnreadable as exc:
             log.warning("topic left out of the listing: %s", exc)
             return None
 
@@ -127,8 +127,9 @@ class TopicStore:
                            updated_ms=int(updated or 0))
 
     def _spec_text(self, name: str, raw: bytes) -> str:
-        """The spec JSON, opened when sealed; a spec no listed key opens is a 503 saying so."""
+        """The spec JSON, opened when sealed; a spec no listed key opens raises
+        RecordUnreadable (a 500 saying which key)."""
         try:
             return spec_text(self.cipher, raw, lambda cipher, blob: cipher.open_topic(name, blob))
         except (UnknownKey, BadCiphertext) as exc:
-            raise StoreUnavailable(f"topic {name!r}: {exc}") from exc
+            raise RecordUnreadable(f"topic {name!r}: {exc}") from exc
