@@ -28,6 +28,7 @@ EDGES = {
     (S.ADMITTED, S.WAITING_FOR_FLOW),  # a rated flow's permit went stale: it asks again
     (S.STARTED, S.SENT), (S.STARTED, S.HANDED_BACK),
     (S.STARTED, S.WAITING_FOR_FLOW),  # late for the start its rated flow logged: asks again
+    (S.STARTED, S.ANSWERED),  # its record does not open here: failed, never sent
     (S.SENT, S.ANSWERED), (S.SENT, S.HANDED_BACK), (S.SENT, S.UNRECORDED),
     (S.SENT, S.WAITING_FOR_FLOW),  # held back at the write (not written): asks again, once
     (S.ANSWERED, S.RECORDED), (S.ANSWERED, S.UNRECORDED),

@@ -15,7 +15,7 @@ from tests.test_store import claim_all
 from timewheel.settings import Settings
 from timewheel.store import Store, layout
 from timewheel.store.encryption import Cipher, UnknownKey, parse_keys
-from timewheel.store.record import NOT_STARTED, NewTask
+from timewheel.store.record import NewTask
 from timewheel.store.replies import RekeyReply, ScheduleReply
 from timewheel.store.rotation import Rotation
 from timewheel.store.task_store import Outcome
@@ -110,11 +110,11 @@ async def test_a_ciphertext_moved_to_another_task_does_not_open(redis: Redis) ->
     assert a is not None and b is not None
     await redis.set(store.keys.task("b"), layout.encode({**b, "headers": a["headers"]}))
     [claimed] = [c for c in await claim_all(store, NOW) if c.key == "b"]
-    assert await store.start(claimed.bucket, now_ms=NOW, claims=[("b", claimed.token)]) == [
-        NOT_STARTED]
-    view = await store.get("b")
-    assert view is not None and view.status == "failed"
-    assert view.last_error is not None and "does not verify" in view.last_error
+    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("b", claimed.token)])
+    assert (started.attempt, started.headers, started.body) == (1, [], b"")
+    assert started.unsendable is not None and "does not verify" in started.unsendable
+    view = await store.get("b")  # the executor fails it at its time (Executor.set_aside)
+    assert view is not None and view.status == "delivering"
 
 
 async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> None:
@@ -122,12 +122,15 @@ async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> No
     await old.schedule(sealed_task("x"), replace=False, now_ms=NOW)
     store = await make_store(redis, K1)
     [claimed] = await claim_all(store, NOW)
-    assert await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)]) == [
-        NOT_STARTED]
+    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)])
+    reason = ("encrypted with key id 'k0', which TIMEWHEEL_ENCRYPTION_KEYS does not list: "
+              "list the key, then replay the task")
+    assert (started.attempt, started.body, started.unsendable) == (1, b"", reason)
+    # Failed as the executor fails it (tests/test_dispatcher.py: at its time, unsent).
+    await store.complete(claimed.bucket, now_ms=NOW, outcomes=[
+        Outcome("x", claimed.token, "fail", error=reason, started_ms=NOW)])
     view = await store.get("x")
-    assert view is not None and view.status == "failed"
-    assert view.last_error == ("encrypted with key id 'k0', which TIMEWHEEL_ENCRYPTION_KEYS "
-                               "does not list: list the key, then replay the task")
+    assert view is not None and view.status == "failed" and view.last_error == reason
     # Listed again, a replay delivers it with its payload.
     both = await make_store(redis, K1, K0)
     assert await both.replay("x", now_ms=NOW + 1) == 1

@@ -176,3 +176,32 @@ async def test_an_empty_answer_is_an_empty_body_in_the_history_as_in_the_result(
     bodies = [[a.response_body for a in await wheel.store.attempts(key) or []]
               for key in ("job-1", "job-2", "job-3", "job-4")]
     assert bodies == [[""], [""], [None], [None]]
+
+
+async def test_a_record_that_does_not_open_fails_at_its_time_unsent_with_its_on_failure(
+        wheel: Harness, router: respx.MockRouter) -> None:
+    """Headers that cannot be decoded (as a record sealed under a key id no longer listed):
+    nothing is sent; the attempt fails at its time, not before, numbered as counted, with
+    the reason in the history and as last_error, and the on_failure result is created (it
+    was failed at start, before its time, as attempt 0, with no result: an outside audit)."""
+    from timewheel.store import layout
+
+    sent = router.post(URL).respond(200)
+    await wheel.add("job-1", on_failure=FAIL_URL)
+    stored = await wheel.store.record("job-1")
+    assert stored is not None
+    await wheel.store.redis.set(wheel.store.keys.task("job-1"),
+                                layout.encode({**stored, "headers": b"no colon"}))
+    await wheel.fire("job-1")
+    assert sent.call_count == 0
+    view = await wheel.view("job-1")
+    assert (view.status, view.attempts) == ("failed", 1)
+    assert (view.last_error or "").startswith("undecodable record: ")
+    assert (view.finished_at or "") >= (view.execute_at or "~")  # RFC 3339 UTC sorts as time
+    [entry] = await wheel.store.attempts("job-1") or []
+    assert (entry.attempt, entry.outcome, entry.error) == (1, "failed", view.last_error)
+    result = await wheel.store.get("job-1.on_failure")
+    assert result is not None
+    payload = json.loads(result.body or b"")
+    assert (payload["outcome"], payload["attempt"], payload["status_code"]) == ("failed", 1,
+                                                                                None)

@@ -125,18 +125,19 @@ async def test_an_undecodable_record_is_failed_at_claim(store: Store, redis: Red
     assert (await dump(redis))["ff"] == {"bad": NOW + 5}
 
 
-async def test_undecodable_headers_are_failed_at_start(store: Store, redis: Redis) -> None:
-    """A record whose headers cannot be read is not sent and is failed with the reason; the
-    other attempts of the same start call go ahead."""
+async def test_undecodable_headers_are_started_unsendable(store: Store, redis: Redis) -> None:
+    """A record whose headers cannot be read is started with the reason, to be failed unsent
+    at its time by the executor (tests/test_dispatcher.py); the other attempts of the same
+    start call go ahead."""
     await seed(redis, {"t:a": rec("delivering", claim="tok"),
                        "t:bad": rec("delivering", claim="tok", headers="no colon"),
                        "ls": {"a": NOW + 9, "bad": NOW + 9}})
     started = await store.start(B, now_ms=NOW, claims=[("a", "tok"), ("bad", "tok")])
-    assert [s.attempt for s in started] == [1, 0]
+    assert [(s.attempt, s.unsendable is None) for s in started] == [(1, True), (1, False)]
+    assert (started[1].unsendable or "").startswith("undecodable record: ")
     [view] = await store.views(B, ["bad"])
-    assert view is not None and view.status is TaskStatus.FAILED
-    assert view.last_error is not None and view.last_error.startswith("undecodable record: ")
-    assert (await dump(redis))["ls"] == {"a": NOW + 9}
+    assert view is not None and view.status is TaskStatus.DELIVERING
+    assert (await dump(redis))["ls"] == {"a": NOW + 9, "bad": NOW + 9}
 
 
 # -- a claim reply's task (record.claimed_task reads the head by position) -----------------------

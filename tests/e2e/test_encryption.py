@@ -136,7 +136,8 @@ def test_unknown_key_id_fails_the_task_unsent(
     needs no plaintext) together with a control task sealed under k1."""
     old = start_service(encryption_keys=K0)
     for i in range(3):
-        create(old, f"under-k0-{i}", receiver.url("/k0"), delay=3600)
+        create(old, f"under-k0-{i}", receiver.url("/k0"), delay=3600,
+               on_failure=receiver.url("/failed"))
     assert old.stop() == 0
     new = start_service(encryption_keys=K1)
     create(new, "under-k1", receiver.url("/k1"), delay=3600)
@@ -150,6 +151,13 @@ def test_unknown_key_id_fails_the_task_unsent(
                                    "does not list: list the key, then replay the task")
     assert receiver.arrivals_for("/k0") == []
     assert len(receiver.arrivals_for("/k1")) == 1
+    for v in views.values():  # failed at its time, not before, as its first attempt
+        assert (v["attempts"], v["finished_at"] >= v["execute_at"]) == (1, True)
+    # Each failure calls its on_failure (its URL is stored unsealed): the receiver learns of it.
+    settle(lambda: len(receiver.arrivals_for("/failed")) == 3, 30, "three on_failure results")
+    reported = {json.loads(a.body)["key"]: json.loads(a.body)["attempt"]
+                for a in receiver.arrivals_for("/failed")}
+    assert reported == dict.fromkeys(views, 1)
     with new.client() as client:
         failed = client.get("/tasks", params={"status": "failed"}).json()
     assert {t["key"] for t in failed["tasks"]} >= set(views)

@@ -89,7 +89,10 @@ NEXT: dict[Stage, frozenset[Stage]] = {
                                Stage.WAITING_FOR_FLOW}),
     # Back to WAITING_FOR_FLOW from STARTED too: lua/start.lua answers a started attempt again
     # with the same number, so a rated flow's attempt late for its logged start asks again.
-    Stage.STARTED: frozenset({Stage.SENT, Stage.HANDED_BACK, Stage.WAITING_FOR_FLOW}),
+    # STARTED -> ANSWERED: its record does not open here (Started.unsendable), so it is
+    # failed at its time without a request (Executor.set_aside).
+    Stage.STARTED: frozenset({Stage.SENT, Stage.ANSWERED, Stage.HANDED_BACK,
+                              Stage.WAITING_FOR_FLOW}),
     # SENT -> HANDED_BACK: its connection came only after its lease ran short, so the
     # request was never written (timewheel/delivery/netguard.py NotWritten).
     # SENT -> WAITING_FOR_FLOW: not written either, its connection came too late for its

@@ -133,8 +133,9 @@ class Dispatcher:
     # -- the life of one admitted attempt -------------------------------------------------
 
     async def _run(self, attempt: Attempt) -> None:
-        """ADMITTED -> STARTED -> SENT -> ANSWERED, then recorded in the background; or
-        SKIPPED (cancelled or replaced since the claim) or HANDED_BACK (not sent)."""
+        """ADMITTED -> STARTED -> SENT -> ANSWERED, then recorded in the background (STARTED
+        -> ANSWERED for a record that does not open here: failed, never sent); or SKIPPED
+        (cancelled or replaced since the claim) or HANDED_BACK (not sent)."""
         task = attempt.task
         now = self._clock.now_ms()
         if self._late_for_its_rate(attempt, now):
@@ -174,13 +175,17 @@ class Dispatcher:
             # longer has room for it, and another process may have it already.
             self._hand_back(attempt, "its lease ran short before it was sent (stalled)")
             return
-        self._lifecycle.move(attempt, Stage.SENT)
-        try:
-            check = self._last_check(attempt)
-            outcome = await self._executor.send(attempt, timeout_ms, check.ready, check.written)
-        except NotWritten:  # its connection came too late: nothing was written
-            self._not_written(attempt)
-            return
+        if started.unsendable is None:
+            self._lifecycle.move(attempt, Stage.SENT)
+            try:
+                check = self._last_check(attempt)
+                outcome = await self._executor.send(attempt, timeout_ms, check.ready,
+                                                    check.written)
+            except NotWritten:  # its connection came too late: nothing was written
+                self._not_written(attempt)
+                return
+        else:  # its record does not open here: failed at its time, never sent
+            outcome = self._executor.set_aside(attempt)
         self._lifecycle.move(attempt, Stage.ANSWERED)
         self._gate.give_back(attempt)
         recording = self._recorder.record_soon(attempt, outcome)

@@ -93,6 +93,24 @@ class Executor:
                             error=outcome.error)
         return outcome
 
+    def set_aside(self, attempt: Attempt) -> Outcome:
+        """The outcome of a started attempt whose record this process cannot open
+        (``Started.unsendable``): failed at its time, never sent, with the reason as its
+        last_error and in its history, and its on_failure called; replayable once the key
+        is listed."""
+        task, started = attempt.task, attempt.started
+        assert started is not None and started.unsendable is not None
+        now_ms = int(self._clock.wall_ms())
+        message = started.unsendable[:MAX_ERROR_CHARS]
+        log.error("task %s cannot be sent, failing it: %s", task.key, message)
+        self._outcome_counters["fail"].inc()
+        history = attempts.entry(
+            attempt=started.attempt, started_ms=now_ms, duration_ms=0, verdict="fail",
+            status_code=None, error=message, headers=None, body=None, body_truncated=False,
+            next_attempt_ms=None, process=PROCESS)
+        return Outcome(task.key, task.token, "fail", None, message, None, now_ms, history,
+                       self.result(attempt, "fail", None))
+
     def headers(self, attempt: Attempt, started: Started,
                 timestamp: int) -> list[tuple[str, str]]:
         task = attempt.task

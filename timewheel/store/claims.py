@@ -69,6 +69,13 @@ class Outcome(NamedTuple):
     result: ResultCallback | None = None  # what a finished task's result callback reports
 
 
+def _unsendable(exc: Exception) -> str:
+    """The last_error of a record this process cannot open."""
+    if isinstance(exc, UnknownKey):
+        return f"{exc}: list the key, then replay the task"
+    return f"undecodable record: {exc}"
+
+
 def _no_history(o: Outcome) -> str:
     """The entry of an outcome decided without an attempt on the wire (a record set aside)."""
     return attempts.entry(attempt=0, started_ms=o.started_ms, duration_ms=0, verdict=o.kind,
@@ -130,10 +137,7 @@ class ClaimSide:
 
     @staticmethod
     def _set_aside(key: str, token: str, exc: Exception, now_ms: int) -> Outcome:
-        if isinstance(exc, UnknownKey):
-            error = f"{exc}: list the key, then replay the task"
-        else:
-            error = f"undecodable record: {exc}"
+        error = _unsendable(exc)
         log.error("task %s cannot be sent, failing it: %s", key, error)
         return Outcome(key, token, "fail", error=error[:500], started_ms=now_ms)
 
@@ -155,9 +159,9 @@ class ClaimSide:
         where ``starts_span_buckets``): for each, the attempt number with the headers and body
         to send (opened here when sealed: once per attempt), or NOT_STARTED (do not send). A
         record whose headers cannot be decoded, or that is sealed under a key id
-        TIMEWHEEL_ENCRYPTION_KEYS does not list, is failed at once with the reason as its
-        last_error (a dead letter, replayable once the key is listed), like an undecodable
-        one at claim time."""
+        TIMEWHEEL_ENCRYPTION_KEYS does not list, is started with the reason as ``unsendable``:
+        the executor fails it at its time, unsent, as an attempt of its own (a dead letter,
+        with its on_failure; replayable once the key is listed)."""
         by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into claims, in order
         for i, (bucket, _, _) in enumerate(claims):
             by_bucket.setdefault(bucket, []).append(i)
@@ -170,9 +174,8 @@ class ClaimSide:
             reply = await self.scripts.start(
                 keys=[self.keys.prefix(bucket) for bucket in by_bucket], args=args)
         out: list[Started] = [NOT_STARTED] * len(claims)
-        bad: dict[int, list[Outcome]] = {}
         for j, i in enumerate(order):
-            bucket, key, token = claims[i]
+            key = claims[i][1]
             attempt, headers, body, results = reply[4 * j:4 * j + 4]
             if not int(attempt):
                 continue
@@ -180,9 +183,8 @@ class ClaimSide:
                 out[i] = Started(int(attempt), *open_request(key, headers, body, self.cipher),
                                  *decode_results(results))
             except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext) as exc:
-                bad.setdefault(bucket, []).append(self._set_aside(key, token, exc, now_ms))
-        for bucket, outcomes in bad.items():
-            await self.complete(bucket, now_ms=now_ms, outcomes=outcomes)
+                out[i] = Started(int(attempt), [], b"", *decode_results(results),
+                                 unsendable=_unsendable(exc))
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,

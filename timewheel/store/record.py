@@ -130,6 +130,10 @@ class Started(NamedTuple):
     # The task's result callbacks: its answer's body is kept for them (executor.py).
     on_success: str | None = None
     on_failure: str | None = None
+    # Why this process cannot open the record (sealed under a key id TIMEWHEEL_ENCRYPTION_KEYS
+    # does not list, or undecodable): the attempt is failed at its time with this reason as
+    # its last_error, never sent (Executor.set_aside). None for a record to send.
+    unsendable: str | None = None
 
 
 NOT_STARTED = Started(0, [], b"")
