@@ -121,10 +121,14 @@ async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> No
     old = await make_store(redis, K0)
     await old.schedule(sealed_task("x"), replace=False, now_ms=NOW)
     store = await make_store(redis, K1)
-    [claimed] = await claim_all(store, NOW)
-    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)])
     reason = ("encrypted with key id 'k0', which TIMEWHEEL_ENCRYPTION_KEYS does not list: "
               "list the key, then replay the task")
+    # Pending, its view cannot show what it will send: it says why, not "no headers, no body".
+    pending = await store.get("x")
+    assert pending is not None and (pending.headers, pending.body) == ([], b"")
+    assert pending.last_error == f"{reason} (it fails when due, unsent)"
+    [claimed] = await claim_all(store, NOW)
+    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)])
     assert (started.attempt, started.body, started.unsendable) == (1, b"", reason)
     # Failed as the executor fails it (tests/test_dispatcher.py: at its time, unsent).
     await store.complete(claimed.bucket, now_ms=NOW, outcomes=[

@@ -32,6 +32,7 @@ from timewheel.store.record import (
     claimed_task,
     decode_results,
     open_request,
+    unsendable_reason,
 )
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import CompleteReply, ParkReply, ReleaseReply
@@ -67,13 +68,6 @@ class Outcome(NamedTuple):
     started_ms: int = 0
     history: str = ""  # the attempt's history entry (attempts.entry); "" writes a bare one
     result: ResultCallback | None = None  # what a finished task's result callback reports
-
-
-def _unsendable(exc: Exception) -> str:
-    """The last_error of a record this process cannot open."""
-    if isinstance(exc, UnknownKey):
-        return f"{exc}: list the key, then replay the task"
-    return f"undecodable record: {exc}"
 
 
 def _no_history(o: Outcome) -> str:
@@ -137,7 +131,7 @@ class ClaimSide:
 
     @staticmethod
     def _set_aside(key: str, token: str, exc: Exception, now_ms: int) -> Outcome:
-        error = _unsendable(exc)
+        error = unsendable_reason(exc)
         log.error("task %s cannot be sent, failing it: %s", key, error)
         return Outcome(key, token, "fail", error=error[:500], started_ms=now_ms)
 
@@ -184,7 +178,7 @@ class ClaimSide:
                                  *decode_results(results))
             except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext) as exc:
                 out[i] = Started(int(attempt), [], b"", *decode_results(results),
-                                 unsendable=_unsendable(exc))
+                                 unsendable=unsendable_reason(exc))
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,

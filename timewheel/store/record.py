@@ -212,6 +212,14 @@ def open_request(key: str, headers: bytes, body: bytes, cipher: Cipher | None
     return layout.decode_headers(headers), body
 
 
+def unsendable_reason(exc: Exception) -> str:
+    """The last_error of a record this process cannot open (undecodable, or sealed under a
+    key id TIMEWHEEL_ENCRYPTION_KEYS does not list)."""
+    if isinstance(exc, UnknownKey):
+        return f"{exc}: list the key, then replay the task"
+    return f"undecodable record: {exc}"
+
+
 def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes | None,
                       results: bytes | None = None, cipher: Cipher | None = None) -> TaskRecord:
     """A task from lua/view.lua's reply: its record's head, flow and url, its last_err, its
@@ -224,16 +232,17 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
         text = url.decode(), last_err.decode(), flow.decode()
     except (KeyError, UnicodeDecodeError) as exc:
         raise layout.BadRecord(f"{type(exc).__name__}: {exc}") from exc
-    headers, body = None, None
+    headers, body, unreadable = None, None, None
     if request is not None:
         hl = head["hl"]
         try:
             headers, body = open_request(key, request[:hl], request[hl:hl + head["bl"]], cipher)
-        except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext):
-            # Such a task is failed at start, its last_error says why (Store.start); a sealed
-            # body that does not open is shown as none.
+        except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext) as exc:
+            # Such a task fails at its time, unsent (Store.start_many); a sealed body that does
+            # not open is shown as none, and until it has failed, last_error says why.
             headers = []
             body = b"" if is_sealed(request[:hl]) else request[hl:hl + head["bl"]]
+            unreadable = unsendable_reason(exc)
     attempts = head["att"]
     if stored == PARKED:  # waiting for its flow: to the client, still due
         stored = TaskStatus.RETRYING if attempts else TaskStatus.SCHEDULED
@@ -243,11 +252,14 @@ def record_from_reply(key: str, prefix: bytes, last_err: bytes, request: bytes |
     except UnicodeDecodeError as exc:
         raise layout.BadRecord(f"result callbacks: {exc}") from exc
     waiting = status in (TaskStatus.SCHEDULED, TaskStatus.RETRYING)
+    last_error = text[1] or None
+    if unreadable is not None and not head["finished"]:
+        last_error = f"{unreadable} (it fails when due, unsent)"
     return TaskRecord(
         key=key, status=status, callback_url=text[0], method=method, flow=text[2],
         execute_at_ms=head["exec"], due_ms=head["due"] if waiting else None, attempts=attempts,
         max_attempts=head["max"], timeout_ms=head["timeout"], backoff_ms=head["backoff"],
         created_ms=head["created"], last_attempt_ms=head["last_at"] or None,
-        last_status_code=head["last_code"] or None, last_error=text[1] or None,
+        last_status_code=head["last_code"] or None, last_error=last_error,
         finished_ms=head["finished"] or None, headers=headers, body=body,
         on_success=on_success, on_failure=on_failure)
