@@ -52,7 +52,8 @@ for _, key in ipairs(expired) do
   if h and h[ST] == 'd' then
     if h[STARTED] == 1 then
       add_unanswered(P, key, h[ATT], 'lost',
-        'no outcome within its lease: its process died or stalled', kept, nil, h[LAST_AT])
+        'no outcome within its lease: its process died or stalled', kept, nil, h[LAST_AT],
+        math.max(now, h[DUE]))
     end
     take(key, tkey, h, raw, now, margin, claim, claims, out)
   else

@@ -362,8 +362,8 @@ async def test_claim_max_minutes_budget(store: Store, redis: Redis) -> None:
 async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None:
     """An expired lease is claimed again under the new token (start mark cleared, attempts
     kept); a stale lease entry is dropped; a live lease stays. A started attempt goes into the
-    history as lost, with the time its start gave it as started_at; one started before starts
-    kept that time (last_at 0) has none."""
+    history as lost, with the time its start gave it as started_at and the claim's time as its
+    next_attempt_at; one started before starts kept that time (last_at 0) has no started_at."""
     await seed(redis, {"t:a": delivering("old", started=True, attempts=1, last_at=NOW - 10_000),
                        "t:b": rec("succeeded", finished=NOW - 9), "t:c": delivering("other"),
                        "t:e": delivering("old", started=True, attempts=2),
@@ -378,8 +378,8 @@ async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None
         "t:c": delivering("other"), "t:e": delivering("new", attempts=2),
         "ls": {"a": NOW + 10_000 + MARGIN, "c": NOW + 1, "e": NOW + 10_000 + MARGIN},
         "cl:old": ["a", "e"], "cl:new": ["e", "a"], "cur": str(M0),
-        "a:a": [{"e": lost, "o": "lost", "n": 1, "s": NOW - 10_000}],
-        "a:e": [{"e": lost, "o": "lost", "n": 2}]}
+        "a:a": [{"e": lost, "o": "lost", "n": 1, "s": NOW - 10_000, "na": NOW}],
+        "a:e": [{"e": lost, "o": "lost", "n": 2, "na": NOW}]}
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:

@@ -20,10 +20,11 @@ local function add_attempt(P, key, entry, kept, ttl)
 end
 
 -- An attempt that no answer will ever be recorded for: its lease ran out (its process died
--- or stalled), or a DELETE stopped it before it was sent. `started`: when a lost attempt was
--- to be sent (lua/start.lua), nil (or 0, a record started before start.lua kept it) for none.
-local function add_unanswered(P, key, n, outcome, err, kept, ttl, started)
-  local entry = {n = n, o = outcome, e = err}
+-- or stalled), or a DELETE stopped it before it was sent. A lost one has `started`, when it
+-- was to be sent (lua/start.lua; nil or 0, a record started before start.lua kept it, for
+-- none), and `next_at`, when it is tried again (the claim that found it takes it then).
+local function add_unanswered(P, key, n, outcome, err, kept, ttl, started, next_at)
+  local entry = {n = n, o = outcome, e = err, na = next_at}
   if started and started > 0 then entry.s = started end
   add_attempt(P, key, cjson.encode(entry), kept, ttl)
 end

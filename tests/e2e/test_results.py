@@ -127,6 +127,8 @@ def test_killed_between_answer_and_record_gives_one_result(
     first_arrival = receiver.arrivals_for("/h")[0].received_at
     started = seconds(attempts[0]["started_at"])
     assert seconds(created["execute_at"]) <= started <= first_arrival + 0.005
+    # Its next_attempt_at is when the process that found it lost took it: attempt 2 went then.
+    assert started < seconds(attempts[0]["next_attempt_at"]) <= seconds(attempts[1]["started_at"])
     [arrival] = receiver.arrivals_for("/ok")
     payload = json.loads(arrival.body)
     assert (payload["attempt"], payload["response_body"]) == (2, "second")
