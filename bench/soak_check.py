@@ -354,15 +354,26 @@ class Checker:
         return len(group) - ok - 1
 
     def _recreated(self, key: str, first: Event, dup: Event) -> bool:
-        """``dup`` is the first delivery of a new task under the same key: a PUT or create
-        answered 201 (it created the task, so the one before had finished) after ``first``
-        arrived, due when ``dup`` says. A replace held up by a fault answers so when it runs
-        only after the task it meant to replace was delivered."""
+        """``dup`` is the first delivery of a new version under the same key, due when
+        ``dup`` says: a PUT or create answered 201 (it created the task, so the one before
+        had finished) after ``first`` arrived (a replace held up by a fault answers so when it
+        runs only after the task it meant to replace was delivered); or a PUT answered 200
+        (it replaced a task not finished) before ``first``, another version, arrived: that
+        one was in flight when the PUT ran (its start check passed: a PUT cannot stop it, as
+        a DELETE cannot; ``_superseded`` bounds how late it may arrive)."""
         sched = dup.get("scheduled_at")
-        return sched is not None and any(
-            o["op"] != "cancel" and o.get("status") == 201 and o["t1"] >= first["t"]
-            and o.get("execute_at") is not None and abs(o["execute_at"] - sched) <= 0.0005
-            for o in self.writes_by_key.get(key, []))
+        if sched is None:
+            return False
+        for o in self.writes_by_key.get(key, []):
+            if o["op"] == "cancel" or o.get("execute_at") is None \
+                    or abs(o["execute_at"] - sched) > 0.0005:
+                continue
+            if o.get("status") == 201 and o["t1"] >= first["t"]:
+                return True
+            if (o["op"] == "replace" and o.get("status") == 200 and o["t1"] < first["t"]
+                    and first.get("scheduled_at") != sched):
+                return True
+        return False
 
     def _summary(self, out: dict[str, Any], tally: Counter[str], late_in: list[float],
                  late_out: list[float]) -> dict[str, Any]:

@@ -281,11 +281,31 @@ def test_a_put_that_created_the_task_again_after_its_delivery_is_no_duplicate() 
     c = counts(create("a", T0 + 5), replace(201, T0 + 8), first, again,
                arrival("a", T0 + 12, T0 + 9, pid=1, attempt=2), end(T0 + 60))
     assert c["duplicates_unexplained"] == 1  # the new task's own duplicate
-    # controls: answered 200 (it replaced a task that had not finished: the first delivery
-    # and this one are the same task's), or answered before the first delivery
+    # controls: answered 200 after the first delivery (it replaced a task that had not
+    # finished although delivered: the first delivery and this one are the same task's), or
+    # 201 before the first delivery
     for write in (replace(200, T0 + 8), replace(201, T0 + 4)):
         c = counts(create("a", T0 + 5), write, first, again, end(T0 + 60))
         assert c["duplicates_unexplained"] == 1, write
+
+
+def test_a_put_that_replaced_a_task_in_flight_is_no_duplicate() -> None:
+    """Seen in a soak (session 22): a PUT held up by a Redis stall replaced the task just as
+    its attempt was in flight (its start check passed), answering 200 0.4 ms before that
+    attempt reached the receiver. The old version's delivery and the new one's, due at 9, are
+    two versions', not a duplicate; the new one delivered again is."""
+    put = {"type": "op", "op": "replace", "key": "a", "t0": T0 + 1, "t1": T0 + 5.0006,
+           "status": 200, "requested_at": T0 + 9, "execute_at": T0 + 9}
+    first, again = arrival("a", T0 + 5.001, T0 + 5), arrival("a", T0 + 9.001, T0 + 9)
+    c = counts(create("a", T0 + 5), put, first, again, end(T0 + 60))
+    assert (c["duplicates_unexplained"], c["delivered_superseded"]) == (0, 0)
+    c = counts(create("a", T0 + 5), put, first, again,
+               arrival("a", T0 + 12, T0 + 9, pid=2, attempt=2), end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1
+    # control: the same version delivered twice is a duplicate, whatever the PUT
+    c = counts(create("a", T0 + 5), put, first, arrival("a", T0 + 7, T0 + 5, pid=2, attempt=2),
+               end(T0 + 60))
+    assert c["duplicates_unexplained"] == 1
 
 
 def test_a_duplicate_after_a_redis_fault_or_a_receiver_stall_is_explained() -> None:
