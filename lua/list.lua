@@ -20,6 +20,10 @@
 -- ARGV[11] due before, ms ("" or absent for any)
 -- ARGV[12] created before, ms ("" or absent for any); ARGV[3..5, 10..12] are the filter of
 --          lua/lib/matching.lua (bulk jobs use the last three)
+-- ARGV[13] since, ms ("" or absent for none; a cancel job's start): the slices' walk also
+--          finds a task cancelled at or after it that passes the filter but for its status, in
+--          its own slice (its entry waits there for the claimer): the job's step finds it
+--          finished and counts it as skipped, as the contract says ("finished meanwhile")
 --
 -- Reply: {done, score, key, then score, key of each task found}. done = 1 when the index
 -- was read to its end; score, key = the position of the last entry looked at ("" if none):
@@ -30,6 +34,12 @@ local P = KEYS[1]
 local index, desc = ARGV[1], ARGV[2] == 'desc'
 local filter = {want = ARGV[3], rule = ARGV[4], prefix = ARGV[5], flow = ARGV[10] or '',
                 due_before = tonumber(ARGV[11] or ''), created_before = tonumber(ARGV[12] or '')}
+local since = tonumber(ARGV[13] or '')
+-- A cancelled record keeps its attempts: none was scheduled, some was retrying.
+local was = {s = '0', r = '+', sr = ''}
+local cancelled = {want = 'c', rule = was[filter.want] or filter.rule, prefix = filter.prefix,
+                   flow = filter.flow, due_before = filter.due_before,
+                   created_before = filter.created_before}
 local after, after_key = tonumber(ARGV[6]), ARGV[7]
 local limit, budget = tonumber(ARGV[8]), tonumber(ARGV[9])
 local found, seen = {}, 0
@@ -52,7 +62,13 @@ local function lt(a, b)
 end
 
 local function wanted(key, minute)
-  return matching(P, key, filter, minute, cursor)
+  if matching(P, key, filter, minute, cursor) then return true end
+  if not (since and minute) or string.sub(key, 1, #filter.prefix) ~= filter.prefix then
+    return false
+  end
+  local h = head(P .. 't:' .. key)  -- cancelled since the job began, in its own slice
+  return h ~= nil and h[ST] == 'c' and h[FINISHED] >= since
+    and passes(P, key, cancelled, h, minute, cursor)
 end
 
 -- The rank (in the listing's order) of the first entry after the position.

@@ -77,6 +77,32 @@ async def test_cancel_by_prefix_cancels_the_matching_tasks_only(
     assert not await r.work_one()  # nothing left to take
 
 
+async def test_a_task_cancelled_after_the_job_began_counts_as_skipped(
+        client: httpx.AsyncClient, store: Store, fake_clock: FakeClock) -> None:
+    """The contract: "A task that a job could not act on (finished meanwhile) counts as
+    skipped". Tasks DELETEd after the job began and before it reached them were counted
+    nowhere (matched 150 of 200, skipped 0: this session's outside audit); they are skipped
+    now, and tasks cancelled before the job began, or that the filter does not take, are not
+    counted at all."""
+    keys = [f"bulk.{i}" for i in range(12)]
+    for key in [*keys, "other.0"]:
+        await add(client, key)
+    assert (await client.delete("/tasks/bulk.0")).status_code == 204  # before: not counted
+    fake_clock.advance(1)
+    job_id = await start(client, "cancel", {"key_prefix": "bulk."})
+    scheduled_only = await start(client, "cancel", {"key_prefix": "bulk.", "status": "retrying"})
+    fake_clock.advance(1)
+    for key in [*keys[1:5], "other.0"]:  # meanwhile
+        assert (await client.delete(f"/tasks/{key}")).status_code == 204
+    r = runner(store, fake_clock, step_tasks=3)
+    assert await r.work_one() and await r.work_one()
+    view = await job(client, job_id)
+    assert (view["state"], view["matched"], view["done"], view["skipped"]) == ("done", 11, 7, 4)
+    assert set((await statuses(client, keys)).values()) == {"cancelled"}
+    view = await job(client, scheduled_only)  # they were never retrying: not its tasks
+    assert (view["state"], view["matched"], view["done"], view["skipped"]) == ("done", 0, 0, 0)
+
+
 async def test_only_tasks_created_before_the_job_are_cancelled(
         client: httpx.AsyncClient, store: Store, fake_clock: FakeClock) -> None:
     await add(client, "bulk.old")
