@@ -44,15 +44,20 @@ end
 local more = 0
 
 -- 1. Leases that ran out: their holder died or stalled. Claim them again.
-local expired = redis.call('ZRANGEBYSCORE', P .. 'ls', '-inf', now, 'LIMIT', 0, limit)
-if #expired == limit then more = 1 end
-for _, key in ipairs(expired) do
+local expired = redis.call('ZRANGEBYSCORE', P .. 'ls', '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  limit)
+if #expired == 2 * limit then more = 1 end
+for i = 1, #expired, 2 do
+  local key = expired[i]
   local tkey = P .. 't:' .. key
   local h, raw = head_ahead(tkey)
   if h and h[ST] == 'd' then
     if h[STARTED] == 1 then
+      -- Its lease ran from max(due, the claim's now) (lib/claiming.lua take): when it was to
+      -- be sent, give or take its process's lateness; a PATCH in flight keeps the lease.
+      local sent = tonumber(expired[i + 1]) - h[TIMEOUT] - margin
       add_unanswered(P, key, h[ATT], 'lost',
-        'no outcome within its lease: its process died or stalled', kept, nil, h[LAST_AT],
+        'no outcome within its lease: its process died or stalled', kept, nil, sent,
         math.max(now, h[DUE]))
     end
     take(key, tkey, h, raw, now, margin, claim, claims, out)

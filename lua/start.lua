@@ -9,14 +9,9 @@
 --             own slot; the client may add a guard key after it, ignored here); any number on a
 --             single Redis, where one call starts what every bucket has due (a call costs the
 --             service ~65 us of CPU however few claims it carries: bench/README.md).
--- ARGV[1]     now_ms
--- ARGV[2]     n, the number of prefixes
--- ARGV[3..n+2] how many key, token pairs belong to each prefix, in KEYS order
--- ARGV[n+3..] the pairs, prefix by prefix
---
--- An attempt begun here gets max(now, due) as the record's last_at: when it will be sent, the
--- time its history entry gives as started_at if it is found lost (lua/claim.lua). The
--- executor's outcome (lua/complete.lua) then writes the time it was actually sent.
+-- ARGV[1]     n, the number of prefixes
+-- ARGV[2..n+1] how many key, token pairs belong to each prefix, in KEYS order
+-- ARGV[n+2..] the pairs, prefix by prefix
 --
 -- Reply: four values per pair, in ARGV order: the attempt number (1, 2, ...), the headers and
 --        the body as stored (timewheel/store/layout.py), and the task's result callbacks' URLs
@@ -24,13 +19,13 @@
 --        or 0, "", "", "" when the claim is not the caller's any more (do not send).
 --        Idempotent: starting a started attempt again (a retried call) returns the same
 --        number.
-local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local n = tonumber(ARGV[1])
 local out = {}
 local tokens = {}
-local i = n + 3
+local i = n + 2
 for k = 1, n do
   local P = KEYS[k]
-  for _ = 1, tonumber(ARGV[k + 2]) do
+  for _ = 1, tonumber(ARGV[k + 1]) do
     local key, token = ARGV[i], ARGV[i + 1]
     local tkey = P .. 't:' .. key
     i = i + 2
@@ -38,7 +33,7 @@ for k = 1, n do
     local h, raw = head_ahead(tkey)
     if h and h[ST] == 'd' and h[CLAIM] == tokens[token] then
       if h[STARTED] == 0 then
-        h[ATT], h[STARTED], h[LAST_AT] = h[ATT] + 1, 1, math.max(now, h[DUE])
+        h[ATT], h[STARTED] = h[ATT] + 1, 1
         put_head(tkey, h)
       end
       local at = headers_at(h)

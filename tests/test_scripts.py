@@ -362,24 +362,27 @@ async def test_claim_max_minutes_budget(store: Store, redis: Redis) -> None:
 async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None:
     """An expired lease is claimed again under the new token (start mark cleared, attempts
     kept); a stale lease entry is dropped; a live lease stays. A started attempt goes into the
-    history as lost, with the time its start gave it as started_at and the claim's time as its
-    next_attempt_at; one started before starts kept that time (last_at 0) has no started_at."""
-    await seed(redis, {"t:a": delivering("old", started=True, attempts=1, last_at=NOW - 10_000),
+    history as lost, with the time its lease says it was to be sent (max(due, its claim's
+    now): the lease less the task's timeout and the margin) as started_at, and the claim's
+    time as its next_attempt_at."""
+    late = NOW - 15_000  # a's claim came 900 ms after its due time; e was claimed ahead of it
+    await seed(redis, {"t:a": delivering("old", started=True, attempts=1, due=late - 900),
                        "t:b": rec("succeeded", finished=NOW - 9), "t:c": delivering("other"),
-                       "t:e": delivering("old", started=True, attempts=2),
-                       "ls": {"a": NOW, "b": NOW - 5, "c": NOW + 1, "e": NOW - 1},
+                       "t:e": delivering("old", started=True, attempts=2, due=late - 1),
+                       "ls": {"a": late + 10_000 + MARGIN, "b": NOW - 5, "c": NOW + 1,
+                              "e": late - 1 + 10_000 + MARGIN},
                        "cl:old": ["a", "e"], "cur": str(M0)})
     more, tasks = await store.claim(B, now_ms=NOW, horizon_ms=NOW, limit=10, token="new")
     assert (more, [(t.key, t.attempts) for t in tasks]) == (False, [("e", 2), ("a", 1)])
     lost = "no outcome within its lease: its process died or stalled"
     assert history_parsed(await dump(redis)) == {
-        "t:a": delivering("new", attempts=1, last_at=NOW - 10_000),
+        "t:a": delivering("new", attempts=1, due=late - 900),
         "t:b": rec("succeeded", finished=NOW - 9),
-        "t:c": delivering("other"), "t:e": delivering("new", attempts=2),
+        "t:c": delivering("other"), "t:e": delivering("new", attempts=2, due=late - 1),
         "ls": {"a": NOW + 10_000 + MARGIN, "c": NOW + 1, "e": NOW + 10_000 + MARGIN},
         "cl:old": ["a", "e"], "cl:new": ["e", "a"], "cur": str(M0),
-        "a:a": [{"e": lost, "o": "lost", "n": 1, "s": NOW - 10_000, "na": NOW}],
-        "a:e": [{"e": lost, "o": "lost", "n": 2, "na": NOW}]}
+        "a:a": [{"e": lost, "o": "lost", "n": 1, "s": late, "na": NOW}],
+        "a:e": [{"e": lost, "o": "lost", "n": 2, "s": late - 1, "na": NOW}]}
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:
@@ -408,23 +411,20 @@ async def test_claim_trims_old_finished_entries(store: Store, redis: Redis) -> N
 
 async def test_start_numbers_attempts_and_is_idempotent(store: Store, redis: Redis) -> None:
     """Only the claim's holder starts; the attempt counter is bumped once per claim; the
-    reply carries the headers and body as stored at that moment. A start records when the
-    attempt will be sent, max(now, due), as last_at (a lost attempt's started_at), once."""
+    reply carries the headers and body as stored at that moment."""
     body = "x" * 70_000
-    await seed(redis, {"t:a": delivering(headers="X-A:1\nX-B:", body=body, due=NOW - 50),
-                       "t:b": delivering(attempts=2, due=NOW + 7, last_at=NOW - 900),
-                       "t:c": delivering("other"), "t:d": rec(claim="tok")})
+    await seed(redis, {"t:a": delivering(headers="X-A:1\nX-B:", body=body),
+                       "t:b": delivering(attempts=2), "t:c": delivering("other"),
+                       "t:d": rec(claim="tok")})
     args = ["a", "tok", "b", "tok", "c", "tok", "d", "tok", "none", "tok"]
     expected = [1, b"X-A:1\nX-B:", body.encode(), b"", 3, b"", b"", b"", 0, b"", b"", b"",
                 0, b"", b"", b"", 0, b"", b"", b""]
-    assert await run(store, "start", *args) == expected  # at NOW
-    after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body,
-                               due=NOW - 50, last_at=NOW),
-             "t:b": delivering(attempts=3, started=True, due=NOW + 7, last_at=NOW + 7),
-             "t:c": delivering("other"), "t:d": rec(claim="tok")}
+    assert await run(store, "start", *args) == expected
+    after = {"t:a": delivering(attempts=1, started=True, headers="X-A:1\nX-B:", body=body),
+             "t:b": delivering(attempts=3, started=True), "t:c": delivering("other"),
+             "t:d": rec(claim="tok")}
     assert await dump(redis) == after
-    later = await store.scripts.start(keys=[P], args=[NOW + 20, 1, len(args) // 2, *args])
-    assert later == expected
+    assert await run(store, "start", *args) == expected
     assert await dump(redis) == after
 
 

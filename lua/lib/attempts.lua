@@ -21,12 +21,11 @@ end
 
 -- An attempt that no answer will ever be recorded for: its lease ran out (its process died
 -- or stalled), or a DELETE stopped it before it was sent. A lost one has `started`, when it
--- was to be sent (lua/start.lua; nil or 0, a record started before start.lua kept it, for
--- none), and `next_at`, when it is tried again (the claim that found it takes it then).
+-- was to be sent (lua/claim.lua reads it off its lease), and `next_at`, when it is tried
+-- again (the claim that found it takes it then).
 local function add_unanswered(P, key, n, outcome, err, kept, ttl, started, next_at)
-  local entry = {n = n, o = outcome, e = err, na = next_at}
-  if started and started > 0 then entry.s = started end
-  add_attempt(P, key, cjson.encode(entry), kept, ttl)
+  add_attempt(P, key, cjson.encode({n = n, o = outcome, e = err, s = started, na = next_at}),
+    kept, ttl)
 end
 
 -- A finished task becomes pending again (replay, or a re-create over its record): its

@@ -157,8 +157,8 @@ async def assert_ttls(redis: Redis, expected: dict[str, int]) -> None:
 async def run(store: Store, name: str, *args: Any) -> Any:
     """Run a script (``Scripts``' or the store's own read-only ones) on bucket B."""
     script = getattr(store.scripts, name, None) or getattr(store, f"{name}_script")
-    if name == "start":  # now, one prefix, then its key, token pairs (lua/start.lua takes several)
-        args = (NOW, 1, len(args) // 2, *args)
+    if name == "start":  # one prefix, then its key, token pairs (lua/start.lua takes several)
+        args = (1, len(args) // 2, *args)
     elif name == "complete":  # now, retention, kept, one prefix, then its outcomes (nine each)
         args = (*args[:3], 1, -(-(len(args) - 3) // 9), *args[3:])
     elif name == "schedule":  # one task: key, mode, now, request id, record[, results]

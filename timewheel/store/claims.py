@@ -160,8 +160,7 @@ class ClaimSide:
         for i, (bucket, _, _) in enumerate(claims):
             by_bucket.setdefault(bucket, []).append(i)
         order = [i for indexes in by_bucket.values() for i in indexes]
-        args: list[str | int] = [now_ms, len(by_bucket),
-                                 *(len(ix) for ix in by_bucket.values())]
+        args: list[str | int] = [len(by_bucket), *(len(ix) for ix in by_bucket.values())]
         for i in order:
             args += claims[i][1:]
         async with redis_errors("start"):
