@@ -13,7 +13,7 @@ attempt asking its flow again), out to the right (``──► A, B`` is an edge 
     ├───── ADMITTED ──────────────► SKIPPED, HANDED_BACK
     │          │
     │          ▼
-    ├───── STARTED ───────────────► HANDED_BACK
+    ├───── STARTED ───────────────► HANDED_BACK, ANSWERED (its record does not open: unsent)
     │          │
     │          ▼
     └───── SENT ──────────────────► HANDED_BACK, UNRECORDED
