@@ -24,6 +24,9 @@
 --          finds a task cancelled at or after it that passes the filter but for its status, in
 --          its own slice (its entry waits there for the claimer): the job's step finds it
 --          finished and counts it as skipped, as the contract says ("finished meanwhile")
+-- ARGV[14] the job's id, with ARGV[13]: a task the job cancelled itself is not taken again (a
+--          task it found and cancelled in one minute may wait in a later one's slice, moved by
+--          a PATCH or a retry between the job's listing and its step: counted there already)
 --
 -- Reply: {done, score, key, then score, key of each task found}. done = 1 when the index
 -- was read to its end; score, key = the position of the last entry looked at ("" if none):
@@ -35,6 +38,7 @@ local index, desc = ARGV[1], ARGV[2] == 'desc'
 local filter = {want = ARGV[3], rule = ARGV[4], prefix = ARGV[5], flow = ARGV[10] or '',
                 due_before = tonumber(ARGV[11] or ''), created_before = tonumber(ARGV[12] or '')}
 local since = tonumber(ARGV[13] or '')
+local by_job = since and digest('job:' .. (ARGV[14] or ''))  -- lua/job_step.lua's op
 -- A cancelled record keeps its attempts: none was scheduled, some was retrying.
 local was = {s = '0', r = '+', sr = ''}
 local cancelled = {want = 'c', rule = was[filter.want] or filter.rule, prefix = filter.prefix,
@@ -67,7 +71,7 @@ local function wanted(key, minute)
     return false
   end
   local h = head(P .. 't:' .. key)  -- cancelled since the job began, in its own slice
-  return h ~= nil and h[ST] == 'c' and h[FINISHED] >= since
+  return h ~= nil and h[ST] == 'c' and h[FINISHED] >= since and h[OP] ~= by_job
     and passes(P, key, cancelled, h, minute, cursor)
 end
 

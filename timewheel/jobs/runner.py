@@ -198,7 +198,7 @@ class JobRunner:
         after = (at.score, at.key) if at.score else start_of(src, job.kind, job.started_ms)
         found = await self.jobs.find(
             bucket, src, after, filt, limit=self.step_tasks,
-            cancelled_since=job.started_ms if job.kind == "cancel" else None)
+            cancelled_since=(job.started_ms, job.id) if job.kind == "cancel" else None)
         if not found.done and found.reached is not None:
             reached = Position(at.source, *found.reached)
         elif at.source + 1 < len(srcs):  # this source is read: the next one from its start

@@ -147,19 +147,19 @@ class JobStore:
         return Position(int(src or 0), _text(score or b""), _text(key or b""), ended == b"1")
 
     async def find(self, bucket: int, src: Source, after: tuple[str | int, str],
-                   task_filter: TaskFilter, *, limit: int, cancelled_since: int | None = None
-                   ) -> Found:
+                   task_filter: TaskFilter, *, limit: int,
+                   cancelled_since: tuple[int, str] | None = None) -> Found:
         """The next tasks of one source after a position (lua/list.lua, with the filter);
-        with ``cancelled_since`` (a cancel job's start), also the tasks of the slices
-        cancelled since then that the filter would have taken: the step counts them as
-        skipped."""
+        with ``cancelled_since`` (a cancel job's start and id), also the tasks of the slices
+        cancelled since then, not by the job, that the filter would have taken: the step
+        counts them as skipped."""
         args = task_filter.args(src)
         async with redis_errors("job_find"):
             reply: list[Any] = await self.store.list_script(
                 keys=[self.store.keys.prefix(bucket)],
                 args=[src.index, "desc" if src.desc else "asc", args[0], args[1], args[2],
                       after[0], after[1], limit, limit, *args[3:],
-                      "" if cancelled_since is None else cancelled_since])
+                      *(cancelled_since or ("", ""))])
         rows = reply[3:]
         reached = (_text(reply[1]), _text(reply[2])) if reply[1] != b"" else None
         return Found([_text(rows[i]) for i in range(1, len(rows), 2)], reached,
