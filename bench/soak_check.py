@@ -332,16 +332,23 @@ class Checker:
                                      else round((sched - a["t"]) * 1000, 3),
                                      "sender": self._who(a)})
 
-    def _duplicates(self, key: str, group: list[Event], out: dict[str, Any]) -> int:
-        """Every arrival after the first one answered 2xx; how many."""
+    def _duplicates(self, key: str, group: list[Event], out: dict[str, Any],
+                    earlier: tuple[Event, ...] = ()) -> int:
+        """Every arrival after the first one answered 2xx; how many. ``earlier``: the key's
+        arrivals before ``group`` (a new version is counted from its own first delivery)."""
         ok = next((i for i, a in enumerate(group) if 200 <= a["answered"] < 300), None)
         if ok is None:
             return 0
         first = group[ok]
         why = self._explain(first)
         for n, dup in enumerate(group[ok + 1:], start=ok + 1):
-            if self._recreated(key, first, dup):  # a task of its own: counted from its first
-                return n - ok - 1 + self._duplicates(key, group[n:], out)
+            # A task of its own, counted from its first delivery; not a version delivered
+            # before (an older version's late arrival between two of a newer one's).
+            before = (*earlier, *group[:n])
+            if self._recreated(key, first, dup) and not any(
+                    a.get("scheduled_at") == dup.get("scheduled_at")
+                    and 200 <= a["answered"] < 300 for a in before):
+                return n - ok - 1 + self._duplicates(key, group[n:], out, before)
             dup_why = why or self._written_late(first, dup) or self._timed_out(first, dup, group)
             entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
                      "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),

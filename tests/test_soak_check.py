@@ -381,3 +381,18 @@ def test_the_replaced_version_delivered_after_the_put_answered_is_reported() -> 
     assert stale["delivered_superseded"] == 1
     fine = counts(create("a", T0 + 5), put, arrival("a", T0 + 9, T0 + 9), end(T0 + 60))
     assert fine["delivered_superseded"] == 0 and fine["lost"] == 0
+
+
+def test_a_newer_versions_duplicate_is_not_hidden_by_an_older_versions_late_arrival() -> None:
+    """(A review's case.) V1, due 5, set by a PUT 200, is in flight when a PUT 200 at 7.5
+    replaces it by V2, due 9. V2 arrives at 9.0, V1's attempt at 9.2 (within a timeout of the
+    PUT: not superseded), and V2 again at 9.5 from another process: a duplicate of V2."""
+    def put200(t1: float, due: float) -> dict[str, Any]:
+        return {"type": "op", "op": "replace", "key": "a", "t0": t1 - 0.5, "t1": t1,
+                "status": 200, "requested_at": due, "execute_at": due}
+
+    c = counts(create("a", T0 + 20), put200(T0 + 2, T0 + 5), put200(T0 + 7.5, T0 + 9),
+               arrival("a", T0 + 9.0, T0 + 9),
+               arrival("a", T0 + 9.2, T0 + 5, pid=1, attempt=2),
+               arrival("a", T0 + 9.5, T0 + 9, pid=2, attempt=2), end(T0 + 60))
+    assert (c["delivered_superseded"], c["duplicates_unexplained"]) == (0, 1)
