@@ -4,6 +4,7 @@ outcome that finishes the task creates its result task, which is then sent like 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import respx
 
+from tests.support.waiting import wait_until
 from tests.test_dispatcher import URL, Harness
 from timewheel.clock import FakeClock
 from timewheel.store import Store
@@ -192,12 +194,23 @@ async def test_a_record_that_does_not_open_fails_at_its_time_unsent_with_its_on_
     assert stored is not None
     await wheel.store.redis.set(wheel.store.keys.task("job-1"),
                                 layout.encode({**stored, "headers": b"no colon"}))
-    await wheel.fire("job-1")
+    [task] = await wheel.claim("job-1")
+    wheel.dispatcher.submit([task], wheel.clock.now_ms())
+    wheel.clock.set(task.due_ms - 1)  # past its start check, before its time
+
+    async def decided() -> bool:  # started, or (too early) failed
+        raw = await wheel.raw("job-1")
+        return raw.get("started") == "1" or raw["status"] != "delivering"
+
+    await wait_until(decided, "its start")
+    await asyncio.sleep(0.05)  # room for a failure decided too early to be written
+    assert (await wheel.view("job-1")).status == "delivering"
+    wheel.clock.set(task.due_ms)
+    await wheel.settle()
     assert sent.call_count == 0
     view = await wheel.view("job-1")
     assert (view.status, view.attempts) == ("failed", 1)
     assert (view.last_error or "").startswith("undecodable record: ")
-    assert (view.finished_at or "") >= (view.execute_at or "~")  # RFC 3339 UTC sorts as time
     [entry] = await wheel.store.attempts("job-1") or []
     assert (entry.attempt, entry.outcome, entry.error) == (1, "failed", view.last_error)
     result = await wheel.store.get("job-1.on_failure")
