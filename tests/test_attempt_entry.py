@@ -52,3 +52,21 @@ def test_a_text_orjson_refuses_is_written_by_json() -> None:
                           next_attempt_ms=None, process="p")
     assert text == JSON({"n": 1, "s": 1, "d": 1, "o": "delivered", "p": "p", "c": 200,
                          "b": lone})
+
+
+def test_an_empty_body_is_not_sealed() -> None:
+    """A sealed body costs ~45 bytes more than its text; an empty one has nothing to hide."""
+    from timewheel.store.encryption import Cipher
+
+    cipher = Cipher([("k0", bytes(range(32)))])
+    common: dict[str, Any] = {"attempt": 1, "started_ms": 1, "duration_ms": 2,
+                              "verdict": "ok", "status_code": 204, "error": None,
+                              "headers": None, "body_truncated": False,
+                              "next_attempt_ms": None, "process": "p", "key": "k",
+                              "cipher": cipher}
+    empty = json.loads(attempts.entry(body="", **common))
+    assert (empty["b"], "bx" in empty) == ("", False)
+    sealed = json.loads(attempts.entry(body="receipt", **common))
+    assert ("b" in sealed, "bx" in sealed) == (False, True)
+    assert attempts.AttemptRecord.decode(json.dumps(empty), key="k",
+                                         cipher=cipher).response_body == ""
