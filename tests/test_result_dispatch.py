@@ -160,7 +160,8 @@ async def test_a_failing_result_task_calls_nothing_further(
 async def test_an_empty_answer_is_an_empty_body_in_the_history_as_in_the_result(
         wheel: Harness, router: respx.MockRouter) -> None:
     """An answer with no body is "" in the attempt history, as in the result callback; no
-    answer at all (a refused connection), or no body kept, is null there."""
+    answer at all (a refused connection), or no body kept, is null there, and not "cut"
+    (TIMEWHEEL_ATTEMPT_BODY_BYTES=0 keeps none: it said truncated, an outside audit found)."""
     router.post(URL).respond(204)
     await wheel.add("job-1", on_success=OK_URL)
     await wheel.fire("job-1")
@@ -175,9 +176,10 @@ async def test_an_empty_answer_is_an_empty_body_in_the_history_as_in_the_result(
     wheel.sender.keep_body = 0  # TIMEWHEEL_ATTEMPT_BODY_BYTES=0 keeps none
     await wheel.add("job-4")
     await wheel.fire("job-4")
-    bodies = [[a.response_body for a in await wheel.store.attempts(key) or []]
+    bodies = [[(a.response_body, a.response_body_truncated)
+               for a in await wheel.store.attempts(key) or []]
               for key in ("job-1", "job-2", "job-3", "job-4")]
-    assert bodies == [[""], [""], [None], [None]]
+    assert bodies == [[("", False)], [("", False)], [(None, False)], [(None, False)]]
 
 
 async def test_a_record_that_does_not_open_fails_at_its_time_unsent_with_its_on_failure(

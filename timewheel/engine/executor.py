@@ -163,9 +163,9 @@ class Executor:
             # An answer is data (its status code), not an error: error names no answer.
             verdict=verdict, status_code=code, error=message if answer is None else None,
             headers=answer.headers if answer is not None else None,
-            body=body,
-            body_truncated=answer is not None and (answer.body_truncated
-                                                   or len(answer.body) > keep),
+            body=body,  # cut only where an excerpt is kept (0 keeps none: nothing cut)
+            body_truncated=answer is not None and keep > 0 and (answer.body_truncated
+                                                                or len(answer.body) > keep),
             next_attempt_ms=next_ms, process=PROCESS, key=task.key, cipher=self._cipher)
         return Outcome(task.key, task.token, verdict, code, message, next_ms, started_ms,
                        history, self.result(attempt, verdict, answer))
