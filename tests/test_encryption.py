@@ -382,3 +382,31 @@ async def test_a_result_task_is_sealed_like_any_task(redis: Redis, sealed: bool)
     [started] = await store.start(result_task.bucket, now_ms=NOW + 10,
                                   claims=[(result_task.key, result_task.token)])
     assert b"receipt 987654" in started.body
+
+
+async def test_pausing_a_schedule_that_does_not_open_still_cancels_its_occurrences(
+        redis: Redis) -> None:
+    """(A review's doubt.) The pause is written, then the spec was read for the occurrences'
+    stand-in template: under a key id no longer listed, that read failed, and the occurrences
+    already created went on to fire although the pause had taken. They are cancelled; the
+    answer is still the 500 naming the key (the schedule cannot be shown)."""
+    from timewheel.clock import FakeClock
+    from timewheel.engine.materializer import Materializer
+    from timewheel.engine.occurrences import next_after
+    from timewheel.errors import RecordUnreadable
+    from timewheel.operations.schedules import ScheduleOperations, schedule_store
+
+    old_store = await make_store(redis, K0)
+    old = schedule_store(old_store, default_timeout=10.0)
+    spec = {"cron": None, "every": 1, "timezone": "UTC",
+            "task": {"callback_url": "http://127.0.0.1:9/cb"}}
+    await old.put("hb", spec, paused=False, now_ms=NOW, next_after=next_after)
+    await Materializer(old_store, old, clock=None, tick_ms=1000).tick(NOW)  # type: ignore[arg-type]
+    occurrences = [f"hb.{NOW + 1000}", f"hb.{NOW + 2000}"]
+    new = schedule_store(await make_store(redis, K1), default_timeout=10.0)
+    ops = ScheduleOperations(new, None, FakeClock(NOW))  # type: ignore[arg-type]
+    with pytest.raises(RecordUnreadable, match="key id 'k0'"):
+        await ops.pause("hb")
+    for key in occurrences:
+        view = await old_store.get(key)
+        assert view is not None and view.status == "cancelled", key

@@ -11,7 +11,7 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.delivery.retry_policy import NO_DEFAULTS
 from timewheel.engine.occurrences import next_after
-from timewheel.errors import InvalidInput, ScheduleNotFound
+from timewheel.errors import InvalidInput, RecordUnreadable, ScheduleNotFound
 from timewheel.models import SCHEDULE_ID_PATTERN, ScheduleCreate
 from timewheel.operations.cursors import NameCursor
 from timewheel.operations.prepare import template_task
@@ -108,7 +108,10 @@ class ScheduleOperations:
         if outstanding is None:
             raise ScheduleNotFound(schedule_id)
         if outstanding:
-            record = await self.schedules.get(schedule_id)
+            try:
+                record = await self.schedules.get(schedule_id)
+            except RecordUnreadable:  # still cancelled, under a stand-in template
+                record = None
             template = record.spec["task"] if record is not None else None
             await self.schedules.cancel_occurrences(schedule_id, outstanding, template,
                                                     now_ms=self.clock.now_ms())
