@@ -56,7 +56,7 @@ def _view(state: FlowState) -> FlowView:
 async def list_flows(wheel: WheelDep) -> FlowList:
     """Flows whose limits were set with PUT (every other flow runs on the defaults)."""
     flows = wheel.flows
-    return FlowList(flows=[_view(await flows.state(key)) for key in await flows.configured()])
+    return FlowList(flows=[_view(state) for state in await flows.states(await flows.configured())])
 
 
 @router.put("/{flow_key:flow_key}", dependencies=[Needs.ADMIN],
@@ -117,7 +117,7 @@ async def refresh_gauges(wheel: Wheel) -> None:
     shown = set(await wheel.flows.configured())
     drop_gauges(wheel, keep=shown)
     metrics.flow_series = shown
-    for key in shown:
-        state = await wheel.flows.state(key)
+    keys = sorted(shown)
+    for key, state in zip(keys, await wheel.flows.states(keys), strict=True):
         metrics.flow_in_flight.labels(key).set(state.in_flight)
         metrics.flow_waiting_total.labels(key).set(state.waiting)

@@ -4,6 +4,7 @@ process from its next permit on; its load is counted over every process."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from timewheel.clock import Clock
@@ -45,15 +46,20 @@ class FlowOperations:
 
     async def state(self, key: str) -> FlowState:
         """The flow's configuration in force (the defaults for a flow never set) and load."""
-        limits = await self.flows.limits(key)
+        return (await self.states([key]))[0]
+
+    async def states(self, keys: Sequence[str]) -> list[FlowState]:
+        """``state`` of each flow, in two Redis calls: its configuration, its permits held
+        and its tasks parked in Redis in one pipeline, plus what waits in the memory of every
+        live process (reported each tick) in one script call."""
         now = self.clock.now_ms()
-        # Parked in Redis, plus waiting in the memory of every live process (reported each tick).
-        in_processes = await self.flows.waiting_in_processes([key], now_ms=now)
-        return FlowState(
-            key=key, limits=limits,
-            parallelism=limits.parallelism or self.default_parallelism,
-            in_flight=await self.flows.in_flight(key, now_ms=now),
-            waiting=await self.store.parked_count(key) + in_processes[0])
+        loads = await self.flows.loads(keys, now_ms=now)
+        in_processes = await self.flows.waiting_in_processes(keys, now_ms=now)
+        return [FlowState(key=key, limits=limits,
+                          parallelism=limits.parallelism or self.default_parallelism,
+                          in_flight=in_flight, waiting=parked + in_memory)
+                for key, (limits, in_flight, parked), in_memory
+                in zip(keys, loads, in_processes, strict=True)]
 
     async def configured(self) -> list[str]:
         """The flows whose configuration was set (every other flow runs on the defaults)."""

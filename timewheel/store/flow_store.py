@@ -59,6 +59,13 @@ class PermitReply:
     retry: RetryDefaults = NO_DEFAULTS  # the flow's retry defaults, as stored now
 
 
+def _limits(values: list[Any]) -> StoredLimits:
+    p, r, x, ma, rb, mb = values
+    return StoredLimits(int(p) if p else None, float(r) if r else None, x == b"1",
+                        int(ma) if ma else None, int(rb) if rb else None,
+                        int(mb) if mb else None)
+
+
 def new_permit_id() -> str:
     return secrets.token_hex(8)
 
@@ -92,10 +99,28 @@ class FlowStore:
         async with redis_errors("flow limits"):
             values: list[Any] = await self.redis.hmget(self.keys.flow(flow) + "cfg",
                                                        _CFG_FIELDS)
-        p, r, x, ma, rb, mb = values
-        return StoredLimits(int(p) if p else None, float(r) if r else None, x == b"1",
-                            int(ma) if ma else None, int(rb) if rb else None,
-                            int(mb) if mb else None)
+        return _limits(values)
+
+    async def loads(self, flows: Sequence[str], *, now_ms: int
+                    ) -> list[tuple[StoredLimits, int, int]]:
+        """(limits, permits held, tasks parked over every bucket) of each flow, read in one
+        pipeline: a flow's reads one command at a time (two, and a ZCARD per bucket) cost
+        GET /flows and a scrape ~3 ms a flow (bench/README.md)."""
+        if not flows:
+            return []
+        buckets = self.keys.buckets
+        async with redis_errors("flow loads"):
+            pipe: Any = self.redis.pipeline(transaction=False)
+            for flow in flows:
+                pipe.hmget(self.keys.flow(flow) + "cfg", _CFG_FIELDS)
+                pipe.zcount(self.keys.flow(flow) + "held", now_ms + 1, f"({INDEX_KEEPER_SCORE}")
+                for bucket in range(buckets):
+                    pipe.zcard(self.keys.waiting(bucket, flow))
+            replies: list[Any] = await pipe.execute()
+        step = 2 + buckets
+        return [(_limits(replies[i]), int(replies[i + 1]),
+                 sum(int(c) for c in replies[i + 2:i + step]))
+                for i in range(0, len(replies), step)]
 
     async def retry_defaults(self, flows: Collection[str], *, now_ms: int
                              ) -> dict[str, RetryDefaults]:
