@@ -1,0 +1,83 @@
+"""What reading every configured flow costs: ``GET /flows`` and a ``/metrics`` scrape (which
+sets the per-flow gauges the same way) with N flows configured, through the ASGI app in this
+process against a redis-server of its own; wall time of each request (bench/README.md,
+"Reading every flow: GET /flows and the scrape").
+
+    python -m bench.flows_read                 # 300 flows, 5 rounds
+    python -m bench.flows_read --flows 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import httpx
+
+from bench.common import free_port, redis_server_binary, run
+from timewheel.api.app import create_app
+from timewheel.settings import Settings
+
+HOST = "127.0.0.1"
+
+
+async def measure(port: int, flows: int, rounds: int) -> dict[str, list[float]]:
+    """Milliseconds of each GET /flows and GET /metrics, alternating, ``rounds`` of each."""
+    os.environ["TIMEWHEEL_LOG_LEVEL"] = "warning"
+    app = create_app(Settings(redis_url=f"redis://{HOST}:{port}", allow_private_networks=True),
+                     run_ticker=False)
+    async with app.router.lifespan_context(app) as state:
+        assert state is not None  # create_app's lifespan yields its state, {"wheel": ...}
+
+        async def with_state(scope: Any, receive: Any, send: Any) -> None:
+            await app({**scope, "state": dict(state)}, receive, send)
+
+        transport = httpx.ASGITransport(app=with_state)
+        async with httpx.AsyncClient(transport=transport, base_url="http://timewheel") as client:
+            for i in range(flows):
+                answer = await client.put(f"/flows/bench-{i:05d}", json={"parallelism": 5})
+                if answer.status_code not in (200, 201):
+                    raise SystemExit(f"PUT /flows answered {answer.status_code}: {answer.text}")
+            took: dict[str, list[float]] = {"/flows": [], "/metrics": []}
+            for _ in range(rounds):
+                for path, times in took.items():
+                    start = time.perf_counter()
+                    answer = await client.get(path)
+                    times.append((time.perf_counter() - start) * 1000)
+                    if answer.status_code != 200:
+                        raise SystemExit(f"GET {path} answered {answer.status_code}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--flows", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    binary = redis_server_binary()
+    if binary is None:
+        raise SystemExit("no redis-server found")
+    port = free_port(HOST)
+    with tempfile.TemporaryDirectory() as data:
+        server = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "",
+                                   "--appendonly", "no", "--dir", data],
+                                  stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(0.5)
+            took = run(measure(port, args.flows, args.rounds))
+        finally:
+            server.terminate()
+            server.wait(10)
+    for path, times in took.items():
+        ordered = sorted(times)
+        print(f"GET {path} with {args.flows} flows: median {ordered[len(ordered) // 2]:.0f} ms "
+              f"(min {ordered[0]:.0f}, max {ordered[-1]:.0f}, {len(times)} requests)")
+
+
+if __name__ == "__main__":
+    main()
