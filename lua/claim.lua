@@ -43,25 +43,43 @@ end
 -- A window that came back full may hide more due entries behind dropped ones: call again.
 local more = 0
 
+-- A started attempt whose lease ran out goes into the history as lost. Its lease ran from
+-- max(due, its claim's now) (lib/claiming.lua take): when it was to be sent, give or take its
+-- process's lateness and a lease margin set otherwise there, so it is kept between `floor`
+-- (its due time, when the record still has it) and now. A cancelled task is tried no more:
+-- its entry takes the record's TTL and has no next attempt.
+local function lost(key, h, lease, floor)
+  local sent = math.min(now, lease - h[TIMEOUT] - margin)
+  if floor then sent = math.max(floor, sent) end
+  local ttl, next_at = nil, math.max(now, h[DUE])
+  if h[ST] == 'c' then
+    ttl, next_at = redis.call('PTTL', P .. 't:' .. key), nil
+    if ttl <= 0 then ttl = nil end
+  end
+  add_unanswered(P, key, h[ATT], 'lost',
+    'no outcome within its lease: its process died or stalled', kept, ttl, sent, next_at)
+end
+
 -- 1. Leases that ran out: their holder died or stalled. Claim them again.
 local expired = redis.call('ZRANGEBYSCORE', P .. 'ls', '-inf', now, 'WITHSCORES', 'LIMIT', 0,
   limit)
 if #expired == 2 * limit then more = 1 end
 for i = 1, #expired, 2 do
-  local key = expired[i]
+  local key, lease = expired[i], tonumber(expired[i + 1])
   local tkey = P .. 't:' .. key
   local h, raw = head_ahead(tkey)
   if h and h[ST] == 'd' then
-    if h[STARTED] == 1 then
-      -- Its lease ran from max(due, the claim's now) (lib/claiming.lua take): when it was to
-      -- be sent, give or take its process's lateness; a PATCH in flight keeps the lease.
-      local sent = tonumber(expired[i + 1]) - h[TIMEOUT] - margin
-      add_unanswered(P, key, h[ATT], 'lost',
-        'no outcome within its lease: its process died or stalled', kept, nil, sent,
-        math.max(now, h[DUE]))
-    end
+    if h[STARTED] == 1 then lost(key, h, lease, h[DUE]) end
     take(key, tkey, h, raw, now, margin, claim, claims, out)
   else
+    if h and h[STARTED] == 1 and (PENDING[h[ST]] or h[ST] == 'c') then
+      -- Moved by a PATCH (reschedule.lua) or cancelled (lib/cancelling.lua) while its attempt
+      -- was out, which kept its claim and lease for that attempt's answer: none came. The
+      -- task stays where the PATCH or the DELETE put it.
+      lost(key, h, lease, nil)
+      h[CLAIM], h[STARTED] = NONE, 0
+      put_head(tkey, h)
+    end
     redis.call('ZREM', P .. 'ls', key)
   end
 end

@@ -34,6 +34,7 @@ from timewheel.store.keys import Keyspace
 
 FINISHED = ["succeeded", "failed", "cancelled"]
 KEPT = 20  # attempts kept per task
+LOST = "no outcome within its lease: its process died or stalled"
 INDEX = {"succeeded": "fs", "failed": "ff", "cancelled": "fc"}
 
 
@@ -383,6 +384,58 @@ async def test_claim_expired_lease_reclaimed(store: Store, redis: Redis) -> None
         "cl:old": ["a", "e"], "cl:new": ["e", "a"], "cur": str(M0),
         "a:a": [{"e": lost, "o": "lost", "n": 1, "s": late, "na": NOW}],
         "a:e": [{"e": lost, "o": "lost", "n": 2, "s": late - 1, "na": NOW}]}
+
+
+async def test_a_lost_attempts_started_at_is_never_before_its_due_time(
+        store: Store, redis: Redis) -> None:
+    """(A review's case.) The lease was written with the margin of the process that claimed
+    the task, the lost entry read it with the margin of the one that finds it lost: with a
+    margin 25 s larger (a rolling update changing TIMEWHEEL_LEASE_MARGIN_SECONDS), started_at
+    came 25 s before the task's due time. It is kept between the due time and now."""
+    due = NOW + 1000
+    assert await schedule(store, "a", due) == 0
+    assert (await claim(store, NOW, horizon=due))[1] == ["a"]
+    assert (await run(store, "start", "a", "tok"))[0] == 1
+    lease = int(await redis.zscore(P + "ls", "a") or 0)
+    other = Store(redis, "tw", retention_ms=RET, lease_margin_ms=MARGIN + 25_000)
+    await other.init()
+    _, tasks = await other.claim(B, now_ms=lease + 1, horizon_ms=lease + 1, limit=10,
+                                 token="t2")
+    assert [t.key for t in tasks] == ["a"]
+    assert history_parsed(await dump(redis))["a:a"] == [
+        {"e": LOST, "o": "lost", "n": 1, "s": due, "na": lease + 1}]
+
+
+@pytest.mark.parametrize("then_cancelled", [False, True])
+async def test_an_attempt_lost_after_a_patch_or_a_cancel_in_flight_is_recorded(
+        store: Store, redis: Redis, then_cancelled: bool) -> None:
+    """A PATCH (or a PATCH, then a DELETE) while the attempt is out keeps its claim and lease
+    for its answer; its process dies. The claim that finds the lease run out records the
+    attempt as lost and clears the claim; the task stays at the PATCH's time, retrying (or
+    cancelled, its entry expiring with it). Before, the lease was dropped with no entry at all."""
+    due = NOW + 1000
+    assert await schedule(store, "a", due) == 0
+    assert (await claim(store, NOW, horizon=due))[1] == ["a"]
+    assert (await run(store, "start", "a", "tok"))[0] == 1
+    lease = int(await redis.zscore(P + "ls", "a") or 0)
+    moved = lease + 60_000
+    assert await run(store, "reschedule", "a", NOW + 10, "req-patch", moved, "") == 1
+    if then_cancelled:
+        assert await run(store, "cancel", "a", NOW + 20, RET, "req-del", KEPT) == 1
+    _, tasks = await store.claim(B, now_ms=lease + 1, horizon_ms=lease + 1, limit=10,
+                                 token="t2")
+    assert tasks == []  # not due again before the PATCH's time
+    after = history_parsed(await dump(redis))
+    assert "ls" not in after
+    record = after["t:a"]
+    assert (record["claim"], record["started"], record["att"]) == (layout.NONE, 0, 1)
+    entry = {"e": LOST, "o": "lost", "n": 1, "s": due}
+    if then_cancelled:
+        assert record["st"] == "c" and after["a:a"] == [entry]
+        assert await redis.pttl(P + "a:a") > 0  # it expires with the cancelled record
+    else:
+        assert record["st"] == "r" and after["a:a"] == [{**entry, "na": moved}]
+        assert await redis.pttl(P + "a:a") == -1
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:
