@@ -340,18 +340,20 @@ class Checker:
         if ok is None:
             return 0
         first = group[ok]
-        why = self._explain(first)
         for n, dup in enumerate(group[ok + 1:], start=ok + 1):
-            # A task of its own, counted from its first delivery; not a version delivered
-            # before (an older version's late arrival between two of a newer one's).
+            # The delivery of its own version before it, if any (an older version's late
+            # arrival may come between two of a newer one's): the duplicate is of that one,
+            # and only that one's sender and faults may explain it.
             before = (*earlier, *group[:n])
-            if self._recreated(key, first, dup) and not any(
-                    a.get("scheduled_at") == dup.get("scheduled_at")
-                    and 200 <= a["answered"] < 300 for a in before):
+            same = next((a for a in before if a.get("scheduled_at") == dup.get("scheduled_at")
+                         and 200 <= a["answered"] < 300), None)
+            if same is None and self._recreated(key, first, dup):  # a task of its own
                 return n - ok - 1 + self._duplicates(key, group[n:], out, before)
-            dup_why = why or self._written_late(first, dup) or self._timed_out(first, dup, group)
-            entry = {"key": key, "first": round(first["t"], 3), "first_sender": self._who(first),
-                     "first_attempt": first.get("attempt"), "again": round(dup["t"], 3),
+            base = same or first
+            dup_why = (self._explain(base) or self._written_late(base, dup)
+                       or self._timed_out(base, dup, group))
+            entry = {"key": key, "first": round(base["t"], 3), "first_sender": self._who(base),
+                     "first_attempt": base.get("attempt"), "again": round(dup["t"], 3),
                      "again_sender": self._who(dup), "again_attempt": dup.get("attempt"),
                      "scheduled_at": dup.get("scheduled_at"), "explained_by": dup_why}
             if dup_why is None:

@@ -396,3 +396,20 @@ def test_a_newer_versions_duplicate_is_not_hidden_by_an_older_versions_late_arri
                arrival("a", T0 + 9.2, T0 + 5, pid=1, attempt=2),
                arrival("a", T0 + 9.5, T0 + 9, pid=2, attempt=2), end(T0 + 60))
     assert (c["delivered_superseded"], c["duplicates_unexplained"]) == (0, 1)
+
+
+def test_a_newer_versions_duplicate_is_explained_only_by_its_own_first_delivery() -> None:
+    """(A review's case.) V2's second arrival came after V1's late one: it was judged against
+    V1's arrival, so V1's sender's stop explained a duplicate sent by another process."""
+    def put200(t1: float, due: float) -> dict[str, Any]:
+        return {"type": "op", "op": "replace", "key": "a", "t0": t1 - 0.5, "t1": t1,
+                "status": 200, "requested_at": due, "execute_at": due}
+
+    base = [create("a", T0 + 20), put200(T0 + 2, T0 + 5), put200(T0 + 7.5, T0 + 9),
+            arrival("a", T0 + 9.0, T0 + 9, pid=2, attempt=1),
+            arrival("a", T0 + 9.2, T0 + 5, pid=1, attempt=2),
+            arrival("a", T0 + 9.5, T0 + 9, pid=2, attempt=2), end(T0 + 60)]
+    assert counts(*base)["duplicates_unexplained"] == 1
+    c = counts(*base, fault("proc_stop", T0 + 7.6, T0 + 9.15, pid=1))
+    assert (c["duplicates_unexplained"], c["duplicates_explained"]) == (1, 0)
+
