@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -220,3 +221,34 @@ async def test_a_record_that_does_not_open_fails_at_its_time_unsent_with_its_on_
     payload = json.loads(result.body or b"")
     assert (payload["outcome"], payload["attempt"], payload["status_code"]) == ("failed", 1,
                                                                                 None)
+
+
+class KeepsNothing:
+    """A sender with TIMEWHEEL_ATTEMPT_BODY_BYTES=0 as the wire sender answers: no body kept,
+    and ``body_truncated`` when the answer had one (httpx's sender, under respx, says not)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.keep_body, self.result_body = inner, 0, inner.result_body
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        answer = await self.inner.send(*args, **kwargs)
+        return dataclasses.replace(answer, body=b"", body_truncated=bool(answer.body))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_no_body_kept_is_none_cut(store: Store, fake_clock: FakeClock,
+                                        router: respx.MockRouter) -> None:
+    """TIMEWHEEL_ATTEMPT_BODY_BYTES=0 keeps no body: the history says null, not cut (the
+    outside audit saw response_body_truncated true)."""
+    router.post(URL).respond(200, text="kept nowhere")
+    wheel = Harness(store, fake_clock, sender=KeepsNothing)
+    try:
+        await wheel.add("job-1")
+        await wheel.fire("job-1")
+        [entry] = await wheel.store.attempts("job-1") or []
+        assert (entry.response_body, entry.response_body_truncated) == (None, False)
+    finally:
+        await wheel.dispatcher.stop(0.1)
+        await wheel.sender.aclose()
