@@ -347,3 +347,29 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
     assert [int(x) for x in reply][:5] == [0, 500 + SLACK, 0, 0, 1]
     assert (await flow_state(redis))["starts"] == {"a": NOW + 500, "b": NOW + 500}
 
+
+
+@pytest.mark.parametrize("per_round", [2000, 7])
+async def test_the_loads_of_many_flows_are_read_in_bounded_rounds(
+        store: Store, redis: Redis, monkeypatch: pytest.MonkeyPatch, per_round: int) -> None:
+    """GET /flows and the scrape read every flow's configuration, permits held (not the
+    keeper) and parked tasks over every bucket, pipelined in rounds of CELLS_PER_ROUND
+    commands (a flow of many buckets spans rounds): the same answer whatever the round."""
+    from timewheel.store import rounds
+    from timewheel.store.flow_store import StoredLimits
+
+    monkeypatch.setattr(rounds, "CELLS_PER_ROUND", per_round)
+    flows = FlowStore(redis, store.keys, store.scripts, default_parallelism=100)
+    names = ["f0", "f1", "f2"]
+    for n, name in enumerate(names):
+        await flows.set_limits(name, StoredLimits(n + 1, None, n == 2, None, None, None))
+        for bucket in range(n * 3):  # parked in 0, 3 and 6 buckets
+            await redis.zadd(store.keys.waiting(bucket % store.keys.buckets, name),
+                             {f"t{bucket}": NOW})
+    reply = await flows.permits("f1", now_ms=NOW, lease_ms=3000, want=[("p1", NOW)])
+    assert reply.granted == 1
+    loads = await flows.loads(names, now_ms=NOW + 1)
+    assert [(limits.parallelism, limits.paused, held, parked)
+            for limits, held, parked in loads] == [(1, False, 0, 0), (2, False, 1, 3),
+                                                   (3, True, 0, 6)]
+    assert await flows.loads([], now_ms=NOW) == []

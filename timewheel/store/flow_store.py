@@ -20,6 +20,7 @@ from timewheel.delivery.retry_policy import NO_DEFAULTS, RetryDefaults
 from timewheel.store.keys import INDEX_KEEPER_SCORE, Keyspace
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import FlowLimitsReply, FlowPauseReply
+from timewheel.store.rounds import in_rounds
 from timewheel.store.scripts import Scripts
 
 _CFG_FIELDS = ["p", "r", "x", "ma", "rb", "mb"]  # lua/flow_limits.lua
@@ -103,20 +104,20 @@ class FlowStore:
 
     async def loads(self, flows: Sequence[str], *, now_ms: int
                     ) -> list[tuple[StoredLimits, int, int]]:
-        """(limits, permits held, tasks parked over every bucket) of each flow, read in one
-        pipeline: a flow's reads one command at a time (two, and a ZCARD per bucket) cost
-        GET /flows and a scrape ~3 ms a flow (bench/README.md)."""
+        """(limits, permits held, tasks parked over every bucket) of each flow, read in
+        pipelines of bounded size: a flow's reads one command at a time (two, and a ZCARD per
+        bucket) cost GET /flows and a scrape ~3 ms a flow (bench/README.md)."""
         if not flows:
             return []
         buckets = self.keys.buckets
+        commands: list[tuple[str | int, ...]] = []
+        for flow in flows:
+            commands.append(("HMGET", self.keys.flow(flow) + "cfg", *_CFG_FIELDS))
+            commands.append(("ZCOUNT", self.keys.flow(flow) + "held", now_ms + 1,
+                             f"({INDEX_KEEPER_SCORE}"))
+            commands += [("ZCARD", self.keys.waiting(bucket, flow)) for bucket in range(buckets)]
         async with redis_errors("flow loads"):
-            pipe: Any = self.redis.pipeline(transaction=False)
-            for flow in flows:
-                pipe.hmget(self.keys.flow(flow) + "cfg", _CFG_FIELDS)
-                pipe.zcount(self.keys.flow(flow) + "held", now_ms + 1, f"({INDEX_KEEPER_SCORE}")
-                for bucket in range(buckets):
-                    pipe.zcard(self.keys.waiting(bucket, flow))
-            replies: list[Any] = await pipe.execute()
+            replies = await in_rounds(self.redis, commands)
         step = 2 + buckets
         return [(_limits(replies[i]), int(replies[i + 1]),
                  sum(int(c) for c in replies[i + 2:i + step]))

@@ -20,45 +20,32 @@ from typing import Any
 
 from timewheel.store.keys import INDEX_KEEPER_SCORE
 from timewheel.store.redis_errors import redis_errors
+from timewheel.store.rounds import in_rounds
 from timewheel.store.task_store import Store
 
 MINUTE_MS = 60_000
-# Commands per pipeline. Bounded rounds keep any one read short for Redis and the reply small
-# for us, whatever the bucket count.
-CELLS_PER_ROUND = 2000
 
 
 async def due_per_minute(store: Store, first_minute: int, count: int) -> list[int]:
     """Tasks due in each of ``count`` minutes from ``first_minute`` (minutes since the epoch),
     summed over every bucket. Cost: one ZRANGEBYSCORE per bucket, then a ZCARD and an SCARD
     per bucket and minute that has a slice (at most ``count x buckets``), pipelined in rounds
-    of ``CELLS_PER_ROUND`` commands."""
+    of ``CELLS_PER_ROUND`` commands (store/rounds.py)."""
     keys = store.keys
     last = first_minute + count - 1
     totals = dict.fromkeys(range(first_minute, first_minute + count), 0)
+    redis = store.redis
     async with redis_errors("due_per_minute"):
-        found = await _rounds(store, [("ZRANGEBYSCORE", keys.minutes(b), first_minute, last)
-                                      for b in range(keys.buckets)])
+        found = await in_rounds(redis, [("ZRANGEBYSCORE", keys.minutes(b), first_minute, last)
+                                        for b in range(keys.buckets)])
         cells = [(int(minute), bucket) for bucket, minutes in enumerate(found)
                  for minute in minutes if first_minute <= int(minute) <= last]
-        entries = await _rounds(store, [("ZCARD", keys.slice(b, m)) for m, b in cells])
+        entries = await in_rounds(redis, [("ZCARD", keys.slice(b, m)) for m, b in cells])
         filled = [(cell, int(n)) for cell, n in zip(cells, entries, strict=True) if n]
-        stale = await _rounds(store, [("SCARD", keys.delete_set(b, m)) for (m, b), _ in filled])
+        stale = await in_rounds(redis, [("SCARD", keys.delete_set(b, m)) for (m, b), _ in filled])
     for ((minute, _), n), gone in zip(filled, stale, strict=True):
         totals[minute] += max(0, n - int(gone))
     return [totals[minute] for minute in range(first_minute, first_minute + count)]
-
-
-async def _rounds(store: Store, commands: list[tuple[str | int, ...]]) -> list[Any]:
-    """The replies of ``commands``, pipelined ``CELLS_PER_ROUND`` at a time.
-    ``execute_command`` rather than ``pipe.zcard``: half the client time per command."""
-    replies: list[Any] = []
-    for start in range(0, len(commands), CELLS_PER_ROUND):
-        pipe: Any = store.redis.pipeline(transaction=False)
-        for command in commands[start:start + CELLS_PER_ROUND]:
-            pipe.execute_command(*command)
-        replies += await pipe.execute()
-    return replies
 
 
 async def dead_letter_count(store: Store) -> int:
