@@ -45,12 +45,17 @@ local more = 0
 
 -- A started attempt whose lease ran out goes into the history as lost. Its lease ran from
 -- max(due, its claim's now) (lib/claiming.lua take): when it was to be sent, give or take its
--- process's lateness and a lease margin set otherwise there, so it is kept between `floor`
--- (its due time, when the record still has it) and now. A cancelled task is tried no more:
--- its entry takes the record's TTL and has no next attempt.
-local function lost(key, h, lease, floor)
-  local sent = math.min(now, lease - h[TIMEOUT] - margin)
-  if floor then sent = math.max(floor, sent) end
+-- process's lateness and a lease margin set otherwise there, so it is kept between a floor
+-- and now: its due time, or, when a PATCH has moved it since (the due time is the PATCH's),
+-- its previous attempt's time or its creation. A cancelled task is tried no more: its entry
+-- takes the record's TTL and has no next attempt. lease: nil when not found (no started_at).
+local function lost(key, h, lease)
+  local sent = nil
+  if lease then
+    local floor = h[DUE]
+    if h[ST] ~= 'd' then floor = math.max(h[CREATED], h[LAST_AT]) end
+    sent = math.max(floor, math.min(now, lease - h[TIMEOUT] - margin))
+  end
   local ttl, next_at = nil, math.max(now, h[DUE])
   if h[ST] == 'c' then
     ttl, next_at = redis.call('PTTL', P .. 't:' .. key), nil
@@ -69,14 +74,14 @@ for i = 1, #expired, 2 do
   local tkey = P .. 't:' .. key
   local h, raw = head_ahead(tkey)
   if h and h[ST] == 'd' then
-    if h[STARTED] == 1 then lost(key, h, lease, h[DUE]) end
+    if h[STARTED] == 1 then lost(key, h, lease) end
     take(key, tkey, h, raw, now, margin, claim, claims, out)
   else
     if h and h[STARTED] == 1 and (PENDING[h[ST]] or h[ST] == 'c') then
       -- Moved by a PATCH (reschedule.lua) or cancelled (lib/cancelling.lua) while its attempt
       -- was out, which kept its claim and lease for that attempt's answer: none came. The
       -- task stays where the PATCH or the DELETE put it.
-      lost(key, h, lease, nil)
+      lost(key, h, lease)
       h[CLAIM], h[STARTED] = NONE, 0
       put_head(tkey, h)
     end
@@ -106,6 +111,12 @@ if cursor then
       local h, raw = head_ahead(tkey)
       if not (deletes and redis.call('SISMEMBER', dkey, key) == 1) and h and PENDING[h[ST]]
         and pending_minute(h[DUE], cursor) == m then
+        if h[STARTED] == 1 then
+          -- Moved by a PATCH while its attempt was out (reschedule.lua made it due when that
+          -- lease ends), and no answer came: taken now, that attempt is lost (step 1 would
+          -- have found it so, had no claim come first).
+          lost(key, h, tonumber(redis.call('ZSCORE', P .. 'ls', key)))
+        end
         take(key, tkey, h, raw, now, margin, claim, claims, out)
       end
     end

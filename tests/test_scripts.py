@@ -422,20 +422,47 @@ async def test_an_attempt_lost_after_a_patch_or_a_cancel_in_flight_is_recorded(
     assert await run(store, "reschedule", "a", NOW + 10, "req-patch", moved, "") == 1
     if then_cancelled:
         assert await run(store, "cancel", "a", NOW + 20, RET, "req-del", KEPT) == 1
-    _, tasks = await store.claim(B, now_ms=lease + 1, horizon_ms=lease + 1, limit=10,
+    # Found by a process whose lease margin is 25 s larger (a rolling update changing it):
+    # started_at stays after the task's creation, not 25 s before its due time.
+    other = Store(redis, "tw", retention_ms=RET, lease_margin_ms=MARGIN + 25_000)
+    await other.init()
+    _, tasks = await other.claim(B, now_ms=lease + 1, horizon_ms=lease + 1, limit=10,
                                  token="t2")
     assert tasks == []  # not due again before the PATCH's time
     after = history_parsed(await dump(redis))
     assert "ls" not in after
     record = after["t:a"]
     assert (record["claim"], record["started"], record["att"]) == (layout.NONE, 0, 1)
-    entry = {"e": LOST, "o": "lost", "n": 1, "s": due}
+    entry = {"e": LOST, "o": "lost", "n": 1, "s": NOW}  # its creation: the floor
     if then_cancelled:
         assert record["st"] == "c" and after["a:a"] == [entry]
         assert await redis.pttl(P + "a:a") > 0  # it expires with the cancelled record
     else:
         assert record["st"] == "r" and after["a:a"] == [{**entry, "na": moved}]
         assert await redis.pttl(P + "a:a") == -1
+
+
+async def test_an_attempt_patched_in_flight_and_taken_before_its_lease_ends_is_recorded_lost(
+        store: Store, redis: Redis) -> None:
+    """(A review's case.) PATCHed while out to before its lease's end, the task is due when
+    the lease ends (reschedule.lua), so a tick up to 1.25 s before takes it from its slice:
+    step 1 never sees the lease run out. The attempt that got no answer is recorded lost there,
+    its started_at kept after the task's creation (the lease margin may differ)."""
+    due = NOW + 1000
+    assert await schedule(store, "a", due) == 0
+    assert (await claim(store, NOW, horizon=due))[1] == ["a"]
+    assert (await run(store, "start", "a", "tok"))[0] == 1
+    lease = int(await redis.zscore(P + "ls", "a") or 0)
+    assert await run(store, "reschedule", "a", NOW + 10, "req-patch", NOW + 20, "") == 1
+    assert (await dump(redis))["t:a"]["due"] == lease
+    other = Store(redis, "tw", retention_ms=RET, lease_margin_ms=MARGIN + 25_000)
+    await other.init()
+    now = lease - 500  # a tick looking 1.25 s ahead
+    _, tasks = await other.claim(B, now_ms=now, horizon_ms=now + 1250, limit=10, token="t2")
+    assert [(t.key, t.attempts) for t in tasks] == [("a", 1)]
+    assert history_parsed(await dump(redis))["a:a"] == [
+        {"e": LOST, "o": "lost", "n": 1, "s": NOW, "na": lease}]  # NOW: its creation
+    assert await other.scripts.start(keys=[P], args=[1, 1, "a", "t2"]) == [2, b"", b"", b""]
 
 
 async def test_claim_token_retry_returns_same_tasks(store: Store, redis: Redis) -> None:
