@@ -57,10 +57,7 @@ local function lost(key, h, lease)
     sent = math.max(floor, math.min(now, lease - h[TIMEOUT] - margin))
   end
   local ttl, next_at = nil, math.max(now, h[DUE])
-  if h[ST] == 'c' then
-    ttl, next_at = redis.call('PTTL', P .. 't:' .. key), nil
-    if ttl <= 0 then ttl = nil end
-  end
+  if h[ST] == 'c' then ttl, next_at = redis.call('PTTL', P .. 't:' .. key), nil end
   add_unanswered(P, key, h[ATT], 'lost',
     'no outcome within its lease: its process died or stalled', kept, ttl, sent, next_at)
 end

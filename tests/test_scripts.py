@@ -183,6 +183,17 @@ async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
     assert await run(store, "complete", NOW + 301, RET, KEPT, *outcome("a", "ok", 200)) == [0]
 
 
+async def test_an_answer_for_a_cancelled_record_without_a_ttl_keeps_its_history(
+        store: Store, redis: Redis) -> None:
+    """(A review's doubt.) The history entry takes the record's PTTL; a record without one (a
+    PERSIST by hand) answered -1, and PEXPIRE with -1 deletes the list it was just added to."""
+    await seed(redis, {"t:a": delivering(started=True, attempts=1), "cur": str(M0)})
+    assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
+    await redis.persist(P + "t:a")
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
+    assert (await dump(redis))["a:a"] == [entry("a", "ok")]
+
+
 async def test_history_keeps_the_newest_entries(store: Store, redis: Redis) -> None:
     """At most `kept` entries stay, the newest; 0 keeps none."""
     for n in range(4):

@@ -16,7 +16,8 @@ local function add_attempt(P, key, entry, kept, ttl)
   if kept <= 0 then return end
   local akey = attempts_key(P, key)
   if redis.call('RPUSH', akey, entry) > kept then redis.call('LTRIM', akey, -kept, -1) end
-  if ttl then redis.call('PEXPIRE', akey, ttl) end
+  -- A PTTL a caller passed may be -1 (no TTL), and PEXPIRE with it would delete the list.
+  if ttl and ttl > 0 then redis.call('PEXPIRE', akey, ttl) end
 end
 
 -- An attempt that no answer will ever be recorded for: its lease ran out (its process died
