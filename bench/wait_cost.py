@@ -129,7 +129,7 @@ async def outcomes(store: Any, n: int, durable: bool) -> dict[str, float]:
             claimed.setdefault(bucket, []).extend((t.key, t.token) for t in tasks)
     for bucket, pairs in claimed.items():
         for i in range(0, len(pairs), 100):
-            await store.start(bucket, now_ms=NOW_MS, claims=pairs[i:i + 100])
+            await store.start(bucket, claims=pairs[i:i + 100])
     if durable:
         store.scripts.complete = DurableScript(store.redis, source("complete"), "complete",
                                                Durability(1, TIMEOUT_MS))

@@ -192,7 +192,7 @@ async def fail_due(store: Store, now_ms: int, kind: str = "fail") -> list[str]:
         if not tasks:
             continue
         claims = [(t.key, token) for t in tasks]
-        started = await store.start(bucket, now_ms=now_ms, claims=claims)
+        started = await store.start(bucket, claims=claims)
         assert [s.attempt for s in started] == [1] * len(tasks)
         outcomes = [Outcome(t.key, token, kind, status_code=400, error="HTTP 400",  # type: ignore[arg-type]
                             started_ms=now_ms) for t in tasks]

@@ -169,7 +169,7 @@ async def test_each_filter_field(client: httpx.AsyncClient, store: Store,
     _, claimed = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS, limit=10,
                                    token=token)
     assert [t.key for t in claimed] == ["r.a"]
-    await store.start(bucket, now_ms=START_MS, claims=[("r.a", token)])
+    await store.start(bucket, claims=[("r.a", token)])
     from timewheel.store import Outcome
     await store.complete(bucket, now_ms=START_MS, outcomes=[Outcome(
         "r.a", token, "retry", status_code=503, next_due_ms=START_MS + 1_200_000,

@@ -114,7 +114,7 @@ async def claim_every_bucket(store: Store, now: int, token: str) -> list[Claimed
 
 async def attempt(store: Store, task: ClaimedTask, at: int, kind: Literal["ok", "retry"],
                   next_due_ms: int | None = None) -> None:
-    [started] = await store.start(task.bucket, now_ms=at, claims=[(task.key, task.token)])
+    [started] = await store.start(task.bucket, claims=[(task.key, task.token)])
     assert started.attempt == task.attempts + 1
     assert await store.complete(task.bucket, now_ms=at, outcomes=[Outcome(
         task.key, task.token, kind, 200 if kind == "ok" else 503, next_due_ms=next_due_ms,

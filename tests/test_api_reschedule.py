@@ -54,7 +54,7 @@ async def retry_once(store: Store, key: str, now_ms: int, next_due_ms: int) -> N
     _, tasks = await store.claim(bucket, now_ms=now_ms, horizon_ms=now_ms, limit=10,
                                  token=token)
     assert [t.key for t in tasks] == [key]
-    assert (await store.start(bucket, now_ms=now_ms, claims=[(key, token)]))[0].attempt == 1
+    assert (await store.start(bucket, claims=[(key, token)]))[0].attempt == 1
     assert await store.complete(bucket, now_ms=now_ms, outcomes=[Outcome(
         key, token, "retry", status_code=503, error="HTTP 503", next_due_ms=next_due_ms,
         started_ms=now_ms)]) == [1]

@@ -122,7 +122,7 @@ async def finish(store: Store, key: str, kind: str, url: str) -> None:
     _, tasks = await store.claim(bucket, now_ms=START_MS, horizon_ms=START_MS, limit=10,
                                  token="tok")
     assert [t.key for t in tasks] == [key]
-    await store.start(bucket, now_ms=START_MS, claims=[(key, "tok")])
+    await store.start(bucket, claims=[(key, "tok")])
     result = ResultCallback(url=url, verdict=kind, attempt=1,  # type: ignore[arg-type]
                             status_code=200 if kind == "ok" else 400, scheduled_at_ms=START_MS,
                             timeout_ms=10_000)

@@ -149,7 +149,7 @@ async def fail_now(store: Store, now_ms: int) -> None:
                                      token=token)
         if tasks:
             claims = [(t.key, token) for t in tasks]
-            await store.start(bucket, now_ms=now_ms, claims=claims)
+            await store.start(bucket, claims=claims)
             await store.complete(bucket, now_ms=now_ms, outcomes=[
                 Outcome(t.key, token, "fail", status_code=400, error="HTTP 400",
                         started_ms=now_ms) for t in tasks])

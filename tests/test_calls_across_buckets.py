@@ -49,14 +49,14 @@ async def test_one_call_starts_claims_of_many_buckets_each_with_its_own_answer(
     claims = [(c.bucket, c.key, c.token) for c in claimed]
     stale = 5
     claims[stale] = (claims[stale][0], claims[stale][1], "not-the-token")
-    started = await store.start_many(claims, now_ms=NOW)
+    started = await store.start_many(claims)
     for i, (claim, result) in enumerate(zip(claimed, started, strict=True)):
         if i == stale:
             assert result == NOT_STARTED
         else:
             assert (result.attempt, result.body) == (1, f"body {claim.key[1:]}".encode())
     # Idempotent, as a retried call must be: the same attempt numbers again.
-    again = await store.start_many(claims, now_ms=NOW)
+    again = await store.start_many(claims)
     assert [s.attempt for s in again] == [s.attempt for s in started]
 
 
@@ -159,7 +159,7 @@ async def test_one_call_records_outcomes_of_many_buckets_each_with_its_own_reply
     its task as it was."""
     claimed = await claimed_in_buckets(store, 12)
     claimed.sort(key=lambda c: (int(c.key[1:]) % 3, c.key))
-    await store.start_many([(c.bucket, c.key, c.token) for c in claimed], now_ms=NOW)
+    await store.start_many([(c.bucket, c.key, c.token) for c in claimed])
     stale = 7
     outcomes = [(c.bucket, delivered(c, "not-the-token" if i == stale else None))
                 for i, c in enumerate(claimed)]
@@ -178,7 +178,7 @@ async def test_outcomes_answered_together_are_recorded_in_one_call_on_a_single_r
     """Outcomes of several buckets recorded within the linger: one call on a single Redis,
     one per bucket on a cluster; every outcome is recorded either way."""
     claimed = await claimed_in_buckets(store, 12)
-    await store.start_many([(c.bucket, c.key, c.token) for c in claimed], now_ms=NOW)
+    await store.start_many([(c.bucket, c.key, c.token) for c in claimed])
     counting = CountingStore(store, span=span)
     recorder = Recorder(counting, FakeClock(NOW), Metrics())  # type: ignore[arg-type]
     attempts = [Attempt.claimed(c, NOW, batch_deadline_ms=30_000, lease_margin_ms=5_000)

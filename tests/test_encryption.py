@@ -73,7 +73,7 @@ async def test_sealed_record_holds_no_plaintext_and_start_opens_it(redis: Redis)
     assert view is not None and view.body == SECRET_BODY
     assert view.headers == [("X-Api-Key", SECRET_HEADER), ("Content-Type", "application/json")]
     [claimed] = await claim_all(store, NOW)
-    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("pay-1", claimed.token)])
+    [started] = await store.start(claimed.bucket, claims=[("pay-1", claimed.token)])
     assert (started.attempt, started.body) == (1, SECRET_BODY)
     assert ("X-Api-Key", SECRET_HEADER) in started.headers
 
@@ -110,7 +110,7 @@ async def test_a_ciphertext_moved_to_another_task_does_not_open(redis: Redis) ->
     assert a is not None and b is not None
     await redis.set(store.keys.task("b"), layout.encode({**b, "headers": a["headers"]}))
     [claimed] = [c for c in await claim_all(store, NOW) if c.key == "b"]
-    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("b", claimed.token)])
+    [started] = await store.start(claimed.bucket, claims=[("b", claimed.token)])
     assert (started.attempt, started.headers, started.body) == (1, [], b"")
     assert started.unsendable is not None and "does not verify" in started.unsendable
     view = await store.get("b")  # the executor fails it at its time (Executor.set_aside)
@@ -128,7 +128,7 @@ async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> No
     assert pending is not None and (pending.headers, pending.body) == ([], b"")
     assert pending.last_error == f"{reason} (it fails when due, unsent)"
     [claimed] = await claim_all(store, NOW)
-    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("x", claimed.token)])
+    [started] = await store.start(claimed.bucket, claims=[("x", claimed.token)])
     assert (started.attempt, started.body, started.unsendable) == (1, b"", reason)
     # Failed as the executor fails it (tests/test_dispatcher.py: at its time, unsent).
     await store.complete(claimed.bucket, now_ms=NOW, outcomes=[
@@ -139,7 +139,7 @@ async def test_unknown_key_id_fails_the_task_with_its_reason(redis: Redis) -> No
     both = await make_store(redis, K1, K0)
     assert await both.replay("x", now_ms=NOW + 1) == 1
     [claimed] = await claim_all(both, NOW + 1)
-    [started] = await both.start(claimed.bucket, now_ms=NOW + 1, claims=[("x", claimed.token)])
+    [started] = await both.start(claimed.bucket, claims=[("x", claimed.token)])
     assert (started.attempt, started.body) == (1, SECRET_BODY)  # a replay counts anew
 
 
@@ -149,7 +149,7 @@ async def test_response_bodies_in_the_history_are_sealed(redis: Redis) -> None:
     store = await make_store(redis, K0)
     await store.schedule(sealed_task("h"), replace=False, now_ms=NOW)
     [claimed] = await claim_all(store, NOW)
-    await store.start(claimed.bucket, now_ms=NOW, claims=[("h", claimed.token)])
+    await store.start(claimed.bucket, claims=[("h", claimed.token)])
     entry = attempts.entry(attempt=1, started_ms=NOW, duration_ms=3, verdict="retry",
                            status_code=503, error=None, headers=None, body="balance: 1234.56",
                            body_truncated=False, next_attempt_ms=NOW + 1000, process="p",
@@ -370,7 +370,7 @@ async def test_a_result_task_is_sealed_like_any_task(redis: Redis, sealed: bool)
     task = dataclasses.replace(sealed_task("r"), on_success="http://127.0.0.1:9/done")
     await store.schedule(task, replace=False, now_ms=NOW)
     [claimed] = await claim_all(store, NOW)
-    await store.start(claimed.bucket, now_ms=NOW, claims=[("r", claimed.token)])
+    await store.start(claimed.bucket, claims=[("r", claimed.token)])
     result = ResultCallback(url="http://127.0.0.1:9/done", verdict="ok", attempt=1,
                             status_code=200, scheduled_at_ms=NOW, timeout_ms=10_000,
                             response_body=b"receipt 987654")
@@ -379,8 +379,7 @@ async def test_a_result_task_is_sealed_like_any_task(redis: Redis, sealed: bool)
     assert (b"987654" in await raw_dump(redis)) is not sealed
     [result_task] = await claim_all(store, NOW + 10)
     assert result_task.key == "r.on_success"
-    [started] = await store.start(result_task.bucket, now_ms=NOW + 10,
-                                  claims=[(result_task.key, result_task.token)])
+    [started] = await store.start(result_task.bucket, claims=[(result_task.key, result_task.token)])
     assert b"receipt 987654" in started.body
 
 

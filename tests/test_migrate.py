@@ -108,8 +108,7 @@ async def test_every_v1_record_becomes_a_layout_2_task_in_its_index(store: Store
     assert await migrate_v1(redis, store.keys, now_ms=NOW) == 0
     _, tasks = await store.claim(3, now_ms=NOW + 5, horizon_ms=NOW + 5, limit=10, token="x")
     assert sorted(t.key for t in tasks) == ["old", "r"]
-    [started] = await store.start(3, now_ms=NOW + 5,
-                                  claims=[(t.key, "x") for t in tasks if t.key == "r"])
+    [started] = await store.start(3, claims=[(t.key, "x") for t in tasks if t.key == "r"])
     assert started.headers == [("Content-Type", "application/json"), ("X-\u00e9", "a:b")]
     assert (started.attempt, started.body) == (2, b'{"n":1}')
     [view] = await store.views(3, ["f"])  # (the tests' keys sit in bucket 3 whatever their hash)

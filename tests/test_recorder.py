@@ -46,7 +46,7 @@ class FlakyStore:
 async def started_attempt(store: Store, key: str = "a") -> Attempt:
     await store.schedule(task(key, NOW), replace=False, now_ms=NOW)
     [claimed] = await claim_all(store, NOW)
-    await store.start_many([(claimed.bucket, claimed.key, claimed.token)], now_ms=NOW)
+    await store.start_many([(claimed.bucket, claimed.key, claimed.token)])
     return Attempt.claimed(claimed, NOW, batch_deadline_ms=30_000, lease_margin_ms=5_000)
 
 

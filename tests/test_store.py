@@ -177,8 +177,8 @@ async def claimed_started_and_reclaimed(store: Store, clock: FakeClock
     now = clock.now_ms()
     await schedule_all(store, [task("crash", now)], now)
     [first] = await claim_all(store, now)
-    assert [s.attempt for s in await store.start(first.bucket, now_ms=now,
-                                                 claims=[("crash", first.token)])] == [1]
+    started = await store.start(first.bucket, claims=[("crash", first.token)])
+    assert [s.attempt for s in started] == [1]
     clock.advance(LEASE - 1)
     assert await claim_all(store, clock.now_ms()) == []
     clock.advance(1)
@@ -192,10 +192,8 @@ async def test_expired_lease_is_reclaimed(store: Store, fake_clock: FakeClock) -
     first, second = await claimed_started_and_reclaimed(store, fake_clock)
     assert (second.key, second.attempts) == ("crash", 1)
     assert second.token != first.token
-    now = fake_clock.now_ms()
-    assert await store.start(second.bucket, now_ms=now,
-                             claims=[("crash", first.token)]) == [NOT_STARTED]
-    [started] = await store.start(second.bucket, now_ms=now, claims=[("crash", second.token)])
+    assert await store.start(second.bucket, claims=[("crash", first.token)]) == [NOT_STARTED]
+    [started] = await store.start(second.bucket, claims=[("crash", second.token)])
     assert started.attempt == 2
     view = await store.get("crash")
     assert view is not None and (view.status, view.attempts) == (TaskStatus.DELIVERING, 2)
@@ -229,7 +227,7 @@ async def finish(store: Store, keys: list[str], now: int,
     claimed = {c.key: c for c in await claim_all(store, now)}
     for i, key in enumerate(keys):
         c = claimed[key]
-        [started] = await store.start(c.bucket, now_ms=now, claims=[(key, c.token)])
+        [started] = await store.start(c.bucket, claims=[(key, c.token)])
         assert started.attempt == 1
         outcome = Outcome(key, c.token, kind, status_code=410, started_ms=now)
         assert await store.complete(c.bucket, now_ms=now + i * step, outcomes=[outcome]) == [1]
@@ -283,7 +281,7 @@ async def test_retry_is_claimed_again_at_next_due(store: Store, fake_clock: Fake
     now = fake_clock.now_ms()
     await schedule_all(store, [task("again", now)], now)
     [c] = await claim_all(store, now)
-    [started] = await store.start(c.bucket, now_ms=now, claims=[("again", c.token)])
+    [started] = await store.start(c.bucket, claims=[("again", c.token)])
     assert started.attempt == 1
     nxt = now + 95_000
     assert await store.complete(c.bucket, now_ms=now + 1000, outcomes=[

@@ -46,7 +46,7 @@ async def test_claim_replies_carry_no_bodies(store: Store, redis: Redis) -> None
                                       args=[NOW + 100, NOW + 100, 100, "tok", MARGIN, 10, 1])
     assert reply[:2] == [0, 10]
     assert sum(len(part) for part in reply[2:]) < 10 * 200
-    started = await store.start(B, now_ms=NOW + 100, claims=[(k, "tok") for k in keys])
+    started = await store.start(B, claims=[(k, "tok") for k in keys])
     assert [(s.attempt, s.headers, s.body) for s in started] == [
         (1, [("X-N", k)], body) for k in keys]
 
@@ -75,7 +75,7 @@ async def test_claim_and_start_read_parts_across_the_read_ahead(
                        f"ms:{M0}": {"k": NOW}, **minutes(M0), "cur": str(M0)})
     [claimed] = await claim_all(store, NOW)
     assert claimed.url == url
-    [started] = await store.start(claimed.bucket, now_ms=NOW, claims=[("k", claimed.token)])
+    [started] = await store.start(claimed.bucket, claims=[("k", claimed.token)])
     assert (started.attempt, started.headers, started.body) == (
         1, [("X-Long", headers[len("X-Long:"):])], body)
 
@@ -88,10 +88,10 @@ async def test_start_reads_what_is_stored_at_start(store: Store) -> None:
     [old] = await claim_all(store, NOW)
     new = dataclasses.replace(task("k", NOW + 10), body=b"version 2")
     assert await store.schedule(new, replace=True, now_ms=NOW + 1) == 1
-    assert await store.start(old.bucket, now_ms=NOW + 2, claims=[("k", old.token)]) == [
+    assert await store.start(old.bucket, claims=[("k", old.token)]) == [
         NOT_STARTED]
     [fresh] = await claim_all(store, NOW + 10)
-    [started] = await store.start(fresh.bucket, now_ms=NOW + 10, claims=[("k", fresh.token)])
+    [started] = await store.start(fresh.bucket, claims=[("k", fresh.token)])
     assert (started.attempt, started.body) == (1, b"version 2")
 
 
@@ -132,7 +132,7 @@ async def test_undecodable_headers_are_started_unsendable(store: Store, redis: R
     await seed(redis, {"t:a": rec("delivering", claim="tok"),
                        "t:bad": rec("delivering", claim="tok", headers="no colon"),
                        "ls": {"a": NOW + 9, "bad": NOW + 9}})
-    started = await store.start(B, now_ms=NOW, claims=[("a", "tok"), ("bad", "tok")])
+    started = await store.start(B, claims=[("a", "tok"), ("bad", "tok")])
     assert [(s.attempt, s.unsendable is None) for s in started] == [(1, True), (1, False)]
     assert (started[1].unsendable or "").startswith("undecodable record: ")
     [view] = await store.views(B, ["bad"])

@@ -175,8 +175,7 @@ class Wheel:
             if task.key == s["cancel_claimed"]:
                 assert await self.store.cancel(task.key, now_ms=now) == 1
             to_start.append(task)
-        started = await self.store.start(bucket, now_ms=now,
-                                         claims=[(t.key, t.token) for t in to_start])
+        started = await self.store.start(bucket, claims=[(t.key, t.token) for t in to_start])
         outcomes = []
         for task, start in zip(to_start, started, strict=True):
             attempt = start.attempt

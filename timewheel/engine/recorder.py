@@ -183,7 +183,7 @@ class Recorder:
 
     async def _flush_starts(self, group: int,
                             claims: Sequence[tuple[int, str, str]]) -> list[Started]:
-        return await self._store.start_many(claims, now_ms=self._clock.now_ms())
+        return await self._store.start_many(claims)
 
     async def _flush_completes(self, group: int, outcomes: Sequence[tuple[int, Outcome]]
                                ) -> list[CompleteReply]:

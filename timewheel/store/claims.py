@@ -141,14 +141,11 @@ class ClaimSide:
         on a cluster each bucket is its own slot, and a script's keys must share one."""
         return not isinstance(self.redis, RedisCluster)
 
-    async def start(self, bucket: int, *, now_ms: int,
-                    claims: Sequence[tuple[str, str]]) -> list[Started]:
+    async def start(self, bucket: int, *, claims: Sequence[tuple[str, str]]) -> list[Started]:
         """Begin attempts for (key, token) pairs of one bucket: see ``start_many``."""
-        return await self.start_many([(bucket, key, token) for key, token in claims],
-                                     now_ms=now_ms)
+        return await self.start_many([(bucket, key, token) for key, token in claims])
 
-    async def start_many(self, claims: Sequence[tuple[int, str, str]], *,
-                         now_ms: int) -> list[Started]:
+    async def start_many(self, claims: Sequence[tuple[int, str, str]]) -> list[Started]:
         """Begin attempts for (bucket, key, token) claims, in one call (several buckets only
         where ``starts_span_buckets``): for each, the attempt number with the headers and body
         to send (opened here when sealed: once per attempt), or NOT_STARTED (do not send). A
