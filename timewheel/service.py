@@ -126,8 +126,7 @@ class Wheel:
                             batch_deadline_seconds=settings.batch_deadline_seconds)
         wheel.schedule_store = schedule_store(store, default_timeout=limits.default_timeout)
         wheel.tasks = TaskOperations(store, clock, policy, limits, metrics, flows)
-        wheel.flows = FlowOperations(flows, store, clock,
-                                     default_parallelism=settings.flow_parallelism)
+        wheel.flows = FlowOperations(flows, clock, default_parallelism=settings.flow_parallelism)
         wheel.stats = StatsOperations(store, clock)
         wheel.schedules = ScheduleOperations(wheel.schedule_store, wheel.tasks, clock)
         publisher = Publisher(store)

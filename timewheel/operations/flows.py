@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from timewheel.clock import Clock
 from timewheel.models.flows import FlowLimits
 from timewheel.store.flow_store import FlowStore, StoredLimits
-from timewheel.store.task_store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +36,8 @@ def stored_limits(body: FlowLimits) -> StoredLimits:
 
 
 class FlowOperations:
-    def __init__(self, flows: FlowStore, store: Store, clock: Clock, *,
-                 default_parallelism: int) -> None:
+    def __init__(self, flows: FlowStore, clock: Clock, *, default_parallelism: int) -> None:
         self.flows = flows
-        self.store = store
         self.clock = clock
         self.default_parallelism = default_parallelism
 
@@ -49,9 +46,9 @@ class FlowOperations:
         return (await self.states([key]))[0]
 
     async def states(self, keys: Sequence[str]) -> list[FlowState]:
-        """``state`` of each flow, in two Redis calls: its configuration, its permits held
-        and its tasks parked in Redis in one pipeline, plus what waits in the memory of every
-        live process (reported each tick) in one script call."""
+        """``state`` of each flow: its configuration, its permits held and its tasks parked
+        in Redis, pipelined (FlowStore.loads), plus what waits in the memory of every live
+        process (reported each tick), in one script call."""
         now = self.clock.now_ms()
         loads = await self.flows.loads(keys, now_ms=now)
         in_processes = await self.flows.waiting_in_processes(keys, now_ms=now)
