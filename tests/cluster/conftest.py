@@ -17,7 +17,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from tests.cluster.replicated import ReplicatedCluster
-from tests.e2e.conftest import Service
+from tests.e2e.conftest import Service, services  # noqa: F401 (the e2e fixture, here too)
 from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster
 from tests.support.waiting import settle

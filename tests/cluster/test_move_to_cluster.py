@@ -11,7 +11,6 @@ tasks once each, none early.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,18 @@ pytestmark = pytest.mark.cluster
 BUCKETS = 8
 
 
-@pytest.fixture
-def services() -> Iterator[list[Service]]:
-    started: list[Service] = []
-    yield started
-    for service in started:
-        service.kill()
+def filled_and_stopped(source: Service, services: list[Service], receiver: ThreadedReceiver
+                       ) -> tuple[Service, Contents, Any, int]:
+    """The source wheel started, given one of everything, read back, and stopped: the source,
+    its contents, what they read, and how many callbacks had arrived by then."""
+    services.append(source)
+    source.start()
+    contents = Contents(receiver, soon_s=20)
+    with source.client() as http:
+        contents.create(http)
+        before = contents.snapshot(http)
+    assert source.stop() == 0
+    return source, contents, before, len(receiver.arrivals)
 
 
 def keys_and_ttls(clients: list[redis.Redis]) -> dict[bytes, int]:
@@ -104,15 +109,8 @@ def test_a_stopped_wheel_moves_to_a_cluster_with_every_task(
         tmp_path: Path, cluster: RedisCluster, receiver: ThreadedReceiver,
         services: list[Service]) -> None:
     with RedisServer(tmp_path / "single", appendfsync="always") as single:
-        source = Service(tmp_path / "source", single.url, buckets=str(BUCKETS))
-        services.append(source)
-        source.start()
-        contents = Contents(receiver, soon_s=20)
-        with source.client() as http:
-            contents.create(http)
-            before = contents.snapshot(http)
-        assert source.stop() == 0
-        arrived = len(receiver.arrivals)
+        _, contents, before, arrived = filled_and_stopped(
+            Service(tmp_path / "source", single.url, buckets=str(BUCKETS)), services, receiver)
 
         with single.client() as conn:
             assert conn.get("tw:buckets") == str(BUCKETS).encode()
@@ -137,15 +135,8 @@ def test_a_stopped_wheel_moves_to_a_cluster_with_every_task(
 def test_the_embedded_redis_moves_to_a_cluster_with_every_task(
         tmp_path: Path, cluster: RedisCluster, receiver: ThreadedReceiver,
         services: list[Service]) -> None:
-    source = Service(tmp_path / "source", None)
-    services.append(source)
-    source.start()
-    contents = Contents(receiver, soon_s=20)
-    with source.client() as http:
-        contents.create(http)
-        before = contents.snapshot(http)
-    assert source.stop() == 0
-    arrived = len(receiver.arrivals)
+    source, contents, before, arrived = filled_and_stopped(
+        Service(tmp_path / "source", None), services, receiver)
 
     port = free_port()
     env = {"PY": sys.executable, "TIMEWHEEL_DATA_DIR": str(source.directory / "data"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ from tests.support.waiting import settle
 from tests.support.wheel_contents import PAUSED, Contents, early, ok, post
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def services() -> Iterator[list[Service]]:
-    started: list[Service] = []
-    yield started
-    for service in started:
-        service.kill()
 
 
 def start(services: list[Service], directory: Path, redis_url: str | None) -> Service:
