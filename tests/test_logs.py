@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from timewheel.logs import REQUEST_ID, configure_logging
+from timewheel.logs import REQUEST_ID, LogOnce, configure_logging
 from timewheel.settings import Settings
 
 TOKEN = "tok-3f9a7c1e-very-secret"
@@ -167,3 +167,11 @@ async def test_serving_requests_logs_no_token(output: Any, make_client: Any,
     records = lines(buffer)
     assert records  # the app and its clients did log at DEBUG
     assert TOKEN not in buffer.getvalue()
+
+
+def test_log_once_says_first_once_per_condition_and_forgets_past_its_limit() -> None:
+    once = LogOnce(limit=2)
+    assert [once.first("a"), once.first("a"), once.first("b"), once.first("a")] == [
+        True, False, True, False]
+    assert once.first("c")  # a third condition: the two before are forgotten
+    assert [once.first("c"), once.first("a")] == [False, True]

@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Hashable
 from contextvars import ContextVar
 from typing import IO, Any, Literal
 
@@ -109,6 +110,26 @@ class TimewheelJsonFormatter(JsonFormatter):
             if _looks_secret(key):
                 log_data[key] = REDACTED
         return log_data
+
+
+class LogOnce:
+    """Which conditions were logged already, so that one a poll meets every time (the
+    dashboard lists schedules and topics every few seconds) is logged once per process rather
+    than once per poll. Bounded: past ``limit`` conditions it forgets them all, so a line
+    repeats at worst once every ``limit`` others."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._seen: set[Hashable] = set()
+
+    def first(self, condition: Hashable) -> bool:
+        """True the first time ``condition`` is met (log it then), False after."""
+        if condition in self._seen:
+            return False
+        if len(self._seen) >= self.limit:
+            self._seen.clear()
+        self._seen.add(condition)
+        return True
 
 
 def _looks_secret(name: str) -> bool:

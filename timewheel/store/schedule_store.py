@@ -31,6 +31,7 @@ from redis.commands.core import AsyncScript
 
 from timewheel.domain import TaskStatus
 from timewheel.errors import RecordUnreadable
+from timewheel.logs import LogOnce
 from timewheel.store.batch import get_many
 from timewheel.store.encryption import BadCiphertext, UnknownKey, spec_text
 from timewheel.store.record import NewTask
@@ -137,7 +138,7 @@ class ScheduleStore:
         self.template_task = template_task
         self.keep_deleted_ms = keep_deleted_ms
         self._limit = asyncio.Semaphore(concurrency)
-        self._unreadable: set[bytes] = set()  # sealed specs already logged as unreadable
+        self._unreadable = LogOnce()  # specs (and listed records) logged as unreadable
         # Told (bucket, next_ms) when a put or a resume sets a schedule's next occurrence: a
         # process's materializer listens (Materializer.materialize_soon), as Store.due_soon.
         self.next_soon: Callable[[int, int], None] = _nobody_listens
@@ -190,8 +191,7 @@ class ScheduleStore:
         try:
             return self._spec_text(schedule_id, raw)
         except (UnknownKey, BadCiphertext) as exc:
-            if raw not in self._unreadable:
-                self._unreadable.add(raw)
+            if self._unreadable.first(raw):
                 log.error("schedule %s cannot be read, so it makes no occurrences: %s",
                           schedule_id, exc)
             return None
@@ -300,11 +300,12 @@ class ScheduleStore:
 
     async def _listed(self, schedule_id: str) -> ScheduleRecord | None:
         """A listed schedule, or None for one no listed key opens: left out of the listing
-        (logged) rather than failing it, as topics are; GET /schedules/{id} says why."""
+        (logged once) rather than failing it, as topics are; GET /schedules/{id} says why."""
         try:
             return await self.get(schedule_id)
         except RecordUnreadable as exc:
-            log.warning("schedule left out of the listing: %s", exc)
+            if self._unreadable.first(str(exc)):
+                log.warning("schedule left out of the listing: %s", exc)
             return None
 
     # -- occurrences --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from timewheel.errors import RecordUnreadable
+from timewheel.logs import LogOnce
 from timewheel.store.encryption import BadCiphertext, Cipher, UnknownKey, spec_text
 from timewheel.store.redis_errors import redis_errors
 from timewheel.store.replies import TopicDeleteReply, TopicPutReply
@@ -50,6 +51,7 @@ class TopicStore:
         # headers are where receivers' credentials go, and the contract keeps every header a
         # task sends out of a dump of Redis.
         self.cipher: Cipher | None = store.cipher
+        self._unreadable = LogOnce()  # topics logged as left out of the listing
         self.scripts: dict[str, AsyncScript] = {
             name: store.scripts.register(name) for name in SCRIPTS}  # acknowledged writes
 
@@ -93,11 +95,12 @@ class TopicStore:
 
     def _listed(self, name: str, raw: list[Any]) -> TopicRecord | None:
         """A listed topic, or None for one no listed key opens: such a topic is left out of
-        the listing (logged) rather than failing it; GET /topics/{name} says why (a 500)."""
+        the listing (logged once) rather than failing it; GET /topics/{name} says why (a 500)."""
         try:
             return self._record(name, raw)
         except RecordUnreadable as exc:
-            log.warning("topic left out of the listing: %s", exc)
+            if self._unreadable.first(str(exc)):
+                log.warning("topic left out of the listing: %s", exc)
             return None
 
     async def note_publish(self, name: str, publish_key: str, *, now_ms: int) -> None:
