@@ -92,7 +92,9 @@ for _, item in ipairs(items) do
   local final = moved and (outcome == 'ok'
     or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX])))
   if ours and h[ST] == 'c' then
-    -- Cancelled in flight (lua/cancel.lua keeps the claim of a started attempt for this).
+    -- Cancelled in flight (lua/cancel.lua keeps the claim and lease of a started attempt
+    -- for this).
+    redis.call('ZREM', P .. 'ls', key)
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
     add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))

@@ -26,8 +26,9 @@ for i = 2, #ARGV, 2 do
   if not h or h[CLAIM] ~= digest(ARGV[i + 1]) then
     out[#out + 1] = 0
   elseif h[ST] == 'c' then
-    -- Cancelled after it started (lua/cancel.lua kept the claim for its answer): it was not
-    -- sent after all.
+    -- Cancelled after it started (lua/cancel.lua kept the claim and lease for its answer):
+    -- it was not sent after all.
+    redis.call('ZREM', P .. 'ls', key)
     h[CLAIM], h[STARTED] = NONE, 0
     put_head(tkey, h)
     add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',

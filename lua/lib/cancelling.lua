@@ -11,9 +11,14 @@ local function cancel_task(P, key, h, now, retention, op, kept)
   local claim, started, stopped = NONE, 0, false
   if h[ST] == 'd' then
     -- The holder's start check now fails: no attempt starts after this. An attempt already
-    -- started keeps its claim, so that its answer still goes into the history (complete.lua).
-    redis.call('ZREM', P .. 'ls', key)
-    if h[STARTED] == 1 then claim, started = h[CLAIM], 1 else stopped = true end
+    -- started keeps its claim, so that its answer still goes into the history (complete.lua),
+    -- and its lease, so that when no answer comes it goes in as lost (claim.lua).
+    if h[STARTED] == 1 then
+      claim, started = h[CLAIM], 1
+    else
+      redis.call('ZREM', P .. 'ls', key)
+      stopped = true
+    end
   elseif h[ST] == 'w' then
     -- Parked until its flow has room (lua/park.lua): no claim to drop, no slice entry.
     leave_parked(P, flow_of(tkey, h), key)
