@@ -52,8 +52,9 @@ async def test_in_flight_and_waiting(client: httpx.AsyncClient, redis: Redis) ->
     prefix = "{tw:f:" + FLOW + "}:"
     await redis.zadd(prefix + "held", {"p1": START_MS + 60_000, "p2": START_MS + 60_000,
                                        "gone": START_MS - 1})
-    await redis.zadd("{tw:3}:pw:" + FLOW, {"t1": START_MS, "t2": START_MS})
-    await redis.zadd("{tw:7}:pw:" + FLOW, {"t3": START_MS})
+    for bucket, parked in ((3, ["t1", "t2"]), (7, ["t3"])):  # as lua/park.lua parks them
+        await redis.zadd(f"{{tw:{bucket}}}:pw:{FLOW}", dict.fromkeys(parked, START_MS))
+        await redis.zadd(f"{{tw:{bucket}}}:pf", {FLOW: START_MS})
     body = (await client.get(f"/flows/{FLOW}")).json()
     assert (body["in_flight"], body["waiting"]) == (2, 3)
 

@@ -361,8 +361,8 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
 async def test_the_loads_of_many_flows_are_read_in_bounded_rounds(
         store: Store, redis: Redis, monkeypatch: pytest.MonkeyPatch, per_round: int) -> None:
     """GET /flows and the scrape read every flow's configuration, permits held (not the
-    keeper) and parked tasks over every bucket, pipelined in rounds of CELLS_PER_ROUND
-    commands (a flow of many buckets spans rounds): the same answer whatever the round."""
+    keeper) and parked tasks over every bucket where the bucket's index of parked flows lists
+    it, pipelined in rounds of CELLS_PER_ROUND commands: the same answer whatever the round."""
     from timewheel.store import rounds
     from timewheel.store.flow_store import StoredLimits
 
@@ -371,9 +371,15 @@ async def test_the_loads_of_many_flows_are_read_in_bounded_rounds(
     names = ["f0", "f1", "f2"]
     for n, name in enumerate(names):
         await flows.set_limits(name, StoredLimits(n + 1, None, n == 2, None, None, None))
-        for bucket in range(n * 3):  # parked in 0, 3 and 6 buckets
+        for bucket in range(n * 3):  # parked in 0, 3 and 6 buckets, as lua/park.lua parks
             await redis.zadd(store.keys.waiting(bucket % store.keys.buckets, name),
                              {f"t{bucket}": NOW})
+            await redis.zadd(store.keys.waiting_flows(bucket % store.keys.buckets),
+                             {name: NOW})
+    # A flow not asked for, parked in every bucket, counts for none of them.
+    for bucket in range(store.keys.buckets):
+        await redis.zadd(store.keys.waiting(bucket, "other"), {"t": NOW})
+        await redis.zadd(store.keys.waiting_flows(bucket), {"other": NOW})
     reply = await flows.permits("f1", now_ms=NOW, lease_ms=3000, want=[("p1", NOW)])
     assert reply.granted == 1
     loads = await flows.loads(names, now_ms=NOW + 1)

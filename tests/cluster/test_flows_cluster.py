@@ -37,11 +37,14 @@ async def test_pause_defaults_and_reports_on_a_cluster(cluster_store: Store) -> 
     assert await flows.waiting_in_processes(flow_names[:3], now_ms=START_MS + 1) == [9, 1, 0]
 
     # GET /flows and the scrape read every flow's load in one pipeline, over every master:
-    # its configuration, its permits held, and its parked tasks in each bucket (slot).
+    # its configuration, its permits held, and its parked tasks in each bucket (slot) whose
+    # index of parked flows lists it (as lua/park.lua parks them).
     for n, flow in enumerate(flow_names):
         for bucket in range(n):
             await cluster_store.redis.zadd(cluster_store.keys.waiting(bucket, flow),
                                            {f"task-{bucket}": START_MS})
+            await cluster_store.redis.zadd(cluster_store.keys.waiting_flows(bucket),
+                                           {flow: START_MS})
     loads = await flows.loads(flow_names, now_ms=START_MS + 1)
     assert loads == [(StoredLimits(3, None, False, 20, 30_000, None), 1, n)
                      for n in range(len(flow_names))]
