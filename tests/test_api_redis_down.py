@@ -187,3 +187,50 @@ async def test_a_scrape_does_not_wait_on_redis_for_long(
     async with running_app(app) as client:
         r = await client.get("/metrics")
         assert r.status_code == 200 and "timewheel_redis_up 0.0" in r.text
+
+
+async def test_a_silent_redis_is_a_503_within_the_request_deadline(
+        own_redis: RedisServer, tmp_path: Path) -> None:
+    """A Redis that stops answering (SIGSTOP: a frozen VM, a network that drops): every request
+    is answered 503 with Retry-After once TIMEWHEEL_REQUEST_DEADLINE_SECONDS pass, rather than
+    when the client library gives up (minutes for a cluster's silent master); the same app
+    serves again once Redis answers."""
+    settings = make_settings(own_redis, tmp_path).model_copy(
+        update={"request_deadline_seconds": 1.0})
+    app = create_app(settings, run_ticker=False)
+    async with running_app(app) as client:
+        r = await client.post("/tasks", json={"key": "kept", "callback_url": URL,
+                                              "delay": 3600})
+        assert r.status_code == 201
+        with own_redis.stopped():
+            for method, path, kwargs in [
+                    ("POST", "/tasks", {"json": {"key": "late", "callback_url": URL,
+                                                 "delay": 3600}}),
+                    ("GET", "/tasks/kept", {}), ("GET", "/healthz", {})]:
+                r = await client.request(method, path, **kwargs)
+                assert (r.status_code, r.headers.get("retry-after")) == (503, "1"), r.text
+                assert r.json()["detail"].startswith("Redis did not answer within 1 s"), r.text
+            # A request that needs no Redis is not held back.
+            assert (await client.get("/livez")).status_code == 200
+        await poll(client, "GET", "/tasks/kept", 200)
+        # The POST's script was in Redis's socket when it stopped: it may have run since.
+        assert (await client.get("/tasks/late")).status_code in (200, 404)
+
+
+async def test_the_deadline_leaves_other_timeouts_and_started_answers_alone() -> None:
+    """Only the deadline's own expiry becomes a 503: an app's own TimeoutError is its error,
+    and an answer already started cannot be replaced (the server closes the connection)."""
+    from timewheel.api.deadline import RequestDeadline
+
+    async def own_timeout(scope: Any, receive: Any, send: Any) -> None:
+        raise TimeoutError("the app's own")
+
+    async def started_then_silent(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.Event().wait()
+
+    for app, raised in ((own_timeout, "the app's own"), (started_then_silent, "^$")):
+        transport = httpx.ASGITransport(app=RequestDeadline(app, seconds=0.05))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            with pytest.raises(TimeoutError, match=raised):
+                await client.get("/")

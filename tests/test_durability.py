@@ -5,8 +5,6 @@ change stays on the master, as Redis cannot undo it."""
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,13 +68,11 @@ class Replicated:
     @contextmanager
     def replica_stopped(self) -> Iterator[None]:
         """SIGSTOP the replica: it neither applies nor confirms anything until SIGCONT."""
-        assert self.replica is not None and self.replica._proc is not None
-        pid = self.replica._proc.pid
-        os.kill(pid, signal.SIGSTOP)
+        assert self.replica is not None
         try:
-            yield
+            with self.replica.stopped():
+                yield
         finally:
-            os.kill(pid, signal.SIGCONT)
             self.wait_acknowledged()
 
     def wait_acknowledged(self) -> None:

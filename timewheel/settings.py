@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     # How long that WAIT may take before the answer is 503. Below the client's 5 s socket
     # timeout (timewheel/store/connection.py), which a blocked WAIT must not run into.
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=4000)
+    # How long an API request may wait before it is answered 503 (api/deadline.py): a cluster
+    # client retries a silent master for minutes. Below the Python client's 10 s timeout, above
+    # that WAIT and the 5 s socket timeout of a single Redis.
+    request_deadline_seconds: float = Field(default=8.0, ge=1, le=300)
     # The levels both uvicorn and Python's logging know; given in any case.
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = "text"  # json: one object per line (timewheel.logs)

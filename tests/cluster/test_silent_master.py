@@ -87,6 +87,12 @@ def test_the_other_masters_tasks_are_delivered_while_one_is_silent(
             assert arrived_while_silent <= set(healthy)
             # A scrape answers within Prometheus's default timeout, 10 s.
             assert httpx.get(f"{service.base_url}/metrics", timeout=10).status_code == 200
+            # A request for the silent master's slots is a 503 at the request deadline (8 s),
+            # within the client's 10 s; it waited minutes on the cluster client's retries.
+            with service.client() as http:
+                reply = http.get(f"/tasks/{stalled[0]}")
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["detail"].startswith("Redis did not answer within 8 s")
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert delivered(receiver, healthy + stalled, 120, service) == set(healthy + stalled)

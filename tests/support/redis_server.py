@@ -13,6 +13,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -215,6 +217,18 @@ class RedisServer:
     def kill(self) -> None:
         """SIGKILL and wait: simulates a crash."""
         self._signal(signal.SIGKILL)
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        """SIGSTOP for the block, SIGCONT after: the server neither answers nor closes its
+        connections (a frozen VM, a network that drops packets instead of refusing)."""
+        assert self._proc is not None, "not running"
+        pid = self._proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     def restart(self) -> Self:
         """Stop if running, then start on the same port and directory (reloads the AOF)."""

@@ -33,6 +33,7 @@ from timewheel.api import (
     ui,
 )
 from timewheel.api.create_route import CreateTaskRoute
+from timewheel.api.deadline import RequestDeadline
 from timewheel.api.deps import Needs
 from timewheel.api.limits import BodySizeLimit
 from timewheel.api.request_id import RequestId
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         redoc_url=None,
         **_NO_FASTAPI_TELEMETRY,
     )
+    app.add_middleware(RequestDeadline, seconds=settings.request_deadline_seconds)
     app.add_middleware(BodySizeLimit, max_bytes=MAX_REQUEST_BYTES)
     Tracing.from_env().instrument(app)  # request spans, only when OTEL_* asks for them
     app.add_middleware(RequestId)  # outermost: 413s and traced requests get an id too
