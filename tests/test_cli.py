@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import os
+from typing import Any
 
 import pytest
 
 from timewheel import cli
 from timewheel.cli import main
 from timewheel.settings import Settings, secret_settings
+from timewheel.store.embedded import DataDirInUse
 
 
 def test_invalid_settings_exit_without_echoing_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,3 +185,27 @@ def test_settings_that_failed_later_are_refused_at_start(
 def test_the_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
     settings, _, _ = _served(monkeypatch, ["serve", "--log-level", "WARNING"])
     assert settings.log_level == "warning"
+
+
+@pytest.mark.parametrize("raised", [ValueError("a bug"), DataDirInUse("in use")])
+async def test_quiet_refusal_drops_the_traceback_of_a_refused_start_only(
+        raised: Exception) -> None:
+    """Starlette reports a failed start with its traceback, which uvicorn logs: kept for any
+    error (a bug's traceback is what an operator needs), dropped for a StartRefused, whose
+    reason is already logged as one CRITICAL line."""
+    from timewheel.cli import QuietRefusal
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "lifespan.startup.failed", "message": "Traceback ..."})
+        raise raised
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    with pytest.raises(type(raised)):
+        await QuietRefusal(app)({"type": "lifespan"}, None, send)
+    refused = isinstance(raised, DataDirInUse)
+    assert sent == [{"type": "lifespan.startup.failed",
+                     "message": "" if refused else "Traceback ..."}]

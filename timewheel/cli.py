@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
+from timewheel.errors import StartRefused
 from timewheel.settings import Settings, redact_url, secret_settings
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
@@ -139,9 +140,42 @@ def serve(settings: Settings, host: str, port: int) -> None:
     _tune_gc()
     # log_config=None: uvicorn's own lines go through the handler configure_logging set up
     # (JSON lines when TIMEWHEEL_LOG_FORMAT=json) instead of its own plain-text handlers.
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", log_config=None,
-                log_level=settings.log_level.lower(), access_log=False,
+    uvicorn.run(QuietRefusal(app), host=host, port=port, loop="uvloop", http="httptools",
+                log_config=None, log_level=settings.log_level.lower(), access_log=False,
                 timeout_graceful_shutdown=int(settings.batch_deadline_seconds) + 5)
+
+
+class QuietRefusal:
+    """The app, but a start it refuses (``StartRefused``: its reason is logged as one CRITICAL
+    line) is reported to uvicorn without the traceback Starlette attaches, ~80 lines under
+    that line (uvicorn logs it, then exits 3 all the same)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        failed: list[Any] = []
+
+        async def held_if_failed(message: Any) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                failed.append(message)  # sent below, once the exception says which
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, held_if_failed)
+        except StartRefused:
+            await send({"type": "lifespan.startup.failed", "message": ""})
+            raise
+        except BaseException:
+            for message in failed:
+                await send(message)
+            raise
+        for message in failed:
+            await send(message)
 
 
 def _tune_gc() -> None:

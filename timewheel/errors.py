@@ -12,7 +12,10 @@ each).
      +-- BodyTooLarge          the encoded body is over 1 MiB (413; also a ValueError)
      +-- StoreUnavailable      Redis cannot be reached or answered with an error (503)
      |    +-- NotReplicated    written on the master, but too few replicas confirmed it (503)
-     +-- WheelMismatch         the settings disagree with the wheel stored in Redis (no start)
+     +-- StartRefused          the service must not start (logged as one CRITICAL line)
+          +-- WheelMismatch    the settings disagree with the wheel stored in Redis
+          +-- DataDirInUse     another process's embedded Redis has the data directory
+                               (store/embedded.py; also a RuntimeError)
 """
 
 from __future__ import annotations
@@ -103,6 +106,11 @@ class NotReplicated(StoreUnavailable):
         self.timeout_ms = timeout_ms
 
 
-class WheelMismatch(TimeWheelError):
+class StartRefused(TimeWheelError):
+    """The service must not start. The reason is logged as one CRITICAL line; ``timewheel
+    serve`` then exits 3 without a traceback (cli.py ``QuietRefusal``): it is no bug."""
+
+
+class WheelMismatch(StartRefused):
     """A setting that is fixed per wheel once written to Redis (the bucket count) disagrees
     with what Redis holds. The service must not start: tasks would land in the wrong buckets."""

@@ -4,7 +4,10 @@ with TIMEWHEEL_LOG_DELIVERIES one INFO line per callback attempt."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +47,22 @@ def test_delivery_lines_are_logged_only_with_log_deliveries(
     wait_status(loud, "loud-ok", "succeeded")
     assert re.search(r"INFO .*callback loud-ok attempt=1 200 [\d.]+s -> ok", loud.log()), \
         loud.log()
+
+
+def test_a_refused_start_is_one_critical_line_and_exit_3(
+        start_service: Callable[..., Service], tmp_path: Path) -> None:
+    """A second process on the first's data directory (embedded Redis) refuses to start: the
+    reason in one CRITICAL line, exit status 3, and no traceback under it (~80 lines of
+    Starlette's lifespan, which buried the line: the first-hour audit)."""
+    first = start_service(redis_url=None)
+    second = Service(tmp_path / "second", None)
+    second.env["TIMEWHEEL_DATA_DIR"] = first.env["TIMEWHEEL_DATA_DIR"]
+    second.directory.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "timewheel.cli", "serve",
+                           "--host", "127.0.0.1", "--port", str(second.port)],
+                          env=second.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    critical = [line for line in done.stderr.splitlines() if " CRITICAL " in line]
+    assert len(critical) == 1 and "is in use by another timewheel process" in critical[0]
+    assert "Traceback" not in done.stderr, done.stderr
+    assert first.process is not None and first.process.poll() is None  # the first serves on

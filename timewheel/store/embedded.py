@@ -42,6 +42,7 @@ from typing import IO
 
 import redis
 
+from timewheel.errors import StartRefused
 from timewheel.store.redis_settings import parse_version, server_args
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class DataDirInUse(RuntimeError):
+class DataDirInUse(StartRefused, RuntimeError):
     """Another running service holds the data dir (its embedded Redis is that service's)."""
 
 
