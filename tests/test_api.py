@@ -434,7 +434,7 @@ async def test_a_loopback_callback_refused_names_the_setting_that_allows_it(
         assert r.json()["detail"][0]["msg"] == (
             "127.0.0.1 is loopback, not a public address; set "
             "TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve --allow-private-networks) to "
-            "allow it")
+            "allow it, or list its network in TIMEWHEEL_ALLOWED_NETWORKS")
         assert await snapshot(redis) == before
 
 

@@ -129,7 +129,8 @@ async def test_settings_limits_and_oversize_body_are_item_422s(
     assert "TIMEWHEEL_MAX_HORIZON_SECONDS" in results[0]["detail"][0]["msg"]
     assert results[2]["detail"][0]["msg"] == (
         "127.0.0.1 is loopback, not a public address; set TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true "
-        "(or serve --allow-private-networks) to allow it")
+        "(or serve --allow-private-networks) to allow it, or list its network in "
+        "TIMEWHEEL_ALLOWED_NETWORKS")
     assert str(MAX_BODY_BYTES) in results[3]["detail"][0]["msg"]
     assert await redis.keys("*t:*") == [f"{{tw:{_bucket('ok')}}}:t:ok".encode()]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 from typing import Any
 
@@ -209,3 +210,18 @@ async def test_quiet_refusal_drops_the_traceback_of_a_refused_start_only(
     refused = isinstance(raised, DataDirInUse)
     assert sent == [{"type": "lifespan.startup.failed",
                      "message": "" if refused else "Traceback ..."}]
+
+
+def test_start_up_warnings_are_lines_of_the_log_format(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Warned of before logging is set up, a warning still has the log's format: with
+    TIMEWHEEL_LOG_FORMAT=json a JSON object, as deploy.md promises of every line."""
+    monkeypatch.delenv("TIMEWHEEL_API_TOKENS", raising=False)
+    monkeypatch.setenv("TIMEWHEEL_LOG_FORMAT", "json")
+    monkeypatch.setenv("TIMEWHEEL_API_TOKEN", "SECRET-VALUE")  # misspelt: warned of
+    _served(monkeypatch, ["serve", "--host", "0.0.0.0"])
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(line["level"], line["logger"]) for line in lines] == [
+        ("WARNING", "timewheel.cli")] * 2
+    assert "TIMEWHEEL_API_TOKEN " in lines[0]["message"]
+    assert "listening on 0.0.0.0" in lines[1]["message"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import ipaddress
+import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -54,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {
         key.removeprefix("setting_"): value for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None}
-    _warn_of_secret_flags(overrides)
-    _warn_of_unknown_names(os.environ)
+    fmt = overrides.get("log_format") or os.environ.get("TIMEWHEEL_LOG_FORMAT", "text")
+    warn = partial(_warn, fmt if fmt in ("text", "json") else "text")
+    _warn_of_secret_flags(overrides, warn)
+    _warn_of_unknown_names(os.environ, warn)
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         problems = [f"  {'.'.join(map(str, e['loc']))}: {e['msg']}"
                     for e in exc.errors(include_input=False, include_url=False)]
         sys.exit("timewheel: invalid settings:\n" + "\n".join(problems))
-    _warn_of_an_open_api(settings)
+    _warn_of_an_open_api(settings, warn)
     serve(settings, settings.host, settings.port)
 
 
@@ -72,7 +76,17 @@ def main(argv: list[str] | None = None) -> None:
 _NOT_SETTINGS = frozenset({"TIMEWHEEL_URL", "TIMEWHEEL_TOKEN", "TIMEWHEEL_TEST_REDIS_SERVER"})
 
 
-def _warn_of_unknown_names(environ: Mapping[str, str]) -> None:
+def _warn(fmt: str, message: str) -> None:
+    """A warning line before logging is set up (before the settings are read), in the format
+    the service's log lines will have: a JSON log store must not meet one plain line."""
+    from timewheel.logs import make_formatter  # here: the client's commands never need it
+
+    record = logging.LogRecord("timewheel.cli", logging.WARNING, __file__, 0, message, None,
+                               None)
+    sys.stderr.write(make_formatter(fmt).format(record) + "\n")
+
+
+def _warn_of_unknown_names(environ: Mapping[str, str], warn: Callable[[str], None]) -> None:
     """Name each TIMEWHEEL_* variable that is no setting, with the setting it most looks like:
     pydantic-settings ignores them, and TIMEWHEEL_API_TOKEN (singular) ran the API with no
     tokens, without a word. Never the value."""
@@ -82,20 +96,19 @@ def _warn_of_unknown_names(environ: Mapping[str, str]) -> None:
         if upper.startswith("TIMEWHEEL_") and upper not in known:
             near = difflib.get_close_matches(upper, sorted(known), n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
-            sys.stderr.write(f"timewheel: warning: {name} is not a setting and is ignored"
-                             f"{hint}; the settings are listed by timewheel serve --help\n")
+            warn(f"{name} is not a setting and is ignored{hint}; the settings are listed by "
+                 "timewheel serve --help")
 
 
-def _warn_of_an_open_api(settings: Settings) -> None:
+def _warn_of_an_open_api(settings: Settings, warn: Callable[[str], None]) -> None:
     """Beyond loopback with no API tokens, anyone who reaches the port can create, read and
     cancel tasks, and have the wheel call (and sign) any URL: say so (the service starts)."""
     if settings.api_tokens or _loopback(settings.host):
         return
-    sys.stderr.write(f"timewheel: warning: listening on {settings.host} with no "
-                     "TIMEWHEEL_API_TOKENS: anyone who can reach this port can create, read "
-                     "and cancel tasks and have them call any URL, signed; set tokens "
-                     "(README.md, Security) or listen on 127.0.0.1 behind a proxy that checks "
-                     "callers\n")
+    warn(f"listening on {settings.host} with no TIMEWHEEL_API_TOKENS: anyone who can reach "
+         "this port can create, read and cancel tasks and have them call any URL, signed; set "
+         "tokens (README.md, Security) or listen on 127.0.0.1 behind a proxy that checks "
+         "callers")
 
 
 def _loopback(host: str) -> bool:
@@ -107,7 +120,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:
+def _warn_of_secret_flags(overrides: dict[str, Any], warn: Callable[[str], None]) -> None:
     """Say which secrets were given as flags, where any user of the machine can read them
     (ps, /proc/<pid>/cmdline), and where they belong instead; never their values."""
     names = [name for name in secret_settings() if name in overrides]
@@ -117,10 +130,9 @@ def _warn_of_secret_flags(overrides: dict[str, Any]) -> None:
     if names:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in names)
         env = ", ".join(f"TIMEWHEEL_{name.upper()}" for name in names)
-        sys.stderr.write(f"timewheel: warning: {flags} on the command line can be read by any "
-                         f"user of this machine (ps, /proc/<pid>/cmdline); set {env} in the "
-                         "service's environment instead (an environment file only root can "
-                         "read: README.md, Configuration)\n")
+        warn(f"{flags} on the command line can be read by any user of this machine (ps, "
+             f"/proc/<pid>/cmdline); set {env} in the service's environment instead (an "
+             "environment file only root can read: README.md, Configuration)")
 
 
 def serve(settings: Settings, host: str, port: int) -> None:

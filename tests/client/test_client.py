@@ -452,16 +452,18 @@ def test_token_whitespace_is_dropped(router: respx.MockRouter) -> None:
 def test_a_malformed_token_is_refused_without_echoing_it(
         monkeypatch: pytest.MonkeyPatch, token: str, cls: type[Client] | type[AsyncClient]
         ) -> None:
-    """httpx would refuse it later with the whole header in its message; refuse it first."""
-    makers = [lambda: cls(BASE, token=token)]
+    """httpx would refuse it later with the whole header in its message; refuse it first,
+    naming TIMEWHEEL_TOKEN only when the token came from there."""
+    makers = [(lambda: cls(BASE, token=token), False)]
     if "\x00" not in token:  # an environment variable cannot hold NUL
         monkeypatch.setenv("TIMEWHEEL_TOKEN", token)
-        makers.append(lambda: cls(BASE))
-    for make in makers:
+        makers.append((lambda: cls(BASE), True))
+    for make, from_env in makers:
         with pytest.raises(ValueError) as raised:
             make()
         assert token.strip() not in str(raised.value)
         assert "printable ASCII" in str(raised.value)
+        assert ("TIMEWHEEL_TOKEN" in str(raised.value)) is from_env
 
 
 def test_create_task_sends_and_reads_result_callbacks(router: respx.MockRouter) -> None:

@@ -111,8 +111,8 @@ def http_options(base_url: str | None, token: str | None,
         # Checked here, and named without its value: httpx's own error for a bad header
         # value would quote the whole header, token included.
         if not _TOKEN_CHARS.fullmatch(secret):
-            raise ValueError("the token (TIMEWHEEL_TOKEN) must be printable ASCII without "
-                             "spaces")
+            origin = " (TIMEWHEEL_TOKEN)" if token is None else ""
+            raise ValueError(f"the token{origin} must be printable ASCII without spaces")
         headers["Authorization"] = f"Bearer {secret}"
     # Redirects are not followed: a redirected POST would be re-sent as a GET, and a 3xx from
     # the service means a misconfigured URL, which the caller should see.

@@ -30,7 +30,8 @@ from timewheel.store.record import NewTask, TaskRecord, new_key
 
 # A first callback usually goes to a local receiver: the refusal says how to allow it.
 ALLOW_PRIVATE_HINT = ("set TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve "
-                      "--allow-private-networks) to allow it")
+                      "--allow-private-networks) to allow it, or list its network in "
+                      "TIMEWHEEL_ALLOWED_NETWORKS")
 
 
 @dataclass(frozen=True, slots=True)
