@@ -217,10 +217,14 @@ async def test_a_silent_redis_is_a_503_within_the_request_deadline(
         assert (await client.get("/tasks/late")).status_code in (200, 404)
 
 
-async def test_the_deadline_leaves_other_timeouts_and_started_answers_alone() -> None:
-    """Only the deadline's own expiry becomes a 503: an app's own TimeoutError is its error,
-    and an answer already started cannot be replaced (the server closes the connection)."""
+async def test_the_deadline_answers_only_for_its_own_expiry() -> None:
+    """The watchdog's cancel of a request past its deadline becomes a 503; an app's own
+    TimeoutError is its error, a cancel from elsewhere (shutdown) stays a cancel, and an
+    answer already started cannot be replaced (the server closes the connection)."""
     from timewheel.api.deadline import RequestDeadline
+
+    async def silent(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.Event().wait()
 
     async def own_timeout(scope: Any, receive: Any, send: Any) -> None:
         raise TimeoutError("the app's own")
@@ -229,8 +233,27 @@ async def test_the_deadline_leaves_other_timeouts_and_started_answers_alone() ->
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await asyncio.Event().wait()
 
-    for app, raised in ((own_timeout, "the app's own"), (started_then_silent, "^$")):
-        transport = httpx.ASGITransport(app=RequestDeadline(app, seconds=0.05))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            with pytest.raises(TimeoutError, match=raised):
-                await client.get("/")
+    def client(app: Any, seconds: float) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=RequestDeadline(app, seconds=seconds))
+        return httpx.AsyncClient(transport=transport, base_url="http://t")
+
+    async with client(silent, 0.05) as http:
+        r = await http.get("/")
+        assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+        assert r.json()["detail"].startswith("Redis did not answer within 0.05 s")
+    async with client(own_timeout, 0.05) as http:
+        with pytest.raises(TimeoutError, match="the app's own"):
+            await http.get("/")
+    async with client(silent, 60) as http:
+        elsewhere = asyncio.create_task(http.get("/"))
+        await asyncio.sleep(0.05)
+        elsewhere.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await elsewhere
+    async with client(started_then_silent, 0.05) as http:
+        # The app runs in this very task (httpx's ASGI transport): the watchdog's cancel is
+        # this task's, and is taken back here.
+        with pytest.raises(asyncio.CancelledError):
+            await http.get("/")
+        me = asyncio.current_task()
+        assert me is not None and me.uncancel() == 0
