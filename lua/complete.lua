@@ -22,11 +22,14 @@
 --    1 RECORDED
 --    0 STALE                the claim is no longer the caller's (replaced, or re-claimed
 --                           after its lease ran out): nothing is written
---    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: only its
---                           history entry is written
+--    2 CANCELLED_IN_FLIGHT  the task was cancelled while this attempt was in flight: it stays
+--                           cancelled; the answer goes into its history (a retry there as
+--                           failed: none follows) and last status, and a delivery creates its
+--                           on_success result task
 --    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight
---                           and the answer does not finish it: its history entry and last
---                           status are written; the task stays at the PATCH's time (a delivery,
+--                           and the answer does not finish it: its history entry (a retry
+--                           at the PATCH's time) and last status are written; the task stays
+--                           at the PATCH's time (a delivery,
 --                           or a failure with the attempts used up, finishes it: RECORDED)
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
@@ -93,18 +96,26 @@ for _, item in ipairs(items) do
     or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX])))
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim and lease of a started attempt
-    -- for this).
-    redis.call('ZREM', P .. 'ls', key)
-    h[CLAIM], h[STARTED] = NONE, 0
-    put_head(tkey, h)
-    add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
-    out[#out + 1] = 2
-  elseif moved and not final then
+    -- for this). The task stays cancelled, but this answer is its last attempt's: the record
+    -- shows it, one that would have been retried has no next attempt (failed), and a
+    -- delivery calls on_success, since the receiver has it. No on_failure: a cancelled task
+    -- did not fail.
     redis.call('ZREM', P .. 'ls', key)
     h[CLAIM], h[STARTED] = NONE, 0
     h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
     put_with_err(tkey, h, err)
-    add_attempt(P, key, entry, kept, nil)
+    if outcome == 'retry' then entry = amend_entry(entry, 'failed', nil) end
+    if outcome == 'ok' and rec ~= '' then create_result(P, key, outcome, rec) end
+    add_attempt(P, key, entry, kept, redis.call('PTTL', tkey))
+    out[#out + 1] = 2
+  elseif moved and not final then
+    -- Its next attempt is at the PATCH's time, not at this answer's backoff (a failure the
+    -- executor judged final under the old max_attempts is tried again there too).
+    redis.call('ZREM', P .. 'ls', key)
+    h[CLAIM], h[STARTED] = NONE, 0
+    h[LAST_AT], h[LAST_CODE] = tonumber(ARGV[i + 6]), tonumber(code) or 0
+    put_with_err(tkey, h, err)
+    add_attempt(P, key, amend_entry(entry, 'retry', h[DUE]), kept, nil)
     out[#out + 1] = 3
   elseif not ours or (h[ST] ~= 'd' and not moved) or (outcome == 'retry' and not due) then
     out[#out + 1] = 0

@@ -105,6 +105,26 @@ async def test_a_recorded_retry_or_result_tells_a_stale_outcome_does_not(
     assert told == [(r_bucket, NOW + 400), (ok_bucket, NOW + 100)]
 
 
+async def test_a_delivery_after_a_delete_tells_of_its_result_task(
+        store: Store, told: list[tuple[int, int]]) -> None:
+    """Cancelled while its attempt was out and delivered after all: its on_success task is
+    due now, like a finished task's."""
+    await store.schedule(task("c", NOW, on_success=f"{URL}/done"), replace=False, now_ms=NOW)
+    bucket = store.keys.bucket_of("c")
+    _, [claimed] = await store.claim(bucket, now_ms=NOW, horizon_ms=NOW + 1000, limit=10,
+                                     token="tok-c")
+    assert (await store.start(bucket, claims=[("c", claimed.token)]))[0].attempt == 1
+    await store.cancel("c", now_ms=NOW + 10)
+    del told[:]
+    result = ResultCallback(url=f"{URL}/done", verdict="ok", attempt=1, status_code=200,
+                            scheduled_at_ms=NOW, timeout_ms=10_000)
+    replies = await store.complete_many([(bucket, Outcome(
+        "c", claimed.token, "ok", status_code=200, started_ms=NOW, result=result))],
+        now_ms=NOW + 100)
+    assert replies == [CompleteReply.CANCELLED_IN_FLIGHT]
+    assert told == [(bucket, NOW + 100)]
+
+
 @pytest.mark.parametrize("kind", ["replay", "cancel"])
 async def test_a_bulk_replay_step_tells_a_cancel_step_does_not(
         store: Store, told: list[tuple[int, int]], kind: str) -> None:

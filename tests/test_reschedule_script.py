@@ -3,6 +3,8 @@ whole bucket afterwards. The request stays; only the time (and max_attempts) mov
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from redis.asyncio import Redis
 
@@ -116,6 +118,11 @@ def entry(outcome: str, code: int, n: int = 1) -> str:
     return f'{{"n":{n},"s":{NOW + 1},"o":"{outcome}","c":{code}}}'
 
 
+async def history(redis: Redis) -> list[dict[str, object]]:
+    """Task a's history entries, parsed (an amended one is re-encoded: its key order goes)."""
+    return [json.loads(raw) for raw in await redis.lrange(P + "a:a", 0, -1)]
+
+
 async def in_flight(redis: Redis, attempts: int = 1, **extra: object) -> None:
     """Task a, its attempt started (counted) and out, leased to token "tok"."""
     await seed(redis, {"t:a": delivering(started=True, attempts=attempts, **REQUEST, **extra),
@@ -148,7 +155,8 @@ async def test_a_started_attempt_keeps_its_claim_and_a_retry_answer_leaves_the_n
     state = await dump(redis)
     assert state["t:a"] == rec("retrying", due=NOW + 2 * MIN, attempts=1, op="r1",
                                last_at=NOW + 1, last_code=503, last_err="HTTP 503", **REQUEST)
-    assert await redis.lrange(P + "a:a", 0, -1) == [entry("retry", 503).encode()]
+    # Its next attempt is the PATCH's, not the backoff's (an outside audit found it there).
+    assert await history(redis) == [{**json.loads(entry("retry", 503)), "na": NOW + 2 * MIN}]
     assert await redis.pttl(P + "a:a") == -1  # pending: the history does not expire
     assert state[f"ms:{M0 + 2}"] == {"a": NOW + 2 * MIN}
     assert "ls" not in state
@@ -197,6 +205,9 @@ async def test_a_failure_judged_against_the_max_a_patch_raised_leaves_the_task_m
     state = await dump(redis)
     assert (state["t:a"]["st"], state["t:a"]["max"], state["t:a"]["due"]) == (
         "r", 5, NOW + 2 * MIN)
+    # Tried again, at the PATCH's time: in the history a retry, not a failure.
+    assert await history(redis) == [{**json.loads(entry("retry", 503, n=2)),
+                                      "na": NOW + 2 * MIN}]
     assert (await claim(store, NOW + 2 * MIN, token="tok2"))[1] == ["a"]
 
 
@@ -224,7 +235,7 @@ async def test_a_second_patch_keeps_the_claim_of_the_attempt_still_out(
     assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
     assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1
     assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
-    assert await redis.lrange(P + "a:a", 0, -1) == [entry("retry", 503).encode()]
+    assert await history(redis) == [{**json.loads(entry("retry", 503)), "na": NOW + 3 * MIN}]
     assert (await dump(redis))["t:a"]["due"] == NOW + 3 * MIN
 
 

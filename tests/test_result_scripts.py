@@ -131,6 +131,29 @@ async def test_failed_creates_the_failure_task(store: Store, redis: Redis) -> No
     assert json.loads(after["t:a.on_failure"]["body"])["outcome"] == "failed"
 
 
+async def test_a_delivery_after_a_delete_still_calls_on_success_and_a_failure_nothing(
+        store: Store, redis: Redis) -> None:
+    """DELETE while the attempt is out, and the receiver answers 2xx: the receiver has the
+    callback, so on_success is created (the task stays cancelled); the same call re-sent
+    creates nothing more. A failure after a DELETE calls no on_failure: the task was
+    cancelled, not failed. (Before, a delivered, cancelled task called nothing: an audit.)"""
+    for verdict, code, url, created in (("ok", 200, OK_URL, True),
+                                        ("fail", 404, FAIL_URL, False)):
+        await redis.flushall()
+        await seed(redis, HELD)
+        assert await run(store, "cancel", "a", NOW + 50, RET, "del", KEPT) == 1
+        args = outcome("a", verdict, result_record("a", verdict, url=url), code=code)
+        assert await run(store, "complete", DONE, RET, KEPT, *args) == [2]
+        after = await dump(redis)
+        assert after["t:a"]["st"] == "c" and after["t:a"]["last_code"] == code
+        results = {name for name in after if name.startswith("t:a.on_")}
+        assert results == ({"t:a.on_success"} if created else set())
+        if created:
+            assert after["t:a.on_success"] == stored_result("a")
+        assert await run(store, "complete", DONE + 1, RET, KEPT, *args) == [0]
+        assert await dump(redis) == after
+
+
 async def test_a_retry_creates_nothing_and_a_bad_record_is_refused(store: Store,
                                                                    redis: Redis) -> None:
     """A result record goes only with a finishing outcome, and must be whole: the script

@@ -163,12 +163,16 @@ async def test_cancel_delivering_not_started(store: Store, redis: Redis) -> None
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
 
 
+@pytest.mark.parametrize(("kind", "code", "err", "shown"), [
+    ("ok", 200, "", "ok"), ("retry", 503, "HTTP 503", "failed"), ("fail", 404, "HTTP 404", "fail")])
 async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
-        store: Store, redis: Redis) -> None:
+        store: Store, redis: Redis, kind: str, code: int, err: str, shown: str) -> None:
     """Cancelling a task whose attempt started keeps that claim, so the attempt's answer goes
-    into the history (complete answers 2, drops the lease and writes nothing else), and its
-    lease, so that no answer at all goes in as lost (claim.lua); the task stays cancelled,
-    and nothing starts on the claim again."""
+    into the history (complete answers 2 and drops the lease), and its lease, so that no
+    answer at all goes in as lost (claim.lua); the task stays cancelled, and nothing starts
+    on the claim again. The answer is the task's last status, as the history says (they
+    disagreed: an outside audit), and one that would have been retried is failed there: no
+    attempt follows."""
     await seed(redis, {"t:a": delivering(started=True, attempts=1),
                        "ls": {"a": NOW + 15_000}, "cur": str(M0)})
     assert await run(store, "cancel", "a", NOW + 3, RET, "r1", KEPT) == 1
@@ -177,11 +181,15 @@ async def test_cancel_delivering_in_flight_keeps_the_claim_for_the_history(
                                          "started": 1}, "ls": {"a": NOW + 15_000},
                                  **cancelled({"a": NOW + 3}), "cur": str(M0)}
     assert await run(store, "start", "a", "tok") == [0, b"", b"", b""]
-    assert await run(store, "complete", NOW + 300, RET, KEPT, *outcome("a", "ok", 200)) == [2]
-    assert await dump(redis) == {"t:a": record, **cancelled({"a": NOW + 3}), "cur": str(M0),
-                                 "a:a": [entry("a", "ok")]}
+    answer = outcome("a", kind, code, err, due=NOW + 9000 if kind == "retry" else "")
+    assert await run(store, "complete", NOW + 300, RET, KEPT, *answer) == [2]
+    assert history_parsed(await dump(redis)) == {
+        "t:a": rec("cancelled", finished=NOW + 3, op="r1", attempts=1, last_at=NOW + 100,
+                   last_code=code, last_err=err),
+        **cancelled({"a": NOW + 3}), "cur": str(M0),
+        "a:a": [{**json.loads(entry("a", kind)), "o": shown}]}
     await assert_ttls(redis, {"t:a": RET, "a:a": RET})
-    assert await run(store, "complete", NOW + 301, RET, KEPT, *outcome("a", "ok", 200)) == [0]
+    assert await run(store, "complete", NOW + 301, RET, KEPT, *answer) == [0]
 
 
 async def test_an_answer_for_a_cancelled_record_without_a_ttl_keeps_its_history(

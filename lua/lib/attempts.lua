@@ -29,6 +29,14 @@ local function add_unanswered(P, key, n, outcome, err, kept, ttl, started, next_
     kept, ttl)
 end
 
+-- An entry the executor wrote before the answer met a DELETE or a PATCH (lua/complete.lua),
+-- with the outcome and next attempt that hold now (next_at nil: none). Rare: decoded only here.
+local function amend_entry(entry, outcome, next_at)
+  local fields = cjson.decode(entry)
+  fields.o, fields.na = outcome, next_at
+  return cjson.encode(fields)
+end
+
 -- A finished task becomes pending again (replay, or a re-create over its record): its
 -- history no longer expires.
 local function keep_attempts(P, key) redis.call('PERSIST', attempts_key(P, key)) end

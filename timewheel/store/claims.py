@@ -186,7 +186,7 @@ class ClaimSide:
                             now_ms: int) -> list[CompleteReply]:
         """Record (bucket, outcome) pairs with their history entries, in one call (several
         buckets only where ``starts_span_buckets``): RECORDED, STALE (the claim was no longer
-        ours: nothing written) or CANCELLED_IN_FLIGHT (only the history entry) each. An
+        ours: nothing written), CANCELLED_IN_FLIGHT or MOVED_IN_FLIGHT each. An
         outcome that finishes its task with a ``result`` creates its result task in the same
         call (lua/complete.lua)."""
         by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into outcomes, in order
@@ -215,6 +215,9 @@ class ClaimSide:
                     self.due_soon(bucket, o.next_due_ms)
                 elif o.result is not None:  # its result task, due now, in the same bucket
                     self.due_soon(bucket, now_ms)
+            elif out[i] is CompleteReply.CANCELLED_IN_FLIGHT and o.result is not None \
+                    and o.kind == "ok":  # delivered after all: on_success, due now
+                self.due_soon(bucket, now_ms)
         return out
 
     async def release(self, bucket: int, claims: Sequence[tuple[str, str]]

@@ -59,7 +59,7 @@ class CompleteReply(IntEnum):
 
     RECORDED = 1
     STALE = 0  # the claim is not the caller's any more: nothing written
-    CANCELLED_IN_FLIGHT = 2  # cancelled while the attempt was in flight: only its history
+    CANCELLED_IN_FLIGHT = 2  # cancelled while in flight: history, last status, on_success
     MOVED_IN_FLIGHT = 3  # rescheduled while in flight: its history and last status only
 
 
