@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive)
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
 HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried (aiohttp's)
+GRACE_S = 0.001  # after its timeout, an exchange reads what has come once more (_time_out)
 
 
 AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as getaddrinfo gives
@@ -314,6 +315,16 @@ class WireSender:
 
 
 def _time_out(done: asyncio.Future[None]) -> None:
+    """The exchange's time is up, but what has come is read first: a process that ran again
+    after a stop (SIGSTOP, a CPU it did not get) has its event loop run its expired timers
+    before it reads its sockets (libuv, after its wait for them returned EINTR), and the
+    answer may be waiting there (tests/test_wire_stall.py). A timer 1 ms on lets the loop
+    poll them once; a ``call_soon`` would run before that poll."""
+    if not done.done():
+        done.get_loop().call_later(GRACE_S, _give_up, done)
+
+
+def _give_up(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_exception(TimeoutError())
 
