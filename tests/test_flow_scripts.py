@@ -32,6 +32,7 @@ from timewheel.store.keys import INDEX_KEEPER, INDEX_KEEPER_SCORE
 
 F = "{tw:f:" + FLOW + "}:"
 SLACK = RATE_SLACK_MS
+KEPT = 20  # attempts kept per task (park takes it, as release does)
 
 
 async def permits(store: Store, now: int, release: list[str], want: list[str],
@@ -220,7 +221,7 @@ async def test_park_sets_a_claimed_task_aside(store: Store, redis: Redis) -> Non
     bucket's parked index."""
     await seed(redis, {"t:a": delivering(due=NOW - 5), "t:b": delivering(due=NOW - 9),
                        "ls": {"a": NOW + 15_000, "b": NOW + 15_000}, "cur": str(M0)})
-    assert await run(store, "park", "a", "tok", "b", "other") == [1, 0]
+    assert await run(store, "park", KEPT, "a", "tok", "b", "other") == [1, 0]
     assert await dump(redis) == {
         "t:a": rec("waiting", due=NOW - 5), "t:b": delivering(due=NOW - 9),
         "ls": {"b": NOW + 15_000}, f"pw:{FLOW}": {"a": NOW - 5}, "pf": {FLOW: NOW - 5},
@@ -233,7 +234,7 @@ async def test_park_uncounts_a_started_attempt_it_did_not_send(store: Store,
     start) and was then parked was never sent: its count goes back."""
     await seed(redis, {"t:a": delivering(started=True, attempts=2, due=NOW),
                        "ls": {"a": NOW + 9}, "cur": str(M0)})
-    assert await run(store, "park", "a", "tok") == [1]
+    assert await run(store, "park", KEPT, "a", "tok") == [1]
     assert await dump(redis) == {
         "t:a": rec("waiting", attempts=1), f"pw:{FLOW}": {"a": NOW}, "pf": {FLOW: NOW},
         "pa": {"a": NOW}, "cur": str(M0)}

@@ -258,7 +258,7 @@ async def test_a_started_attempt_not_sent_after_all_leaves_the_count(
     await in_flight(redis)
     assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
     assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1
-    args = (5, "a", "tok") if giving_up == "release" else ("a", "tok")
+    args = (5, "a", "tok") if giving_up == "release" else (5, "a", "tok")
     reply = await run(store, giving_up, *args)
     assert reply[0] == (3 if giving_up == "release" else 0)
     state = await dump(redis)

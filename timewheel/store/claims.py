@@ -251,7 +251,7 @@ class ClaimSide:
         async with redis_errors("park"):
             reply = await self.scripts.park(
                 keys=[self.keys.prefix(bucket)],
-                args=[part for claim in claims for part in claim])
+                args=[self.attempts_kept, *(part for claim in claims for part in claim)])
         return [ParkReply(int(x)) for x in reply]
 
     async def parked_flows(self, bucket: int, limit: int) -> list[tuple[str, int]]:
