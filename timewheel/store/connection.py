@@ -232,6 +232,13 @@ def _closed_under(exc: RuntimeError | AttributeError) -> ConnectionError | None:
                            f"{type(exc).__name__}: {exc}")
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A shielded refresh's outcome, read when no caller waits for it any more (else
+    asyncio logs "exception was never retrieved"); the callers that wait see it themselves."""
+    if not task.cancelled():
+        task.exception()
+
+
 class WheelPipeline(ClusterPipeline):
     """A cluster pipeline whose script calls carry the migration guard key."""
 
@@ -292,7 +299,20 @@ class WheelCluster(RedisCluster):
 
     async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
         """Refresh the slot map; nodes it drops are kept to be closed (they may still have a
-        command in flight)."""
+        command in flight).
+
+        Shielded: the command that runs a refresh may be cancelled (an API request at its
+        deadline, api/deadline.py; a scrape's bounded read), and redis-py answers any
+        exception inside its refresh, cancellation included, by closing every node's
+        connections, those of other commands in flight on healthy masters too. The refresh
+        goes on without the caller instead."""
+        if not self._initialize:
+            return self
+        refresh = asyncio.ensure_future(self._refresh(*args, **kwargs))
+        refresh.add_done_callback(_retrieved)
+        return await asyncio.shield(refresh)
+
+    async def _refresh(self, *args: Any, **kwargs: Any) -> RedisCluster:
         before = {id(node): node for node in self._known_nodes()}
         try:
             return await super().initialize(*args, **kwargs)

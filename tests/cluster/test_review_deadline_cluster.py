@@ -1,0 +1,45 @@
+"""The request deadline (api/deadline.py) cancels a request wherever it is. On a cluster a
+request may be the one refreshing the slot map (redis-py's ``RedisCluster.initialize``, which
+every command runs first once a timeout set ``_initialize``: the silent-master case the
+deadline is for, where a refresh that asks the silent master takes its 5 s socket timeout).
+Cancelled there, redis-py closed every node's connections (``except BaseException: await
+self.nodes_manager.aclose()``), those of commands in flight on healthy masters too: they
+failed, and were sent again only after the next refresh."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+
+async def test_a_request_cancelled_while_it_refreshes_the_slot_map_leaves_other_commands_be(
+        cluster_redis: AsyncRedisCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    await cluster_redis.initialize()
+    await cluster_redis.set("warm", "1")
+    started = time.monotonic()
+    # A command in flight on a healthy master: a BLPOP that answers None after 1 s.
+    other = asyncio.create_task(cluster_redis.blpop(["{healthy}:list"], timeout=1))
+    await asyncio.sleep(0.3)
+    # A request meets a slot map to refresh, and the refresh is slow (it asks the silent
+    # master first: its socket timeout).
+    manager = type(cluster_redis.nodes_manager)  # slotted: patched on its class
+    real = manager.initialize
+
+    async def slow_refresh(self: Any, *args: Any, **kwargs: Any) -> None:
+        await asyncio.sleep(5)
+        await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "initialize", slow_refresh)
+    cluster_redis._initialize = True
+    request = asyncio.create_task(cluster_redis.get("{silent}:t:x"))
+    await asyncio.sleep(0.2)
+    request.cancel()  # RequestDeadline's asyncio.timeout does this
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert await other is None
+    # Answered when its master answered it (1 s), not after a refresh and a second BLPOP.
+    assert time.monotonic() - started < 2.5
