@@ -212,7 +212,12 @@ class NetworkPolicy:
     def _host_answer(self, host: str) -> Refusal | None:
         name = unicodedata.normalize("NFKC", unquote(host)).lower().rstrip(".")
         if name == "localhost" or name.endswith(".localhost"):
-            return functools.partial(BlockedAddress, host, "a loopback name")
+            # Always loopback (RFC 6761), so refused early, unless loopback is an allowed
+            # network (the refusal's hint offers that: operations/tasks.py); the address it
+            # resolves to is checked at connect time all the same.
+            if not any(ip in net for net in self.allowed_networks for ip in _LOOPBACK):
+                return functools.partial(BlockedAddress, host, "a loopback name")
+            return None
         ip = parse_ip_literal(host)
         if ip is not None:
             try:
@@ -220,6 +225,9 @@ class NetworkPolicy:
             except BlockedAddress as exc:
                 return functools.partial(BlockedAddress, exc.address, exc.reason, host=exc.host)
         return None
+
+
+_LOOPBACK = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
 
 
 def _remember(answers: dict[str, Refusal | None], key: str, answer: Refusal | None) -> None:
