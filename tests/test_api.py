@@ -3,6 +3,7 @@ docs/api.md."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from typing import Any
@@ -436,6 +437,21 @@ async def test_a_loopback_callback_refused_names_the_setting_that_allows_it(
             "TIMEWHEEL_ALLOW_PRIVATE_NETWORKS=true (or serve --allow-private-networks) to "
             "allow it, or list its network in TIMEWHEEL_ALLOWED_NETWORKS")
         assert await snapshot(redis) == before
+
+
+async def test_the_allowed_networks_hint_is_followed_and_the_task_is_created(
+        make_client: Any, settings: Any) -> None:
+    """The refusal's hint works when followed, for the name localhost too."""
+    strict = settings.model_copy(update={"allow_private_networks": False})
+    body = {"key": "local", "callback_url": "http://localhost:9000/hook", "delay": 60}
+    async with make_client(strict) as client:
+        r = await client.post("/tasks", json=body)
+        assert r.status_code == 422
+        assert "TIMEWHEEL_ALLOWED_NETWORKS" in r.json()["detail"][0]["msg"]
+    allowed = strict.model_copy(update={"allowed_networks": [ipaddress.ip_network("127.0.0.0/8")]})
+    async with make_client(allowed) as client:
+        r = await client.post("/tasks", json=body)
+        assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(("fields", "headers", "body"), [

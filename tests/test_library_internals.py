@@ -376,3 +376,16 @@ async def test_stream_writer_awaits_on_chunk_sent_before_it_writes() -> None:
     await writer.write(b"body")
     assert seen == [[]]  # asked before anything went out
     assert b"".join(protocol.transport.written).endswith(b"body")  # control: then written
+
+
+def test_the_cluster_client_still_flags_a_pending_refresh_in_initialize() -> None:
+    """WheelCluster.initialize (store/connection.py) returns at once unless redis-py's own
+    ``_initialize`` flag says a slot-map refresh is due, as RedisCluster.initialize does, and
+    shields only that refresh from its caller's cancellation."""
+    import inspect
+
+    from redis.asyncio.cluster import RedisCluster
+
+    client = RedisCluster(host="127.0.0.1", port=1)
+    assert client._initialize is True  # a fresh client must refresh first
+    assert "if self._initialize:" in inspect.getsource(RedisCluster.initialize)

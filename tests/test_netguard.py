@@ -826,3 +826,19 @@ def test_remembered_answers_are_bounded_and_not_part_of_the_policy() -> None:
     assert len(policy._url_answers) <= netguard._REMEMBERED
     assert policy == NetworkPolicy() and hash(policy) == hash(NetworkPolicy())
     assert "answers" not in repr(policy)
+
+
+LOOPBACK_NETS = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+
+
+@pytest.mark.parametrize("url", ["http://localhost:9000/hook", "http://api.localhost/x"])
+def test_a_loopback_name_passes_once_loopback_is_an_allowed_network(url: str) -> None:
+    """(A review's case.) The 422's hint says to list the network in
+    TIMEWHEEL_ALLOWED_NETWORKS: for localhost that was untrue, the name was refused whatever
+    was listed. Its address is still checked when the connection is made."""
+    NetworkPolicy(allowed_networks=LOOPBACK_NETS).check_url_host(url)
+    NetworkPolicy(allowed_networks=LOOPBACK_NETS[:1]).check_url_host(url)
+    with pytest.raises(BlockedAddress, match="a loopback name"):
+        NetworkPolicy(allowed_networks=(ipaddress.ip_network("10.0.0.0/8"),)).check_url_host(url)
+    with pytest.raises(BlockedAddress, match="a loopback name"):
+        NetworkPolicy().check_url_host(url)

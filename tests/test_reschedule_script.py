@@ -258,13 +258,12 @@ async def test_a_started_attempt_not_sent_after_all_leaves_the_count(
     await in_flight(redis)
     assert await reschedule(store, "a", NOW + 2 * MIN, req="r1") == 1
     assert await reschedule(store, "a", NOW + 3 * MIN, req="r2") == 1
-    args = (5, "a", "tok") if giving_up == "release" else (5, "a", "tok")
-    reply = await run(store, giving_up, *args)
+    reply = await run(store, giving_up, 5, "a", "tok")  # both take `kept` first
     assert reply[0] == (3 if giving_up == "release" else 0)
     state = await dump(redis)
     assert state["t:a"] == rec("scheduled", due=NOW + 3 * MIN, op="r2", **REQUEST)
     assert state[f"ms:{M0 + 3}"] == {"a": NOW + 3 * MIN}
-    assert (await run(store, giving_up, *args))[0] == 0  # once
+    assert (await run(store, giving_up, 5, "a", "tok"))[0] == 0  # once
     assert (await dump(redis))["t:a"]["att"] == 0
 
 

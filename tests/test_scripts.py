@@ -464,6 +464,29 @@ async def test_an_attempt_lost_after_a_patch_or_a_cancel_in_flight_is_recorded(
         assert await redis.pttl(P + "a:a") == -1
 
 
+async def test_a_started_attempt_parked_after_a_delete_is_not_recorded_lost(
+        store: Store, redis: Redis) -> None:
+    """(A review's case.) A rated flow's started attempt that asks its flow again (the
+    dispatcher's _late_for_its_rate, NotWritten) is parked; a DELETE came in between. park.lua
+    answered 0 and left the claim and the lease that cancel keeps, and the claim that found
+    the lease run out wrote 'lost' for an attempt no process sent. It is recorded as
+    release.lua records it: cancelled, not sent, its claim and lease gone."""
+    due = NOW + 1000
+    assert await schedule(store, "a", due) == 0
+    assert (await claim(store, NOW, horizon=due))[1] == ["a"]
+    assert (await run(store, "start", "a", "tok"))[0] == 1
+    lease = int(await redis.zscore(P + "ls", "a") or 0)
+    assert await run(store, "cancel", "a", NOW + 20, RET, "req-del", KEPT) == 1
+    assert await run(store, "park", KEPT, "a", "tok") == [0]
+    # The holder is done with it: nothing of its claim should be left.
+    assert await redis.zscore(P + "ls", "a") is None
+    await claim(store, lease + 1, token="t2")
+    state = await dump(redis)
+    history = [json.loads(e) for e in state["a:a"]]
+    assert [e["o"] for e in history] == ["cancelled"]
+    assert (state["t:a"]["claim"], state["t:a"]["started"]) == (layout.NONE, 0)
+
+
 async def test_an_attempt_patched_in_flight_and_taken_before_its_lease_ends_is_recorded_lost(
         store: Store, redis: Redis) -> None:
     """(A review's case.) PATCHed while out to before its lease's end, the task is due when
