@@ -217,7 +217,8 @@ def test_start_up_warnings_are_lines_of_the_log_format(
     """Warned of before logging is set up, a warning still has the log's format: with
     TIMEWHEEL_LOG_FORMAT=json a JSON object, as deploy.md promises of every line."""
     monkeypatch.delenv("TIMEWHEEL_API_TOKENS", raising=False)
-    monkeypatch.setenv("TIMEWHEEL_LOG_FORMAT", "json")
+    monkeypatch.delenv("TIMEWHEEL_LOG_FORMAT", raising=False)
+    monkeypatch.setenv("timewheel_log_format", "json")  # any case, as the settings read it
     monkeypatch.setenv("TIMEWHEEL_API_TOKEN", "SECRET-VALUE")  # misspelt: warned of
     _served(monkeypatch, ["serve", "--host", "0.0.0.0"])
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {
         key.removeprefix("setting_"): value for key, value in vars(args).items()
         if key.startswith("setting_") and value is not None}
-    fmt = overrides.get("log_format") or os.environ.get("TIMEWHEEL_LOG_FORMAT", "text")
+    fmt = overrides.get("log_format") or next(  # names are any case, as for the settings
+        (v for k, v in os.environ.items() if k.upper() == "TIMEWHEEL_LOG_FORMAT"), "text")
     warn = partial(_warn, fmt if fmt in ("text", "json") else "text")
     _warn_of_secret_flags(overrides, warn)
     _warn_of_unknown_names(os.environ, warn)

@@ -90,7 +90,7 @@ def test_tasks_add_at(router: respx.MockRouter, at: str, expected: str | float) 
     (["--body", "text"], "quote a string as"),
     (["--at", "tomorrow"], "argument --at: must be an RFC 3339 date-time"),
     (["--at", "2027-01-15T09:00:00"], "must be an RFC 3339 date-time with offset, e.g. "
-                                      "2026-11-22T10:00:00Z, or Unix seconds"),
+                                      "2026-11-22T10:00:00Z, or Unix seconds as a number"),
     (["--delay", "soon"], "argument --delay: not a number: 'soon'"),
     (["--method", "TRACE"], "argument --method: invalid choice: 'TRACE'"),
     (["--max-attempts", "2.5"], "argument --max-attempts: invalid int value"),

@@ -60,7 +60,7 @@ def parse_execute_at(value: str | int | float) -> int:
     if isinstance(value, str):
         if not _RFC3339.match(value):
             raise ValueError("must be an RFC 3339 date-time with offset, e.g. "
-                             "2026-11-22T10:00:00Z, or Unix seconds")
+                             "2026-11-22T10:00:00Z, or Unix seconds as a number")
         try:
             moment = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
         except ValueError as exc:

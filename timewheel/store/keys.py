@@ -14,7 +14,9 @@ Under a bucket prefix P (the Lua scripts derive these from P, see lua/claim.lua)
     P md:<minute>   set    the minute's delete-set (cancelled or moved away)
     P mn            zset   minutes that have a slice (claim and listing skip empty minutes)
     P cur           string oldest minute that may still hold entries
-    P ls            zset   claimed task key -> lease expiry ms, and INDEX_KEEPER (below)
+    P ls            zset   claimed task key -> lease expiry ms (and a cancelled or PATCHed
+                           task's whose attempt is still out: claim.lua records it lost
+                           when none answers), and INDEX_KEEPER (below)
     P cl:<token>    list   keys one claim call took (lets a retried call return the same)
     P pw:<flow>     zset   the flow's parked tasks: task key -> due_ms (lua/park.lua)
     P pf            zset   flows with parked tasks -> due_ms of their earliest
