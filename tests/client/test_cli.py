@@ -255,11 +255,29 @@ UNSET = {"paused": False, "max_attempts": None, "retry_backoff": None, "max_back
 ])
 def test_flows_set(router: respx.MockRouter, capsys: pytest.CaptureFixture[str],
                    argv: list[str], body: dict[str, Any]) -> None:
+    router.get("/flows/api.example.com:443").mock(return_value=httpx.Response(200, json=FLOW))
     route = router.put("/flows/api.example.com:443").mock(return_value=httpx.Response(
         200, json=FLOW))
     assert run("flows", "set", "api.example.com:443", *argv) == 0
     assert sent(route) == ("PUT", "/flows/api.example.com:443", {}, body)
-    assert json.loads(capsys.readouterr().out) == FLOW
+    out = capsys.readouterr()
+    assert json.loads(out.out) == FLOW
+    assert out.err == ""  # nothing changed that was not given
+
+
+def test_flows_set_names_what_it_changed_that_was_not_given(
+        router: respx.MockRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    """An incident: the flow is paused with a limit, and the operator raises a retry default
+    only. The set resumes the flow and drops its limit (PUT replaces the whole configuration):
+    said on stderr, so that it is not learned from the receiver."""
+    paused = {**FLOW, "paused": True, "parallelism": 5, "rate": 2.0}
+    router.get("/flows/f").mock(return_value=httpx.Response(200, json=paused))
+    router.put("/flows/f").mock(return_value=httpx.Response(
+        200, json={**FLOW, "parallelism": 100, "max_attempts": 30}))
+    assert run("flows", "set", "f", "--max-attempts", "30") == 0
+    assert capsys.readouterr().err == (
+        "timewheel: note: flows set replaces the whole configuration; not given, so changed: "
+        "paused true -> false, parallelism 5 -> 100, rate 2.0 -> null\n")
 
 
 @pytest.mark.parametrize(("argv", "status", "answer", "stderr"), [

@@ -254,11 +254,30 @@ def _flows(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     command(group, "list", common, _list_flows, "the flows whose limits were set")
 
 
+# What `flows set` clears when it is not given, by the view's field.
+_FLOW_SETTINGS = ("paused", "parallelism", "rate", "max_attempts", "retry_backoff",
+                  "max_backoff")
+
+
 def _set_flow(client: Client, args: argparse.Namespace) -> Any:
-    return client.set_flow(args.key, {
+    """PUT replaces the whole configuration. In an incident an operator raising one retry
+    default resumed a paused flow and dropped its limits without a word (the first-hour
+    audit): what changed that was not given is named on stderr."""
+    try:
+        before = client.get_flow(args.key)
+    except ClientError:  # only for the note: the set itself says what is wrong
+        before = None
+    after = client.set_flow(args.key, {
         "parallelism": args.parallelism, "rate": args.rate, "paused": args.paused,
         "max_attempts": args.max_attempts, "retry_backoff": args.retry_backoff,
         "max_backoff": args.max_backoff})
+    cleared = [f"{name} {json.dumps(getattr(before, name))} -> {json.dumps(getattr(after, name))}"
+               for name in _FLOW_SETTINGS if before is not None and getattr(args, name) in
+               (None, False) and getattr(before, name) != getattr(after, name)]
+    if cleared:
+        sys.stderr.write(f"timewheel: note: flows set replaces the whole configuration; "
+                         f"not given, so changed: {', '.join(cleared)}\n")
+    return after
 
 
 def _pause_flow(client: Client, args: argparse.Namespace) -> Any:
