@@ -252,8 +252,8 @@ async def test_the_deadline_answers_only_for_its_own_expiry() -> None:
             await elsewhere
     async with client(started_then_silent, 0.05) as http:
         # The app runs in this very task (httpx's ASGI transport): the watchdog's cancel is
-        # this task's, and is taken back here.
+        # this task's, and the middleware took it back (tests/test_request_deadline.py).
         with pytest.raises(asyncio.CancelledError):
             await http.get("/")
         me = asyncio.current_task()
-        assert me is not None and me.uncancel() == 0
+        assert me is not None and me.cancelling() == 0

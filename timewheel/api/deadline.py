@@ -45,6 +45,7 @@ class RequestDeadline:
             await self.app(scope, receive, send)
             return
         loop = task.get_loop()
+        before = task.cancelling()  # cancel requests pending on entry (none, under uvicorn)
         self._running[task] = loop.time() + self.seconds
         if self._watchdog is None or self._watched is not loop:  # (tests run loop after loop)
             self._watched = loop
@@ -60,16 +61,18 @@ class RequestDeadline:
         try:
             await self.app(scope, receive, send_once_started)
         except asyncio.CancelledError:
-            # Not the watchdog's (shutdown, a client gone), or too late to answer otherwise
-            # (the server then closes the connection).
-            if task not in self._expired or answered:
+            # Not the watchdog's (shutdown, a client gone), another cancel came besides it
+            # (it stands, as asyncio.timeout lets it), or too late to answer otherwise (the
+            # server then closes the connection).
+            if task not in self._expired or task.cancelling() > before + 1 or answered:
                 raise
-            task.uncancel()
         else:
             return
         finally:
             del self._running[task]
-            self._expired.discard(task)
+            if task in self._expired:  # the watchdog's cancel is taken back in every case,
+                self._expired.discard(task)  # an app that swallowed it included
+                task.uncancel()
         log.warning("%s %s not answered within %g s (Redis slow or unavailable): 503",
                     scope["method"], scope["path"], self.seconds)
         answer = JSONResponse(

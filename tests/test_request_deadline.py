@@ -1,0 +1,66 @@
+"""api/deadline.py's watchdog against the cancel requests it meets: another cancel that comes
+while the app unwinds the watchdog's stays a cancel, and a watchdog cancel the app swallowed
+is not left on the task. The app runs in the caller's task (httpx's ASGI transport), as each
+request runs in its own under uvicorn; no Redis, no timed assertion."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import httpx
+import pytest
+from starlette.responses import JSONResponse
+
+from timewheel.api.deadline import RequestDeadline
+
+PATIENCE_S = 30.0  # a bound on waiting for the watchdog (it looks every WATCH_S), not a timing
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=RequestDeadline(app, seconds=0.01))
+    return httpx.AsyncClient(transport=transport, base_url="http://t")
+
+
+async def test_a_cancel_from_elsewhere_while_the_app_unwinds_the_deadline_stays_a_cancel(
+        ) -> None:
+    """Past its deadline the request is cancelled and its app cleans up (a connection closed,
+    say); shutdown cancels the request meanwhile. That cancel must reach the caller, as
+    asyncio.timeout let it (it converts its own cancel only when no other is pending); the
+    watchdog answered 503 and the task went on."""
+    unwinding, cleaned_up = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_unwind(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            unwinding.set()
+            await cleaned_up.wait()
+            raise
+
+    async with client(slow_to_unwind) as http:
+        request = asyncio.create_task(http.get("/"))
+        await asyncio.wait_for(unwinding.wait(), PATIENCE_S)
+        request.cancel()  # shutdown's
+        with pytest.raises(asyncio.CancelledError):
+            await request
+
+
+async def test_a_deadline_cancel_the_app_swallowed_is_not_left_on_the_task() -> None:
+    """An app (a library in it) swallows the watchdog's CancelledError and answers: the task
+    goes on, and must not carry a cancel request nobody will take back (asyncio.timeout
+    took its own back in every case): a later TaskGroup or timeout in it reads cancelling()."""
+    swallowed = asyncio.Event()
+
+    async def swallows(scope: Any, receive: Any, send: Any) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        swallowed.set()
+        await JSONResponse({"late": True})(scope, receive, send)
+
+    async with client(swallows) as http:
+        r = await http.get("/")
+    assert swallowed.is_set() and r.status_code == 200
+    me = asyncio.current_task()
+    assert me is not None and me.cancelling() == 0
