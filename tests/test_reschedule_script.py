@@ -292,3 +292,20 @@ async def test_finished_missing_and_too_few_attempts_are_refused_without_writes(
     await assert_ttls(redis, {"t:f": RET})
     # The control: the same task with one attempt more allowed moves.
     assert await reschedule(store, "r", NOW + 2 * MIN, max_attempts=3) == 1
+
+
+async def test_a_patch_past_year_5138_keeps_its_next_attempt_to_the_millisecond(
+        store: Store, redis: Redis) -> None:
+    """A PATCH to 9999-12-31T23:59:59.999Z (253402300799999 ms: 15 digits, which execute_at
+    accepts and the head holds) while the attempt is out, then a 503: the amended entry's
+    next_attempt_at is the task's due time, an integer. Redis's cjson writes numbers with 14
+    significant digits: it was 2.534023008e+14, a float a millisecond later, in year 10000,
+    which GET /tasks/{key}/attempts cannot format. (Out of the API's reach while
+    TIMEWHEEL_MAX_HORIZON_SECONDS is at most 100 years: 13 digits until 2286.)"""
+    far = 253_402_300_799_999
+    await in_flight(redis)
+    assert await reschedule(store, "a", far) == 1
+    assert await complete(store, "retry", 503, due=NOW + 1000) == [3]
+    assert (await dump(redis))["t:a"]["due"] == far
+    [stored] = await history(redis)
+    assert stored["na"] == far and isinstance(stored["na"], int), stored

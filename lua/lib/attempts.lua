@@ -31,10 +31,15 @@ end
 
 -- An entry the executor wrote before the answer met a DELETE or a PATCH (lua/complete.lua),
 -- with the outcome and next attempt that hold now (next_at nil: none). Rare: decoded only here.
+-- cjson writes numbers with 14 significant digits: a next_at of 15 (past year 5138) would come
+-- back rounded and as a float, so it is written whole after the rest (the other numbers are
+-- the executor's: attempt, start, duration, status, 13 digits at most).
 local function amend_entry(entry, outcome, next_at)
   local fields = cjson.decode(entry)
-  fields.o, fields.na = outcome, next_at
-  return cjson.encode(fields)
+  fields.o, fields.na = outcome, nil
+  local text = cjson.encode(fields)
+  if next_at == nil then return text end
+  return string.sub(text, 1, -2) .. string.format(',"na":%d}', next_at)
 end
 
 -- A finished task becomes pending again (replay, or a re-create over its record): its
