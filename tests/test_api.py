@@ -448,7 +448,8 @@ async def test_the_allowed_networks_hint_is_followed_and_the_task_is_created(
         r = await client.post("/tasks", json=body)
         assert r.status_code == 422
         assert "TIMEWHEEL_ALLOWED_NETWORKS" in r.json()["detail"][0]["msg"]
-    allowed = strict.model_copy(update={"allowed_networks": [ipaddress.ip_network("127.0.0.0/8")]})
+    allowed = strict.model_copy(update={"allowed_networks": [
+        ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128")]})
     async with make_client(allowed) as client:
         r = await client.post("/tasks", json=body)
         assert r.status_code == 201, r.text

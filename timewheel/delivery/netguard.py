@@ -213,10 +213,12 @@ class NetworkPolicy:
         name = unicodedata.normalize("NFKC", unquote(host)).lower().rstrip(".")
         if name == "localhost" or name.endswith(".localhost"):
             # Always loopback (RFC 6761), so refused early, unless loopback is an allowed
-            # network (the refusal's hint offers that: operations/tasks.py); the address it
-            # resolves to is checked at connect time all the same.
-            if not any(ip in net for net in self.allowed_networks for ip in _LOOPBACK):
-                return functools.partial(BlockedAddress, host, "a loopback name")
+            # network (the refusal's hint offers that: operations/tasks.py). Both of its
+            # addresses: a name that resolves to 127.0.0.1 and ::1 (Debian's /etc/hosts) is
+            # refused whole at connect time when one of them is not allowed.
+            if not all(any(ip in net for net in self.allowed_networks) for ip in _LOOPBACK):
+                return functools.partial(BlockedAddress, host,
+                                         "a loopback name (127.0.0.1 and ::1)")
             return None
         ip = parse_ip_literal(host)
         if ip is not None:
