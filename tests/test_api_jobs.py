@@ -256,6 +256,24 @@ async def test_bad_input_is_422_naming_the_field_and_stores_nothing(
     assert sorted(await redis.keys("*")) != keys_before
 
 
+@pytest.mark.parametrize(("kind", "status", "expected"), [
+    ("cancel", "bogus", "'scheduled', 'retrying' or 'delivering'"),
+    ("cancel", "failed", "'scheduled', 'retrying' or 'delivering'"),
+    ("replay", "scheduled", "'failed' or 'cancelled'"),
+    ("replay", 3, "'failed' or 'cancelled'"),
+])
+async def test_a_status_the_job_cannot_take_is_refused_naming_the_values_as_sent(
+        client: httpx.AsyncClient, kind: str, status: Any, expected: str) -> None:
+    """The 422 lists the statuses as a client writes them, not as Python shows the enum
+    (``<TaskStatus.SCHEDULED: 'scheduled'>``)."""
+    r = await client.post(f"/tasks/{kind}", json={"status": status})
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert (error["loc"], error["type"], error["msg"]) == (
+        ["body", "status"], "literal_error", f"Input should be {expected}")
+    assert "TaskStatus" not in r.text
+
+
 @pytest.mark.parametrize(("given", "shown"), [
     ("2026-11-28T10:55:30+02:00", "2026-11-28T08:55:30.000Z"),
     ("2026-11-28t08:55:30.1234z", "2026-11-28T08:55:30.124Z"),  # the millisecond compared

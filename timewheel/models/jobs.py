@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from timewheel.domain import KEY_PATTERN, TaskStatus
 from timewheel.models.tasks import ExecuteAt
@@ -28,6 +29,19 @@ def _no_nulls(schema: dict[str, Any]) -> None:
         if "anyOf" in prop:
             prop["anyOf"] = [s for s in prop["anyOf"] if s.get("type") != "null"]
         prop.pop("default", None)
+
+
+def _one_of(value: object, allowed: tuple[TaskStatus, ...]) -> object:
+    """A status a job cannot take is refused as pydantic's Literal refuses it (422,
+    ``literal_error``), but naming the values as a client sends them ('scheduled'): the Literal
+    of enum members would name them as Python shows them (<TaskStatus.SCHEDULED: 'scheduled'>).
+    None goes on to JobFilter's own check ("must not be null")."""
+    if value is None or value in allowed:
+        return value
+    names = [f"'{status.value}'" for status in allowed]
+    expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+    raise PydanticCustomError("literal_error", "Input should be {expected}",
+                              {"expected": expected})
 
 
 class JobFilter(BaseModel):
@@ -66,11 +80,21 @@ class CancelFilter(JobFilter):
 
     status: Literal[TaskStatus.SCHEDULED, TaskStatus.RETRYING, TaskStatus.DELIVERING] | None = None
 
+    @field_validator("status", mode="before")
+    @classmethod
+    def _status(cls, value: object) -> object:
+        return _one_of(value, (TaskStatus.SCHEDULED, TaskStatus.RETRYING, TaskStatus.DELIVERING))
+
 
 class ReplayFilter(JobFilter):
     """Body of ``POST /tasks/replay``: a replay acts on failed or cancelled tasks."""
 
     status: Literal[TaskStatus.FAILED, TaskStatus.CANCELLED] | None = None
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _status(cls, value: object) -> object:
+        return _one_of(value, (TaskStatus.FAILED, TaskStatus.CANCELLED))
 
 
 class JobCreated(BaseModel):
