@@ -93,6 +93,12 @@ function tokenDialog() {
     input.value = getToken();
     if (!dialog.open) dialog.showModal();
     input.focus();
+  }
+
+  // Asked for by a call that got a 401 (api.js): it waits for the answer, and tries again
+  // with a saved token itself.
+  function ask(message) {
+    open(message);
     return new Promise((resolve) => {
       settle = resolve;
     });
@@ -118,7 +124,7 @@ function tokenDialog() {
   button.addEventListener("click", () => open());
   button.addEventListener("scope", refreshButton);
   refreshButton();
-  onTokenNeeded(open);
+  onTokenNeeded(ask);
 }
 
 async function health() {
