@@ -49,6 +49,7 @@ export async function fetchScope() {
 // the user cancelled. Concurrent 401s share one prompt.
 let prompter = async () => false;
 let pending = null;
+let answered = 0; // prompts the user answered (saved or cancelled) so far
 
 export function onTokenNeeded(fn) {
   prompter = fn;
@@ -57,6 +58,7 @@ export function onTokenNeeded(fn) {
 function askForToken(reason) {
   if (!pending) {
     pending = prompter(reason).finally(() => {
+      answered += 1;
       pending = null;
     });
   }
@@ -75,6 +77,7 @@ export async function request(method, path, { query, body } = {}) {
     const token = getToken();
     if (token) headers.Authorization = `Bearer ${token}`;
     const init = { method, headers, cache: "no-store" };
+    const asked = answered;
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -89,9 +92,11 @@ export async function request(method, path, { query, body } = {}) {
       // A token saved while this call was on its way (another call's prompt): try it before
       // asking again, or a call answered late would open the dialog a second time.
       if (getToken() !== token) continue;
+      // The user answered the dialog while this call was on its way (Cancel, or the same
+      // token again): that answer was this call's too, not a reason to open it once more.
       const reason = token ? "The token was refused; enter another." :
         "This service needs an API token.";
-      if (await askForToken(reason)) continue;
+      if (answered === asked && await askForToken(reason)) continue;
     }
     if (response.status === 204) return null;
     let payload = null;
