@@ -69,3 +69,20 @@ def test_a_call_refused_after_a_cancel_does_not_ask_again(page: Any, service: Se
     page.wait_for_timeout(300)  # a second dialog would open now
     expect(page.locator("#token-dialog")).to_be_hidden()
     expect(page.locator("#token-button")).to_have_text("Token")
+
+
+def test_a_refused_token_gets_no_check_mark(page: Any, service: Service,
+                                            shot: Callable[[str], Path]) -> None:
+    """After Cancel on "The token was refused", the header says "Token", not "Token ✓": the
+    token in session storage was never accepted. The right token, entered from the header,
+    gets the ✓ and the page."""
+    page.goto(f"{service.base_url}/ui#/tasks")
+    refuse_and_cancel(page)
+    expect(page.locator("#task-results")).to_contain_text("401")
+    expect(page.locator("#token-button")).to_have_text("Token")
+    shot("refused-token-cancelled")
+
+    page.click("#token-button")
+    enter_token(page, TOKEN)
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
+    expect(page.locator("#task-count")).to_be_visible()

@@ -65,6 +65,14 @@ function askForToken(reason) {
   return pending;
 }
 
+// Set by app.js: told when the service refused the token that is saved (a 401 with it), so
+// the header no longer shows it as accepted.
+let refused = () => {};
+
+export function onTokenRefused(fn) {
+  refused = fn;
+}
+
 // One call: request(method, path, {query, body}). Resolves to the parsed JSON (null for 204),
 // throws ApiError otherwise. A 401 asks for a token and tries again while the user gives one.
 export async function request(method, path, { query, body } = {}) {
@@ -92,6 +100,7 @@ export async function request(method, path, { query, body } = {}) {
       // A token saved while this call was on its way (another call's prompt): try it before
       // asking again, or a call answered late would open the dialog a second time.
       if (getToken() !== token) continue;
+      if (token) refused(token);
       // The user answered the dialog while this call was on its way (Cancel, or the same
       // token again): that answer was this call's too, not a reason to open it once more.
       const reason = token ? "The token was refused; enter another." :

@@ -1,7 +1,7 @@
 // The dashboard's shell: hash routes to pages, the token dialog, the Redis health light.
 // Pages render into <main> and may return a cleanup function (timers) run when they are left.
 
-import { BASE, fetchScope, getToken, onTokenNeeded, setToken } from "./api.js";
+import { BASE, fetchScope, getToken, onTokenNeeded, onTokenRefused, setToken } from "./api.js";
 import { clearNotice } from "./dom.js";
 import * as dead from "./page-dead.js";
 import * as flows from "./page-flows.js";
@@ -26,6 +26,7 @@ const PAGES = {
 
 let cleanup = null;
 let scope = null; // the token's scope (GET /auth), null while unknown
+let accepted = null; // the token GET /auth answered that scope for: the header's ✓ is for it
 
 // <body class="can-write can-admin">: style.css shows what needs a scope only to a token that
 // has it (dom.js, needs()).
@@ -38,7 +39,9 @@ function applyScope(value) {
 }
 
 async function refreshScope() {
-  applyScope(await fetchScope());
+  const value = await fetchScope();
+  accepted = value === null ? null : getToken();
+  applyScope(value);
 }
 
 // "#/tasks?status=failed" -> ["tasks", URLSearchParams, undefined]; "#/task/k" -> ["task", .., "k"]
@@ -75,10 +78,15 @@ function tokenDialog() {
   let settle = null;
 
   function refreshButton() {
-    // A token that may not do everything says so (an admin token, the usual one, says nothing).
+    // ✓ only for a token the service accepted (GET /auth), not for one merely entered: a
+    // refused token, the dialog cancelled, is no token. A token that may not do everything
+    // says so (an admin token, the usual one, says nothing).
+    const token = getToken();
+    const ok = token !== "" && token === accepted && scope !== null;
     const shown = { read: " (read only)", write: " (write)" }[scope] || "";
-    button.textContent = getToken() ? `Token ✓${shown}` : "Token";
-    button.title = scope ? `This token's scope: ${scope}` : "";
+    button.textContent = ok ? `Token ✓${shown}` : "Token";
+    button.title = token && !ok ? "This token was not accepted (yet)" :
+      scope ? `This token's scope: ${scope}` : "";
   }
 
   function close(saved) {
@@ -125,6 +133,13 @@ function tokenDialog() {
   button.addEventListener("scope", refreshButton);
   refreshButton();
   onTokenNeeded(ask);
+  // The service refused the token it had accepted (rotated, removed): no ✓ for it any more.
+  onTokenRefused((token) => {
+    if (token === accepted) {
+      accepted = null;
+      refreshButton();
+    }
+  });
 }
 
 async function health() {
