@@ -18,6 +18,18 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 expect = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'").expect
 
+# Counts the times the page opens a dialog (the token dialog is the page's only one).
+COUNT_PROMPTS = """
+window.__prompts = 0;
+const showModal = HTMLDialogElement.prototype.showModal;
+HTMLDialogElement.prototype.showModal = function () {
+  window.__prompts += 1;
+  return showModal.call(this);
+};
+"""
+# What each page calls on its 5 s refresh (page-overview.js, page-flows.js REFRESH_MS).
+REFRESHED = {"#/overview": "/stats/due", "#/flows": "/flows"}
+
 
 def refuse_and_cancel(page: Any) -> None:
     """A wrong token, refused; then Cancel on the dialog that asks again."""
@@ -86,3 +98,36 @@ def test_a_refused_token_gets_no_check_mark(page: Any, service: Service,
     enter_token(page, TOKEN)
     expect(page.locator("#token-button")).to_have_text("Token ✓")
     expect(page.locator("#task-count")).to_be_visible()
+
+
+@pytest.mark.parametrize("fragment", list(REFRESHED))
+def test_after_a_cancel_the_background_refresh_does_not_ask_again(
+        page: Any, service: Service, fragment: str, shot: Callable[[str], Path]) -> None:
+    """Two 5 s refreshes, each answered 401, open no dialog after the user cancelled it; the
+    header's Token button opens it, and the right token brings the page back."""
+    page.add_init_script(COUNT_PROMPTS)
+    refused: list[str] = []
+    page.on("response", lambda r: refused.append(r.url)
+            if r.status == 401 and REFRESHED[fragment] in r.url else None)
+    page.goto(f"{service.base_url}/ui{fragment}")
+    refuse_and_cancel(page)
+    asked = page.evaluate("window.__prompts")
+    seen = len(refused)
+    for _ in range(150):  # two refreshes: 10 s and a bit
+        if len(refused) >= seen + 2:
+            break
+        page.wait_for_timeout(100)
+    assert len(refused) >= seen + 2, refused
+    expect(page.locator("#token-dialog")).to_be_hidden()
+    assert page.evaluate("window.__prompts") == asked
+    expect(page.locator("#token-button")).to_have_text("Token")
+    shot(f"{fragment.strip('#/')}-after-cancel")
+
+    page.click("#token-button")
+    enter_token(page, TOKEN)
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
+    if fragment == "#/overview":
+        expect(page.locator("#due-chart svg")).to_be_visible()
+    else:
+        expect(page.locator("#flow-results")).not_to_contain_text("401")
+    expect(page.locator("#token-dialog")).to_be_hidden()

@@ -24,6 +24,11 @@ function describe(status, detail) {
   return `${status}: ${detail ? JSON.stringify(detail) : "request failed"}`;
 }
 
+// The user cancelled the dialog (or forgot the token): a page's refresh in the background
+// (every 5 s) then fails with its 401 instead of opening the dialog again and again. What
+// the user does (a page opened, a button, the header's Token button) still asks.
+let declined = false;
+
 export function getToken() {
   return window.sessionStorage.getItem(TOKEN_KEY) || "";
 }
@@ -32,6 +37,7 @@ export function setToken(token) {
   const trimmed = token.trim();
   if (trimmed) window.sessionStorage.setItem(TOKEN_KEY, trimmed);
   else window.sessionStorage.removeItem(TOKEN_KEY);
+  declined = !trimmed; // a token saved: ask again when it is refused; forgotten: do not nag
 }
 
 // What the token may do: "read", "write" or "admin" (GET /auth; "admin" when the service has no
@@ -57,7 +63,10 @@ export function onTokenNeeded(fn) {
 
 function askForToken(reason) {
   if (!pending) {
-    pending = prompter(reason).finally(() => {
+    pending = prompter(reason).then((saved) => {
+      declined = !saved;
+      return saved;
+    }).finally(() => {
       answered += 1;
       pending = null;
     });
@@ -73,9 +82,10 @@ export function onTokenRefused(fn) {
   refused = fn;
 }
 
-// One call: request(method, path, {query, body}). Resolves to the parsed JSON (null for 204),
-// throws ApiError otherwise. A 401 asks for a token and tries again while the user gives one.
-export async function request(method, path, { query, body } = {}) {
+// One call: request(method, path, {query, body, background}). Resolves to the parsed JSON
+// (null for 204), throws ApiError otherwise. A 401 asks for a token and tries again while the
+// user gives one; a background call does not ask once the user declined.
+export async function request(method, path, { query, body, background = false } = {}) {
   const url = new URL(path, BASE);
   for (const [name, value] of Object.entries(query || {})) {
     if (value !== undefined && value !== null && value !== "") url.searchParams.set(name, value);
@@ -105,7 +115,8 @@ export async function request(method, path, { query, body } = {}) {
       // token again): that answer was this call's too, not a reason to open it once more.
       const reason = token ? "The token was refused; enter another." :
         "This service needs an API token.";
-      if (answered === asked && await askForToken(reason)) continue;
+      const ask = answered === asked && !(background && declined);
+      if (ask && await askForToken(reason)) continue;
     }
     if (response.status === 204) return null;
     let payload = null;
@@ -127,7 +138,7 @@ export async function request(method, path, { query, body } = {}) {
 }
 
 export const api = {
-  get: (path, query) => request("GET", path, { query }),
+  get: (path, query, { background = false } = {}) => request("GET", path, { query, background }),
   put: (path, body) => request("PUT", path, { body }),
   post: (path, body) => request("POST", path, { body }),
   del: (path) => request("DELETE", path),

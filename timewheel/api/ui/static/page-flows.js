@@ -146,7 +146,7 @@ export function render(root) {
 
   async function load({ background = false } = {}) {
     try {
-      const list = await api.get("flows");
+      const list = await api.get("flows", undefined, { background });
       if (!alive) return;
       flows = list.flows;
       if (background && busy()) return;

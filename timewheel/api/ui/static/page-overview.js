@@ -107,8 +107,8 @@ export function render(root) {
       summary, chartBox),
     footnote);
 
-  async function refreshDue() {
-    const load = await api.get("stats/due", { minutes });
+  async function refreshDue(background) {
+    const load = await api.get("stats/due", { minutes }, { background });
     if (!alive) return;
     const points = load.minutes;
     const sum = points.reduce((a, p) => a + p.due, 0);
@@ -124,8 +124,8 @@ export function render(root) {
     fill(chartBox, dueChart(points));
   }
 
-  async function refreshStats() {
-    const stats = await api.get("stats");
+  async function refreshStats(background) {
+    const stats = await api.get("stats", undefined, { background });
     if (!alive) return;
     const set = (id, text, note) => {
       document.getElementById(id).textContent = text;
@@ -162,9 +162,11 @@ export function render(root) {
     if (!same || windowed) previous = stats;
   }
 
-  async function refresh() {
+  // The timer's refresh is a background one: after the token dialog was cancelled, its 401
+  // does not open the dialog again (api.js); opening the page or changing the range does.
+  async function refresh({ background = false } = {}) {
     try {
-      await Promise.all([refreshDue(), refreshStats()]);
+      await Promise.all([refreshDue(background), refreshStats(background)]);
       error.hidden = true;
     } catch (err) {
       if (!alive) return;
@@ -174,7 +176,7 @@ export function render(root) {
   }
 
   refresh();
-  timer = window.setInterval(refresh, REFRESH_MS);
+  timer = window.setInterval(() => refresh({ background: true }), REFRESH_MS);
   return () => {
     alive = false;
     window.clearInterval(timer);
