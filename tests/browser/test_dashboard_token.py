@@ -131,3 +131,15 @@ def test_after_a_cancel_the_background_refresh_does_not_ask_again(
     else:
         expect(page.locator("#flow-results")).not_to_contain_text("401")
     expect(page.locator("#token-dialog")).to_be_hidden()
+
+
+def test_the_chart_says_why_it_is_empty(page: Any, service: Service,
+                                        shot: Callable[[str], Path]) -> None:
+    """Without a token the Overview's chart panel shows the 401, not "Loading…" for ever."""
+    page.goto(f"{service.base_url}/ui#/overview")
+    expect(page.locator("#token-dialog")).to_be_visible()
+    page.click("#token-cancel")
+    chart = page.locator("#due-chart")
+    expect(chart).to_contain_text("Could not load the due load: 401")
+    expect(chart).not_to_contain_text("Loading")
+    shot("overview-no-token")

@@ -81,6 +81,7 @@ export function render(root) {
   let previous = null;
   let alive = true;
   let timer = null;
+  let drawn = false; // the chart was drawn once: a failed refresh leaves it, under the error
 
   const range = h("select", { id: "range", onchange: () => { minutes = Number(range.value); refresh(); } },
     RANGES.map(([value, label]) => h("option", { value: String(value), selected: value === minutes }, label)));
@@ -122,6 +123,7 @@ export function render(root) {
     document.getElementById("chart-zone").textContent =
       `(times in ${zoneLabel(new Date(points.length ? points[0].minute : Date.now()))})`;
     fill(chartBox, dueChart(points));
+    drawn = true;
   }
 
   async function refreshStats(background) {
@@ -165,14 +167,17 @@ export function render(root) {
   // The timer's refresh is a background one: after the token dialog was cancelled, its 401
   // does not open the dialog again (api.js); opening the page or changing the range does.
   async function refresh({ background = false } = {}) {
-    try {
-      await Promise.all([refreshDue(background), refreshStats(background)]);
-      error.hidden = true;
-    } catch (err) {
-      if (!alive) return;
-      error.textContent = `Could not load the figures: ${err.message}`;
-      error.hidden = false;
+    const [due, stats] = await Promise.allSettled([refreshDue(background),
+      refreshStats(background)]);
+    if (!alive) return;
+    const failed = [due, stats].find((outcome) => outcome.status === "rejected");
+    // Never drawn: the chart panel says why instead of "Loading…" for ever.
+    if (due.status === "rejected" && !drawn) {
+      fill(chartBox, h("p", { class: "error", id: "due-error" },
+        `Could not load the due load: ${due.reason.message}`));
     }
+    error.hidden = !failed;
+    if (failed) error.textContent = `Could not load the figures: ${failed.reason.message}`;
   }
 
   refresh();
