@@ -1,0 +1,50 @@
+"""The dashboard's layout at the edges, in a real headless Chromium against a real `timewheel
+serve`. Screenshots go to the test's tmp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.test_dashboard import create, open_ui, uid
+from tests.e2e.conftest import Service
+from tests.support.receiver import ThreadedReceiver
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+expect = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'").expect
+
+# ~100 characters, the longest run without a '-' 66 of them (the auditor's key).
+LONG = ("a-very-long-key-name-for-layout-checking.with.many.segments.0123456789."
+        "abcdefghijklmnopqrstuvwxyz")
+
+
+@pytest.mark.parametrize("width", [1920, 1280])
+def test_a_long_key_leaves_the_cancel_button_on_screen(
+        page: Any, service: Service, api: httpx.Client, receiver: ThreadedReceiver,
+        width: int, shot: Callable[[str], Path]) -> None:
+    """<main> is at most 1280 px wide: the key breaks where it must, and the table fits in it
+    without scrolling sideways, its Cancel button in view."""
+    prefix = f"wide-{uid()}"
+    key = f"{prefix}-{LONG}"
+    create(api, key, receiver.url("/wide"), delay=3600)
+    create(api, f"{prefix}-short", receiver.url("/wide"), delay=3600)
+    page.set_viewport_size({"width": width, "height": 800})
+    open_ui(page, service, f"#/tasks?status=scheduled&prefix={prefix}")
+    cancel = page.locator(f'#task-results tr[data-key="{key}"]').get_by_role("button",
+                                                                             name="Cancel")
+    expect(cancel).to_be_visible()
+    wrap = page.locator("#task-results .table-wrap")
+    scroll, client = wrap.evaluate("w => [w.scrollWidth, w.clientWidth]")
+    assert scroll <= client, f"the table is {scroll} px wide in {client} px"
+    assert cancel.bounding_box()["x"] + cancel.bounding_box()["width"] <= (
+        wrap.bounding_box()["x"] + wrap.bounding_box()["width"])
+    # The key is all there, on more lines than one.
+    link = page.locator(f'#task-results tr[data-key="{key}"] a.key')
+    expect(link).to_have_text(key)
+    assert link.bounding_box()["height"] > 30
+    shot(f"tasks-long-key-{width}")
