@@ -235,6 +235,51 @@ def test_change_flow_limits(page: Any, service: Service, api: httpx.Client,
     assert edited not in {f["key"] for f in api.get("/flows").json()["flows"]}
 
 
+def test_a_refused_flow_edit_keeps_what_was_typed(page: Any, service: Service,
+                                                  api: httpx.Client, expected_console: list[str],
+                                                  shot: Callable[[str], Path]) -> None:
+    """Parallelism 0 is refused by the API (422), a rate "abc" by the page: the row stays open
+    with what the user typed, to be corrected, not the old values drawn over it."""
+    expected_console.append("status of 422")
+
+    def reloaded(response: Any) -> bool:
+        return bool(response.url.endswith("/flows") and response.request.method == "GET")
+
+    flow = f"edit-{uid()}"
+    assert api.put(f"/flows/{flow}", json={"parallelism": 5, "rate": 2}).status_code == 200
+    open_ui(page, service, "#/flows")
+    row = page.locator(f'#flow-results tr[data-key="{flow}"]')
+    row.get_by_role("button", name="Edit").click()
+    row.locator(".edit-parallelism").fill("0")
+    row.locator(".edit-rate").fill("3")
+    with page.expect_response(reloaded):  # the list is read again after the refused PUT
+        row.get_by_role("button", name="Save").click()
+    expect(page.locator("#notice")).to_contain_text(
+        "422: parallelism Input should be greater than or equal to 1")
+    expect(row.locator(".edit-parallelism")).to_have_value("0")
+    expect(row.locator(".edit-rate")).to_have_value("3")
+    shot("flow-refused-parallelism")
+    assert api.get(f"/flows/{flow}").json()["parallelism"] == 5
+
+    row.locator(".edit-parallelism").fill("4")
+    row.locator(".edit-rate").fill("abc")
+    with page.expect_response(reloaded):
+        row.get_by_role("button", name="Save").click()
+    expect(page.locator("#notice")).to_contain_text("is not a number")
+    expect(row.locator(".edit-parallelism")).to_have_value("4")
+    expect(row.locator(".edit-rate")).to_have_value("abc")
+
+    row.locator(".edit-rate").fill("3")
+    row.get_by_role("button", name="Save").click()
+    expect(row.locator(".parallelism")).to_have_text("4")
+    expect(row.locator(".rate")).to_have_text("3")
+    assert (api.get(f"/flows/{flow}").json()["parallelism"],
+            api.get(f"/flows/{flow}").json()["rate"]) == (4, 3)
+    # A new edit starts from the flow's values again.
+    row.get_by_role("button", name="Edit").click()
+    expect(row.locator(".edit-parallelism")).to_have_value("4")
+
+
 def test_pause_and_resume_a_schedule(page: Any, service: Service, api: httpx.Client,
                                      receiver: ThreadedReceiver,
                                      shot: Callable[[str], Path]) -> None:

@@ -47,6 +47,9 @@ async function save(key, parallelismInput, rateInput, current) {
 export function render(root) {
   let alive = true;
   let editing = null; // the key whose row is open for editing: no refresh under the user's hands
+  // What the user typed in that row: a save refused (422, or not a number) draws the row again
+  // with it, to be corrected, not with the flow's values over it.
+  let draft = null;
   let flows = [];
   const results = h("div", { id: "flow-results" });
 
@@ -76,10 +79,16 @@ export function render(root) {
 
   function row(flow) {
     if (editing === flow.key) {
+      if (!draft) {
+        draft = { parallelism: flow.parallelism === null ? "" : String(flow.parallelism),
+          rate: flow.rate === null ? "" : String(flow.rate) };
+      }
+      const typed = draft;
       const parallelism = h("input", { name: "parallelism", class: "edit-parallelism", size: 8,
-        value: flow.parallelism === null ? "" : String(flow.parallelism), inputmode: "numeric" });
+        value: typed.parallelism, inputmode: "numeric",
+        oninput: () => { typed.parallelism = parallelism.value; } });
       const rate = h("input", { name: "rate", class: "edit-rate", size: 8,
-        value: flow.rate === null ? "" : String(flow.rate), inputmode: "decimal" });
+        value: typed.rate, inputmode: "decimal", oninput: () => { typed.rate = rate.value; } });
       return h("tr", { "data-key": flow.key, class: "editing" },
         h("td", { class: "key" }, flow.key),
         h("td", {}, parallelism), h("td", {}, rate),
@@ -90,10 +99,12 @@ export function render(root) {
             attempt(async () => {
               await save(flow.key, parallelism, rate, flow);
               editing = null;
+              draft = null;
             }, load);
           } }, "Save"),
           h("button", { type: "button", class: "secondary", onclick: () => {
             editing = null;
+            draft = null;
             draw();
           } }, "Cancel"))));
     }
@@ -109,6 +120,7 @@ export function render(root) {
         pauseButton(flow),
         h("button", { type: "button", class: "secondary edit", onclick: () => {
           editing = flow.key;
+          draft = null; // from the flow's values
           draw();
         } }, "Edit"),
         confirmButton("Reset", `Back to the defaults?`, () => attempt(async () => {
