@@ -173,14 +173,23 @@ export function renderTask(root, key) {
   }
 
   // A result callback (API v3): its URL, and once the task has ended that way, a link to the
-  // result task {key}.on_success / {key}.on_failure that posts the outcome there.
+  // result task {key}.on_success / {key}.on_failure that posts the outcome there; once it has
+  // ended another way (or was cancelled), that it is not posted; while it is open, that it
+  // will be.
   function resultField(task, kind, status, when) {
     const url = task[kind];
     if (!url) return null;
     const resultKey = `${task.key}.${kind}`;
-    const link = task.status === status
-      ? h("a", { href: `#/task/${seg(resultKey)}`, class: "key", id: `task-${kind.replace("_", "-")}` }, resultKey)
-      : h("span", { class: "muted" }, `posted by the task ${resultKey} once it ${when}`);
+    const ended = { succeeded: "the task succeeded", failed: "the task failed",
+      cancelled: "the task was cancelled" }[task.status];
+    let link;
+    if (task.status === status) {
+      link = h("a", { href: `#/task/${seg(resultKey)}`, class: "key", id: `task-${kind.replace("_", "-")}` }, resultKey);
+    } else if (ended) {
+      link = h("span", { class: "muted" }, `not posted: ${ended}`);
+    } else {
+      link = h("span", { class: "muted" }, `posted by the task ${resultKey} once it ${when}`);
+    }
     return field(kind === "on_success" ? "On success" : "On failure",
       h("span", {}, h("span", { class: "url" }, `POST ${url}`), " — ", link));
   }
