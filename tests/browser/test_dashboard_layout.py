@@ -1,5 +1,5 @@
 """The dashboard's layout at the edges, in a real headless Chromium against a real `timewheel
-serve`. Screenshots go to the test's tmp dir."""
+serve`: a long task key, a phone's width. Screenshots go to the test's tmp dir."""
 
 from __future__ import annotations
 
@@ -48,3 +48,35 @@ def test_a_long_key_leaves_the_cancel_button_on_screen(
     expect(link).to_have_text(key)
     assert link.bounding_box()["height"] > 30
     shot(f"tasks-long-key-{width}")
+
+
+def test_the_header_wraps_on_a_phone(page: Any, service: Service,
+                                     shot: Callable[[str], Path]) -> None:
+    """At 390 px nothing in the header sticks out of it or of the screen, nothing overlaps or
+    is broken over two lines ("Dead / letters"), and the page does not scroll sideways."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_ui(page, service, "#/tasks")
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
+    expect(page.locator("#task-count")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    header = page.locator("header.top").bounding_box()
+    assert header["width"] <= 390
+    items = ["header.top .brand", *(f"#nav a >> nth={i}" for i in range(6)), "#health",
+             "#zone-button", "#token-button"]
+    boxes = {}
+    for selector in items:
+        box = page.locator(selector).bounding_box()
+        assert box["x"] >= header["x"] and box["y"] >= header["y"], selector
+        assert box["x"] + box["width"] <= header["x"] + header["width"], selector
+        assert box["y"] + box["height"] <= header["y"] + header["height"], selector
+        assert box["height"] < 36, f"{selector} is on more than one line"
+        boxes[selector] = box
+    for a, first in boxes.items():
+        for b, second in boxes.items():
+            if a < b:
+                apart = (first["x"] + first["width"] <= second["x"] or
+                         second["x"] + second["width"] <= first["x"] or
+                         first["y"] + first["height"] <= second["y"] or
+                         second["y"] + second["height"] <= first["y"])
+                assert apart, f"{a} overlaps {b}"
+    shot("phone-tasks")
