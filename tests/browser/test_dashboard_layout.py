@@ -50,6 +50,34 @@ def test_a_long_key_leaves_the_cancel_button_on_screen(
     shot(f"tasks-long-key-{width}")
 
 
+def test_a_long_key_on_a_phone_wraps_in_a_readable_column(
+        page: Any, service: Service, api: httpx.Client, receiver: ThreadedReceiver,
+        shot: Callable[[str], Path]) -> None:
+    """At 390 px the table scrolls sideways in its box, and its keys keep 20 characters a line,
+    not one or two; the task page's title breaks the key within the screen."""
+    prefix = f"narrow-{uid()}"
+    key = f"{prefix}-{LONG}"
+    create(api, key, receiver.url("/narrow"), delay=3600)
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_ui(page, service, f"#/tasks?status=scheduled&prefix={prefix}")
+    link = page.locator(f'#task-results tr[data-key="{key}"] a.key')
+    expect(link).to_have_text(key)
+    char = page.evaluate("""() => { const probe = document.createElement("span");
+      probe.className = "key"; probe.textContent = "0".repeat(20);
+      document.body.append(probe); const width = probe.getBoundingClientRect().width;
+      probe.remove(); return width / 20; }""")
+    assert link.bounding_box()["width"] >= 19 * char
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot("phone-tasks-long-key")
+
+    page.goto(f"{service.base_url}/ui#/task/{key}")
+    expect(page.locator("#task-detail .badge")).to_have_text("scheduled")
+    title = page.locator("h1.key").bounding_box()
+    assert title["x"] + title["width"] <= 390
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot("phone-task-long-key")
+
+
 def test_the_header_wraps_on_a_phone(page: Any, service: Service,
                                      shot: Callable[[str], Path]) -> None:
     """At 390 px nothing in the header sticks out of it or of the screen, nothing overlaps or
