@@ -35,7 +35,8 @@
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
 -- trims those indexes at the retention age, when the record expires.
 --
--- The result task is created only with the RECORDED outcome that finishes its parent, so a
+-- The result task is created only with the RECORDED outcome that finishes its parent (or the
+-- delivery of an attempt whose task was cancelled while it was out: CANCELLED_IN_FLIGHT), so a
 -- call re-sent after a lost reply (STALE then) or an attempt re-sent after its lease ran out
 -- (whose first answer was never recorded) creates it once. It is not created when a task of
 -- its key exists already (a replayed task that finishes the same way again: the first
