@@ -46,3 +46,32 @@ async def test_a_request_cancelled_while_it_refreshes_the_slot_map_leaves_other_
         await request
     assert await other is None
     assert closes == []  # the BLPOP's connection, among others, was never torn down
+
+
+async def test_callers_cancelled_during_a_refresh_leave_one_refresh_not_one_each(
+        cluster_redis: AsyncRedisCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(A second review.) Shielded, each cancelled caller left its own refresh queued on
+    redis-py's lock; a silent master's refreshes fail, so each one ran in turn, a socket
+    timeout each. Callers meanwhile now wait for the one refresh under way."""
+    await cluster_redis.initialize()
+    manager = type(cluster_redis.nodes_manager)
+    real_refresh = manager.initialize
+    refreshes: list[str] = []
+
+    async def slow_failing_refresh(self: Any, *args: Any, **kwargs: Any) -> None:
+        refreshes.append("refresh")
+        await asyncio.sleep(0.5)
+        raise ConnectionError("the silent master did not answer")
+
+    monkeypatch.setattr(manager, "initialize", slow_failing_refresh)
+    cluster_redis._initialize = True
+    callers = [asyncio.create_task(cluster_redis.initialize()) for _ in range(5)]
+    await asyncio.sleep(0.1)
+    for caller in callers:
+        caller.cancel()
+    await asyncio.gather(*callers, return_exceptions=True)
+    await asyncio.sleep(1.5)  # room for the queued ones, had there been any
+    assert refreshes == ["refresh"]
+    monkeypatch.setattr(manager, "initialize", real_refresh)
+    await cluster_redis.initialize()  # and the client refreshes again once asked
+    assert cluster_redis._initialize is False

@@ -273,6 +273,7 @@ class WheelCluster(RedisCluster):
             node.connection_class = wheel  # type: ignore[assignment]  # a Connection subclass
         self._commands = asyncio.Semaphore(MAX_CONNECTIONS)
         self._retired: dict[int, ClusterNode] = {}  # nodes dropped from the slot map
+        self._refreshing: asyncio.Future[RedisCluster] | None = None  # see initialize
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         token = _in_call.set(True)
@@ -308,9 +309,13 @@ class WheelCluster(RedisCluster):
         goes on without the caller instead."""
         if not self._initialize:
             return self
-        refresh = asyncio.ensure_future(self._refresh(*args, **kwargs))
-        refresh.add_done_callback(_retrieved)
-        return await asyncio.shield(refresh)
+        # One refresh at a time, which every caller meanwhile waits for: each cancelled caller
+        # left one behind, queued on redis-py's lock, and a silent master's took its socket
+        # timeout each, one after the other (a second review).
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh(*args, **kwargs))
+            self._refreshing.add_done_callback(_retrieved)
+        return await asyncio.shield(self._refreshing)
 
     async def _refresh(self, *args: Any, **kwargs: Any) -> RedisCluster:
         before = {id(node): node for node in self._known_nodes()}
