@@ -37,12 +37,7 @@ for i = 2, #ARGV, 2 do
     moved_unsent(P, key, tkey, h)
     out[#out + 1] = 0
   elseif h and h[ST] == 'c' and h[CLAIM] == claim then
-    -- Cancelled after it started: not sent after all (lua/release.lua's case 2).
-    redis.call('ZREM', P .. 'ls', key)
-    h[CLAIM], h[STARTED] = NONE, 0
-    put_head(tkey, h)
-    add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
-      kept, redis.call('PTTL', tkey))
+    cancelled_unsent(P, key, tkey, h, kept)  -- cancelled after it started: not sent after all
     out[#out + 1] = 0
   elseif not h or h[ST] ~= 'd' or h[CLAIM] ~= claim then
     out[#out + 1] = 0

@@ -26,13 +26,7 @@ for i = 2, #ARGV, 2 do
   if not h or h[CLAIM] ~= digest(ARGV[i + 1]) then
     out[#out + 1] = 0
   elseif h[ST] == 'c' then
-    -- Cancelled after it started (lua/cancel.lua kept the claim and lease for its answer):
-    -- it was not sent after all.
-    redis.call('ZREM', P .. 'ls', key)
-    h[CLAIM], h[STARTED] = NONE, 0
-    put_head(tkey, h)
-    add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
-      kept, redis.call('PTTL', tkey))
+    cancelled_unsent(P, key, tkey, h, kept)  -- cancelled after it started: not sent after all
     out[#out + 1] = 2
   elseif moved_in_flight(h, h[CLAIM]) then
     -- Rescheduled after it started: it was not sent after all.

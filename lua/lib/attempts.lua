@@ -42,6 +42,17 @@ local function amend_entry(entry, outcome, next_at)
   return string.sub(text, 1, -2) .. string.format(',"na":%d}', next_at)
 end
 
+-- A started attempt its holder gives up unsent (release, park) after a DELETE kept its claim
+-- and lease for its answer (lib/cancelling.lua): they go, and its history says the DELETE
+-- stopped it before it was sent.
+local function cancelled_unsent(P, key, tkey, h, kept)
+  redis.call('ZREM', P .. 'ls', key)
+  h[CLAIM], h[STARTED] = NONE, 0
+  put_head(tkey, h)
+  add_unanswered(P, key, h[ATT], 'cancelled', 'stopped by a DELETE before it was sent',
+    kept, redis.call('PTTL', tkey))
+end
+
 -- A finished task becomes pending again (replay, or a re-create over its record): its
 -- history no longer expires.
 local function keep_attempts(P, key) redis.call('PERSIST', attempts_key(P, key)) end

@@ -120,3 +120,27 @@ def shot(page: Any, tmp_path: Path) -> Callable[[str], Path]:
     return take
 
 
+class HeldFirstAuth:
+    """The page's first call to ``/auth`` held back (the others go on), to be let go by the
+    test: the page's first calls go out together, and one answered late is the case."""
+
+    def __init__(self, page: Any) -> None:
+        self._page = page
+        self._held: list[Any] = []
+        page.route(lambda url: url.endswith("/auth"), self._route)
+
+    def _route(self, route: Any) -> None:
+        if self._held:
+            route.continue_()
+        else:
+            self._held.append(route)
+
+    def call(self) -> Any:
+        """The held route, once it has reached the handler (it does while playwright is
+        waited on)."""
+        for _ in range(100):
+            if self._held:
+                break
+            self._page.wait_for_timeout(50)
+        assert len(self._held) == 1
+        return self._held[0]

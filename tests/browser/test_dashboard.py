@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser.conftest import TOKEN
+from tests.browser.conftest import TOKEN, HeldFirstAuth
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.waiting import settle
@@ -314,26 +314,14 @@ def test_a_call_refused_after_the_token_was_saved_does_not_ask_again(
     """The page's first calls go out together without a token; the first 401 opens the dialog.
     One of them answered only after the token was saved (a loaded machine, or the 5 s refresh)
     is tried again with the saved token, not a second prompt over the page."""
-    held: list[Any] = []
-
-    def hold_the_first(route: Any) -> None:
-        if held:
-            route.continue_()
-        else:
-            held.append(route)
-
-    page.route(lambda url: url.endswith("/auth"), hold_the_first)
+    held = HeldFirstAuth(page)
     page.goto(f"{service.base_url}/ui#/flows")
     enter_token(page, TOKEN)  # asked for by the Flows page's own call
     expect(page.locator("#token-dialog")).to_be_hidden()
-    for _ in range(100):  # the held call reaches the handler while playwright is waited on
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1
+    first = held.call()
     # Saving asked /auth for the token's scope: that call is answered before the held one goes.
     expect(page.locator("body")).to_have_attribute("data-scope", "admin")
     with page.expect_response(lambda r: r.url.endswith("/auth") and r.status == 200) as retry:
-        held[0].continue_()  # still without a token, as it was sent: the service answers 401
+        first.continue_()  # still without a token, as it was sent: the service answers 401
     assert retry.value.request.headers["authorization"] == f"Bearer {TOKEN}"
     expect(page.locator("#token-dialog")).to_be_hidden()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import TOKEN
+from tests.browser.conftest import TOKEN, HeldFirstAuth
 from tests.browser.test_dashboard import enter_token
 from tests.e2e.conftest import Service
 
@@ -58,26 +58,14 @@ def test_a_call_refused_after_a_cancel_does_not_ask_again(page: Any, service: Se
     """The page's first calls go out together without a token; the first 401 opens the dialog
     and the user cancels it. Another of them answered 401 only after that Cancel (a loaded
     machine) had its answer already: it fails, without a second dialog."""
-    held: list[Any] = []
-
-    def hold_the_first(route: Any) -> None:
-        if held:
-            route.continue_()
-        else:
-            held.append(route)
-
-    page.route(lambda url: url.endswith("/auth"), hold_the_first)
+    held = HeldFirstAuth(page)
     page.goto(f"{service.base_url}/ui#/tasks")
     expect(page.locator("#token-dialog")).to_be_visible()  # asked for by the Tasks page
     page.click("#token-cancel")
     expect(page.locator("#task-results")).to_contain_text("401")
-    for _ in range(100):  # the held call reaches the handler while playwright is waited on
-        if held:
-            break
-        page.wait_for_timeout(50)
-    assert len(held) == 1
+    first = held.call()
     with page.expect_response(lambda r: r.url.endswith("/auth") and r.status == 401):
-        held[0].continue_()
+        first.continue_()
     page.wait_for_timeout(300)  # a second dialog would open now
     expect(page.locator("#token-dialog")).to_be_hidden()
     expect(page.locator("#token-button")).to_have_text("Token")

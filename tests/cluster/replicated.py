@@ -4,12 +4,8 @@ slot, a master's death and its replica's promotion, a live slot migration)."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -36,18 +32,6 @@ def cluster_info(conn: redis.Redis) -> dict[str, str]:
 def knows(conn: redis.Redis, node_id: str) -> bool:
     """The node behind ``conn`` has ``node_id`` in its table."""
     return node_id in conn.execute_command("CLUSTER", "NODES").decode()
-
-
-@contextmanager
-def stopped(server: RedisServer) -> Iterator[None]:
-    """SIGSTOP ``server`` (it neither answers nor replicates) until the block ends."""
-    assert server._proc is not None, "not running"
-    pid = server._proc.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 class ReplicatedCluster:

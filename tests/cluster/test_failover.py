@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from tests.cluster.replicated import ReplicatedCluster, stopped
+from tests.cluster.replicated import ReplicatedCluster
 from tests.e2e.conftest import Service
 from tests.support.receiver import ThreadedReceiver
 from tests.support.waiting import settle
@@ -170,7 +170,7 @@ def test_failover_with_wait_replicas_0_loses_what_the_replica_had_not_got(
     assert [r["status"] for r in post_batch(fast, [task(k, url, 12) for k in kept])] == [201] * 24
     wait_replicated(victim.client(), replica.client())
 
-    with stopped(replica):
+    with replica.stopped():
         with victim.client() as conn:
             assert conn.execute_command("CLIENT KILL TYPE replica") == 1
         # Due long after the kill, however slow the machine: a task the victim delivered before
