@@ -12,7 +12,9 @@
 -- ARGV[4]  n, the number of prefixes
 -- ARGV[5..n+4] how many outcomes belong to each prefix, in KEYS order
 -- ARGV[n+5..] the outcomes, prefix by prefix, nine values each:
---          key, token, outcome ("ok" | "retry" | "fail"), status code ("" for none),
+--          key, token, outcome ("ok" | "retry" | "fail" | "spent": a failure because the
+--          attempts ran out, which a PATCH that raised max_attempts may undo), status code
+--          ("" for none),
 --          error ("" for none), next due_ms (retry only, else ""), started_ms of the attempt,
 --          the attempt's history entry (JSON, lua/lib/attempts.lua),
 --          the record of its result task (timewheel/store/results.py: the task
@@ -60,7 +62,8 @@ for _, item in ipairs(items) do
   local rec = ARGV[i + 8] or ''
   if rec ~= '' then
     local r = unpack_head(rec)
-    if #rec ~= HEAD + r[FL] + r[UL] + r[HL] + r[BL] + r[EL] or not SUFFIX[ARGV[i + 2]] then
+    local kind = ARGV[i + 2] == 'spent' and 'fail' or ARGV[i + 2]
+    if #rec ~= HEAD + r[FL] + r[UL] + r[HL] + r[BL] + r[EL] or not SUFFIX[kind] then
       return redis.error_reply('ERR complete: malformed result record for ' .. ARGV[i])
     end
   end
@@ -81,6 +84,8 @@ local claims = {}  -- token -> its digest: a call's outcomes mostly share a few 
 for _, item in ipairs(items) do
   local P, i = item[1], item[2]
   local key, token, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local spent = outcome == 'spent'
+  if spent then outcome = 'fail' end
   local code, err, due = ARGV[i + 3], ARGV[i + 4], tonumber(ARGV[i + 5])
   local entry, rec = ARGV[i + 7], ARGV[i + 8] or ''
   local tkey = P .. 't:' .. key
@@ -88,13 +93,14 @@ for _, item in ipairs(items) do
   claims[token] = claims[token] or digest(token)
   local ours = h and h[CLAIM] == claims[token]
   -- Rescheduled in flight (lua/reschedule.lua keeps the claim of a started attempt for this):
-  -- a delivery finishes the task, and so does a failure once the task's attempts are used up
-  -- (max 0: its flow's default, which a PATCH cannot have raised); any other answer leaves it
-  -- at the time the PATCH gave (a PATCH that raised max_attempts is not undone by a failure
-  -- the executor judged against the old one), with the answer in its history and last status.
+  -- a delivery finishes the task, and so does an answer that is never retried (a 404) and a
+  -- failure once the task's attempts are used up (max 0: its flow's default, which a PATCH
+  -- cannot have raised); any other answer leaves it at the time the PATCH gave (a PATCH that
+  -- raised max_attempts is not undone by a failure the executor judged spent against the old
+  -- one), with the answer in its history and last status.
   local moved = ours and h[STARTED] == 1 and PENDING[h[ST]]
   local final = moved and (outcome == 'ok'
-    or (outcome == 'fail' and (h[MAX] == 0 or h[ATT] >= h[MAX])))
+    or (outcome == 'fail' and (not spent or h[MAX] == 0 or h[ATT] >= h[MAX])))
   if ours and h[ST] == 'c' then
     -- Cancelled in flight (lua/cancel.lua keeps the claim and lease of a started attempt
     -- for this). The task stays cancelled, but this answer is its last attempt's: the record

@@ -422,6 +422,30 @@ async def test_max_attempts_exhausted_fails(wheel: Harness, router: respx.MockRo
     assert route.call_count == 3
 
 
+@pytest.mark.parametrize(("answer", "max_attempts", "raised_to", "status"), [
+    (404, 5, None, "failed"),  # never retried: fails the task at once, PATCH or not
+    (503, 1, 3, "retrying"),   # spent under max_attempts 1; the PATCH raised it: tried again
+])
+async def test_an_answer_after_a_patch_in_flight_decides_as_the_contract_says(
+        wheel: Harness, router: respx.MockRouter, answer: int, max_attempts: int,
+        raised_to: int | None, status: str) -> None:
+    """(A second review's case.) The receiver gets the attempt, and a PATCH moves the task
+    before it answers: a 404 failed nothing (the task stayed at the PATCH's time), since the
+    script could not tell it from a failure judged spent under the max_attempts the PATCH
+    raised. The executor now says which it is."""
+    async def patch_then_answer(request: httpx.Request) -> httpx.Response:
+        reply = await wheel.store.reschedule("job-1", due_ms=DUE_MS + 60_000,
+                                             max_attempts=raised_to, now_ms=wheel.clock.now_ms())
+        assert reply.name == "RESCHEDULED"
+        return httpx.Response(answer)
+
+    router.post(URL).mock(side_effect=patch_then_answer)
+    await wheel.add(max_attempts=max_attempts)
+    await wheel.fire()
+    view = await wheel.view()
+    assert (view.status, view.attempts, view.last_status_code) == (status, 1, answer)
+
+
 # -- claims that no longer hold ------------------------------------------------------------------
 
 

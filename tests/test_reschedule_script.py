@@ -133,8 +133,8 @@ async def complete(store: Store, outcome: str, code: int, due: int | str = "",
                    n: int = 1) -> list[int]:
     result: list[int] = await run(store, "complete", NOW + 5, RET, 5, "a", "tok", outcome, code,
                                   "" if outcome == "ok" else f"HTTP {code}", due, NOW + 1,
-                                  entry({"ok": "delivered", "retry": "retry",
-                                         "fail": "failed"}[outcome], code, n), "")
+                                  entry({"ok": "delivered", "retry": "retry", "fail": "failed",
+                                         "spent": "failed"}[outcome], code, n), "")
     return result
 
 
@@ -201,7 +201,7 @@ async def test_a_failure_judged_against_the_max_a_patch_raised_leaves_the_task_m
     answers failed for good, but the task has attempts left and stays at the PATCH's time."""
     await in_flight(redis, attempts=2, max=2)
     assert await reschedule(store, "a", NOW + 2 * MIN, max_attempts=5) == 1
-    assert await complete(store, "fail", 503, n=2) == [3]
+    assert await complete(store, "spent", 503, n=2) == [3]
     state = await dump(redis)
     assert (state["t:a"]["st"], state["t:a"]["max"], state["t:a"]["due"]) == (
         "r", 5, NOW + 2 * MIN)
@@ -217,7 +217,20 @@ async def test_the_last_attempt_moved_in_flight_is_not_followed_by_one_more(
     fails the task; before, the task stayed pending and its next start was attempt 3."""
     await in_flight(redis, attempts=2, max=2)
     assert await reschedule(store, "a", NOW + 2 * MIN) == 1
-    assert await complete(store, "fail", 503, n=2) == [1]
+    assert await complete(store, "spent", 503, n=2) == [1]
+    assert (await dump(redis))["t:a"]["st"] == "f"
+    assert (await claim(store, NOW + 2 * MIN))[1] == []
+
+
+async def test_a_never_retried_answer_after_a_patch_fails_the_task(
+        store: Store, redis: Redis) -> None:
+    """(A second review's case.) Attempts left, and a PATCH while the attempt is out: its 404,
+    an answer that is never retried, fails the task at once, as the contract says; the task
+    stayed pending at the PATCH's time, since the script could not tell a 404 from a failure
+    judged spent under an older max_attempts (now "spent")."""
+    await in_flight(redis, attempts=1, max=5)
+    assert await reschedule(store, "a", NOW + 2 * MIN) == 1
+    assert await complete(store, "fail", 404) == [1]
     assert (await dump(redis))["t:a"]["st"] == "f"
     assert (await claim(store, NOW + 2 * MIN))[1] == []
 

@@ -141,7 +141,8 @@ class Executor:
             code, message, retry_after = None, f"{error.kind}: {error}"[:MAX_ERROR_CHARS], None
         # The task's own retry fields win; else its flow's defaults as of its permit.
         retry = attempt.retry
-        if verdict == "retry" and number >= retry.max_attempts_for(task.max_attempts):
+        spent = verdict == "retry" and number >= retry.max_attempts_for(task.max_attempts)
+        if spent:
             verdict = "fail"
         next_ms = (next_due_ms(now, retry.backoff_ms_for(task.backoff_ms), number, retry_after,
                                cap_ms=retry.cap_ms)
@@ -168,7 +169,7 @@ class Executor:
                                                                 or len(answer.body) > keep),
             next_attempt_ms=next_ms, process=PROCESS, key=task.key, cipher=self._cipher)
         return Outcome(task.key, task.token, verdict, code, message, next_ms, started_ms,
-                       history, self.result(attempt, verdict, answer))
+                       history, self.result(attempt, verdict, answer), spent)
 
     def result(self, attempt: Attempt, verdict: str, answer: Answer | None
                ) -> ResultCallback | None:

@@ -68,6 +68,9 @@ class Outcome(NamedTuple):
     started_ms: int = 0
     history: str = ""  # the attempt's history entry (attempts.entry); "" writes a bare one
     result: ResultCallback | None = None  # what a finished task's result callback reports
+    # A "fail" because the attempts ran out (the answer alone would have been retried): a
+    # PATCH that raised max_attempts meanwhile undoes it (lua/complete.lua "spent").
+    spent: bool = False
 
 
 def _no_history(o: Outcome) -> str:
@@ -198,7 +201,8 @@ class ClaimSide:
                                          *(len(ix) for ix in by_bucket.values())]
         for i in order:
             o = outcomes[i][1]
-            args += [o.key, o.token, o.kind, "" if o.status_code is None else o.status_code,
+            args += [o.key, o.token, "spent" if o.spent else o.kind,
+                     "" if o.status_code is None else o.status_code,
                      o.error or "", "" if o.next_due_ms is None else o.next_due_ms,
                      o.started_ms, o.history or _no_history(o),
                      # made at the script's now: its finished_at is the parent's
