@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from tests.cluster.replicated import ReplicatedCluster, stopped
+from tests.cluster.replicated import ReplicatedCluster
 from tests.cluster.reshard import finish_migration, migrate, plan_migration, slot_owner
 from tests.support.redis_server import RedisServer
 from timewheel.store.connection import SOCKET_TIMEOUT
@@ -254,7 +254,7 @@ class Injector:
 
     def _redis_stall(self, fault: Fault) -> dict[str, Any]:
         server = self._server()
-        with stopped(server):
+        with server.stopped():
             time.sleep(fault.duration)
         return {"target": f"redis:{server.port}", "detail": f"SIGSTOP {fault.duration} s"}
 

@@ -14,7 +14,6 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from tests.cluster.replicated import stopped
 from tests.conftest import START_MS
 from tests.support.redis_server import HOST, RedisServer
 from tests.support.silent_redis import count_dials
@@ -266,7 +265,7 @@ async def test_a_silent_master_is_given_up_on_after_one_timeout(
         created = await store.schedule(new_task("before"), replace=False, now_ms=START_MS)
         assert created == ScheduleReply.CREATED
         before = dials()
-        with stopped(replicated.master), pytest.raises(StoreUnavailable):
+        with replicated.master.stopped(), pytest.raises(StoreUnavailable):
             await store.schedule(new_task("silent"), replace=False, now_ms=START_MS)
         assert dials() == before  # no new connection for another round
     finally:

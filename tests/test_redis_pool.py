@@ -17,7 +17,6 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tests.cluster.replicated import stopped
 from tests.support.redis_server import RedisServer
 from tests.support.silent_redis import count_dials
 from timewheel import __version__
@@ -132,7 +131,7 @@ async def test_a_silent_redis_is_given_up_on_after_one_timeout(
         try:
             assert await client.ping()
             before = dials()
-            with stopped(server), pytest.raises(RedisTimeoutError):
+            with server.stopped(), pytest.raises(RedisTimeoutError):
                 await client.get("k")
             assert dials() == before  # no new connection for a second try
             assert await client.ping()  # and the next call, once it answers, succeeds
