@@ -315,7 +315,16 @@ class WheelCluster(RedisCluster):
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._refresh(*args, **kwargs))
             self._refreshing.add_done_callback(_retrieved)
-        return await asyncio.shield(self._refreshing)
+        refresh = self._refreshing
+        try:
+            return await asyncio.shield(refresh)
+        except asyncio.CancelledError:
+            # The refresh was ended by the owner's close (aclose), not this caller cancelled:
+            # a Redis error to it, not a cancellation it never asked for.
+            task = asyncio.current_task()
+            if refresh.cancelled() and task is not None and not task.cancelling():
+                raise ConnectionError("the client was closed during a slot-map refresh") from None
+            raise
 
     async def _refresh(self, *args: Any, **kwargs: Any) -> RedisCluster:
         before = {id(node): node for node in self._known_nodes()}
@@ -328,7 +337,13 @@ class WheelCluster(RedisCluster):
     async def aclose(self) -> None:
         """The owner's close: the connections of every node this client used, which redis-py's
         ``aclose`` skips while a re-initialisation is pending and never sees once dropped.
-        Called by redis-py during a command (its reset after an error), it is redis-py's."""
+        Called by redis-py during a command (its reset after an error), it is redis-py's.
+        A slot-map refresh under way is ended first: shielded from its callers, it would
+        otherwise finish after the close and leave the client open again."""
+        refresh = self._refreshing
+        if refresh is not None and not refresh.done() and not _in_call.get():
+            refresh.cancel()  # redis-py closes what the refresh opened (its except clause)
+            await asyncio.gather(refresh, return_exceptions=True)
         await super().aclose()
         if _in_call.get():
             return
