@@ -31,7 +31,7 @@
 --    3 MOVED_IN_FLIGHT      the task was rescheduled (PATCH) while this attempt was in flight
 --                           and the answer does not finish it: its history entry (a retry
 --                           at the PATCH's time) and last status are written; the task stays
---                           at the PATCH's time (a delivery,
+--                           at the PATCH's time (a delivery, an answer that is never retried,
 --                           or a failure with the attempts used up, finishes it: RECORDED)
 --
 -- A finished task goes into its status's index (fs, ff: the dead letters) at now; claim
