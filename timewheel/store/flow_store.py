@@ -109,8 +109,7 @@ class FlowStore:
         scrape ~3 ms a flow (bench/README.md). Parked tasks are counted only where a bucket's
         index of flows with parked tasks (``pf``, kept exact by lua/lib/parking.lua: the
         processes find parked tasks to take back through it) lists the flow: most flows park
-        nothing, and a ZCARD per bucket and flow was 16 of a flow's
-        18 commands."""
+        nothing, and a ZCARD per bucket and flow was 16 of a flow's 18 commands."""
         if not flows:
             return []
         buckets = self.keys.buckets
@@ -124,9 +123,9 @@ class FlowStore:
         async with redis_errors("flow loads"):
             replies = await in_rounds(self.redis, commands)
             wanted = set(flows)
-            parked_at = [(bucket, name.decode())
+            parked_at = [(bucket, flow)
                          for bucket, names in enumerate(replies[2 * len(flows):])
-                         for name in names if name.decode() in wanted]
+                         for flow in (name.decode() for name in names) if flow in wanted]
             counts = await in_rounds(self.redis, [("ZCARD", self.keys.waiting(bucket, flow))
                                                   for bucket, flow in parked_at])
         parked = dict.fromkeys(flows, 0)
