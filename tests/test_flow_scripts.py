@@ -358,16 +358,20 @@ async def test_permits_rate_counts_starts_when_they_happen(store: Store, redis: 
 
 
 
+@pytest.mark.parametrize("few_flows", [64, 0], ids=["looked-up", "whole-index"])
 @pytest.mark.parametrize("per_round", [2000, 7])
 async def test_the_loads_of_many_flows_are_read_in_bounded_rounds(
-        store: Store, redis: Redis, monkeypatch: pytest.MonkeyPatch, per_round: int) -> None:
+        store: Store, redis: Redis, monkeypatch: pytest.MonkeyPatch, per_round: int,
+        few_flows: int) -> None:
     """GET /flows and the scrape read every flow's configuration, permits held (not the
     keeper) and parked tasks over every bucket where the bucket's index of parked flows lists
-    it, pipelined in rounds of CELLS_PER_ROUND commands: the same answer whatever the round."""
-    from timewheel.store import rounds
+    it, pipelined in rounds of CELLS_PER_ROUND commands: the same answer whatever the round,
+    whether the flows are looked up in each index by name (a few) or the index read whole."""
+    from timewheel.store import flow_store, rounds
     from timewheel.store.flow_store import StoredLimits
 
     monkeypatch.setattr(rounds, "CELLS_PER_ROUND", per_round)
+    monkeypatch.setattr(flow_store, "FEW_FLOWS", few_flows)
     flows = FlowStore(redis, store.keys, store.scripts, default_parallelism=100)
     names = ["f0", "f1", "f2"]
     for n, name in enumerate(names):

@@ -30,6 +30,9 @@ DEFAULTS_KEPT = 10_000  # flows whose retry defaults are kept for the views
 # flow logged for it, or it asks its flow again (engine/dispatcher.py); lua/permits.lua keeps
 # logged starts that much longer apart, so the real ones keep the rate whatever their drift.
 RATE_SLACK_MS = 20
+# Up to this many flows, FlowStore.loads asks each bucket's parked-flows index for them by
+# name; more (GET /flows, a scrape) read the whole index once, as it is shorter than they are.
+FEW_FLOWS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,9 @@ class FlowStore:
         scrape ~3 ms a flow (bench/README.md). Parked tasks are counted only where a bucket's
         index of flows with parked tasks (``pf``, kept exact by lua/lib/parking.lua: the
         processes find parked tasks to take back through it) lists the flow: most flows park
-        nothing, and a ZCARD per bucket and flow was 16 of a flow's 18 commands."""
+        nothing, and a ZCARD per bucket and flow was 16 of a flow's 18 commands. A few flows
+        (GET /flows/{key}, a PUT's answer) look themselves up in each ``pf`` (ZMSCORE), which
+        costs what they are, not what every parked flow is (bench/README.md)."""
         if not flows:
             return []
         buckets = self.keys.buckets
@@ -118,14 +123,21 @@ class FlowStore:
             commands.append(("HMGET", self.keys.flow(flow) + "cfg", *_CFG_FIELDS))
             commands.append(("ZCOUNT", self.keys.flow(flow) + "held", now_ms + 1,
                              f"({INDEX_KEEPER_SCORE}"))
-        commands += [("ZRANGE", self.keys.waiting_flows(bucket), 0, -1)
+        few = len(flows) <= FEW_FLOWS
+        commands += [("ZMSCORE", self.keys.waiting_flows(bucket), *flows) if few
+                     else ("ZRANGE", self.keys.waiting_flows(bucket), 0, -1)
                      for bucket in range(buckets)]
         async with redis_errors("flow loads"):
             replies = await in_rounds(self.redis, commands)
-            wanted = set(flows)
-            parked_at = [(bucket, flow)
-                         for bucket, names in enumerate(replies[2 * len(flows):])
-                         for flow in (name.decode() for name in names) if flow in wanted]
+            indexes = replies[2 * len(flows):]
+            if few:  # each bucket's score of each flow asked for, None where not parked
+                parked_at = [(bucket, flow) for bucket, scores in enumerate(indexes)
+                             for flow, score in zip(flows, scores, strict=True)
+                             if score is not None]
+            else:
+                wanted = set(flows)
+                parked_at = [(bucket, flow) for bucket, names in enumerate(indexes)
+                             for flow in (name.decode() for name in names) if flow in wanted]
             counts = await in_rounds(self.redis, [("ZCARD", self.keys.waiting(bucket, flow))
                                                   for bucket, flow in parked_at])
         parked = dict.fromkeys(flows, 0)
