@@ -64,3 +64,40 @@ async def test_a_deadline_cancel_the_app_swallowed_is_not_left_on_the_task() -> 
     assert swallowed.is_set() and r.status_code == 200
     me = asyncio.current_task()
     assert me is not None and me.cancelling() == 0
+
+
+async def _body_then_silence(first: bytes) -> Any:
+    """A request body whose first chunk comes and whose rest never does: a client uploading
+    slower than the deadline."""
+    yield first
+    await asyncio.Event().wait()
+
+
+async def test_a_body_still_arriving_at_the_deadline_is_a_408_not_redis_unavailable() -> None:
+    """The deadline bounds a Redis that does not answer (503, "a write may have been made").
+    A request whose body has not all come by then was never in Redis's hands: it is answered
+    408 (nothing stored) and its connection closed, as its body's rest was never read."""
+    async def reads_its_body(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await JSONResponse({"stored": True}, status_code=201)(scope, receive, send)
+
+    async with client(reads_its_body) as http:
+        r = await http.post("/tasks", content=_body_then_silence(b'{"callback_url": '))
+    assert r.status_code == 408, r.text
+    assert "not received" in r.json()["detail"]
+    assert r.headers["connection"] == "close"
+
+
+async def test_a_request_whose_body_came_whole_is_a_503_at_the_deadline() -> None:
+    """The 408 is only for the body's wait: a request that read its body and then waits on
+    Redis past the deadline is the 503 it was."""
+    async def waits_after_its_body(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await asyncio.Event().wait()  # Redis that never answers
+
+    async with client(waits_after_its_body) as http:
+        r = await http.post("/tasks", content=b'{"callback_url": "http://127.0.0.1/"}')
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] == "1"

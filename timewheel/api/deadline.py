@@ -8,6 +8,8 @@ the slot map again after each timeout, so a request for that master's slots wait
 operator's audit measured 160 s for a ``POST /tasks``, 100 s for ``/healthz``), longer than any
 client waits. The deadline bounds that, whatever the client library does. The request's work
 is cancelled: a write may or may not have been made, as with any answer lost on the way.
+A request still sending its body at the deadline is the client's slowness, not Redis's: it
+is answered 408, and nothing was written (the app had not read what to write).
 
 One watchdog timer for all requests, not ``asyncio.timeout`` in each: that cost 12-14 us a
 request (a timer scheduled and cancelled, and its bookkeeping), ~3 % of a ``POST /tasks``;
@@ -50,7 +52,7 @@ class RequestDeadline:
         if self._watchdog is None or self._watched is not loop:  # (tests run loop after loop)
             self._watched = loop
             self._watchdog = loop.call_later(WATCH_S, self._watch, loop)
-        answered = False
+        answered = receiving = False
 
         async def send_once_started(message: Message) -> None:
             nonlocal answered
@@ -58,8 +60,15 @@ class RequestDeadline:
                 answered = True
             await send(message)
 
+        async def receive_watched() -> Message:
+            nonlocal receiving
+            receiving = True
+            message = await receive()  # a cancel here leaves ``receiving`` set
+            receiving = False
+            return message
+
         try:
-            await self.app(scope, receive, send_once_started)
+            await self.app(scope, receive_watched, send_once_started)
         except asyncio.CancelledError:
             # Not the watchdog's (shutdown, a client gone), another cancel came besides it
             # (it stands, as asyncio.timeout lets it), or too late to answer otherwise (the
@@ -73,12 +82,26 @@ class RequestDeadline:
             if task in self._expired:  # the watchdog's cancel is taken back in every case,
                 self._expired.discard(task)  # an app that swallowed it included
                 task.uncancel()
-        log.warning("%s %s not answered within %g s (Redis slow or unavailable): 503",
-                    scope["method"], scope["path"], self.seconds)
-        answer = JSONResponse(
-            {"detail": f"Redis did not answer within {self.seconds:g} s; try again later "
-                       "(a write may have been made: read it back before repeating it)"},
-            status_code=503, headers={"Retry-After": "1"})
+        await self._late(scope, receive, send, body_unread=receiving)
+
+    async def _late(self, scope: Scope, receive: Receive, send: Send, *,
+                    body_unread: bool) -> None:
+        """The answer to a request cut at its deadline: 408 if it was still waiting for its
+        body (and the connection closed, the rest of the body unread), 503 otherwise."""
+        if body_unread:
+            log.warning("%s %s: request body not received within %g s: 408",
+                        scope["method"], scope["path"], self.seconds)
+            answer = JSONResponse(
+                {"detail": f"the request body was not received within {self.seconds:g} s; "
+                           "nothing was stored"},
+                status_code=408, headers={"Connection": "close"})
+        else:
+            log.warning("%s %s not answered within %g s (Redis slow or unavailable): 503",
+                        scope["method"], scope["path"], self.seconds)
+            answer = JSONResponse(
+                {"detail": f"Redis did not answer within {self.seconds:g} s; try again later "
+                           "(a write may have been made: read it back before repeating it)"},
+                status_code=503, headers={"Retry-After": "1"})
         await answer(scope, receive, send)
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
