@@ -101,3 +101,17 @@ async def test_a_request_whose_body_came_whole_is_a_503_at_the_deadline() -> Non
         r = await http.post("/tasks", content=b'{"callback_url": "http://127.0.0.1/"}')
     assert r.status_code == 503, r.text
     assert r.headers["retry-after"] == "1"
+
+
+async def test_a_wait_for_the_client_to_leave_after_the_body_is_not_a_slow_body() -> None:
+    """After the whole body, a receive waits for the client to disconnect (a library
+    listening for it beside the work): cut there at the deadline, the request was waiting
+    on its work, so the answer is the 503, not the 408."""
+    async def listens_after_its_body(scope: Any, receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await receive()  # httpx's transport, like uvicorn, answers only at a disconnect
+
+    async with client(listens_after_its_body) as http:
+        r = await http.post("/tasks", content=b"{}")
+    assert r.status_code == 503, r.text

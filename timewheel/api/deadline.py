@@ -52,7 +52,7 @@ class RequestDeadline:
         if self._watchdog is None or self._watched is not loop:  # (tests run loop after loop)
             self._watched = loop
             self._watchdog = loop.call_later(WATCH_S, self._watch, loop)
-        answered = receiving = False
+        answered = receiving = body_whole = False
 
         async def send_once_started(message: Message) -> None:
             nonlocal answered
@@ -61,10 +61,13 @@ class RequestDeadline:
             await send(message)
 
         async def receive_watched() -> Message:
-            nonlocal receiving
-            receiving = True
+            # Only a wait for the body's rest counts: a receive after the whole body waits for
+            # the client to leave, and a cut there is the app's wait, not the body's.
+            nonlocal receiving, body_whole
+            receiving = not body_whole
             message = await receive()  # a cancel here leaves ``receiving`` set
             receiving = False
+            body_whole = body_whole or not message.get("more_body", False)
             return message
 
         try:
