@@ -1,3 +1,4 @@
+-- lib: memory
 -- flow_limits: set (or clear) a flow's configuration in one step, so that two PUTs racing each
 -- other leave one of them whole, never a mix or nothing. PUT replaces it all: a field not
 -- given is cleared (a PUT without "paused": true resumes the flow).
@@ -15,9 +16,18 @@
 --    1 LIMITED   something is set (a limit, a pause or a retry default)
 --    0 DEFAULTS  the flow is back to the defaults
 local cfg = KEYS[1] .. 'cfg'
-redis.call('DEL', cfg)
-local fields = {'p', 'r', 'x', 'ma', 'rb', 'mb'}
-for i, field in ipairs(fields) do
-  if ARGV[i] and ARGV[i] ~= '' then redis.call('HSET', cfg, field, ARGV[i]) end
+local given = {}
+for i, field in ipairs({'p', 'r', 'x', 'ma', 'rb', 'mb'}) do
+  if ARGV[i] and ARGV[i] ~= '' then
+    given[#given + 1] = field
+    given[#given + 1] = ARGV[i]
+  end
 end
-return redis.call('EXISTS', cfg)
+if #given == 0 then
+  redis.call('DEL', cfg)
+  return 0
+end
+refuse_when_full(KEYS[1])
+redis.call('DEL', cfg)
+redis.call('HSET', cfg, unpack(given))
+return 1

@@ -1,3 +1,4 @@
+-- lib: memory
 -- sched_put: create or replace a recurring schedule (PUT /schedules/{id}).
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:" of the schedule (crc32(id) % buckets). Keys:
@@ -48,6 +49,7 @@ if ARGV[4] == '1' or (old[1] and not live) then outstanding(out) end
 local ver = math.max((tonumber(old[1]) or 0) + 1, tonumber(ARGV[6]))
 local created = ARGV[6]
 if live then created = old[3] end
+refuse_when_full(P)
 redis.call('DEL', rkey)
 redis.call('HSET', rkey, 'spec', ARGV[3], 'paused', ARGV[4], 'ver', ver, 'created', created,
   'op', ARGV[7], 'opc', code)

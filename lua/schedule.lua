@@ -1,4 +1,4 @@
--- lib: record, slices, parking, attempts, results, creating
+-- lib: record, slices, parking, attempts, results, creating, memory
 -- schedule: create tasks, or replace tasks that have not finished: one (POST, PUT) or many of
 -- one bucket (POST /tasks/batch, a recurring schedule's occurrences), each as if alone, in the
 -- order given.
@@ -60,8 +60,9 @@ local function schedule(key, req, new, h, old, results)
   local status = old and old[ST]
   local finished = FINISHED_INDEX[status]
 
-  -- This task's checks are done; its writes follow.
+  -- This task's checks are done; its writes follow (a replace removes before it adds).
   local reply = 0
+  if old then refuse_when_full(P) end
   if old and not finished then
     reply = 1
     if status == 'd' then

@@ -167,28 +167,34 @@ class FlowStore:
         values = (limits.parallelism, None if limits.rate is None else repr(float(limits.rate)),
                   1 if limits.paused else None, limits.max_attempts, limits.backoff_ms,
                   limits.max_backoff_ms)
+        configured = any(value is not None for value in values)
         async with redis_errors("set flow limits"):
+            if configured:
+                await self._register(flow)
             reply = FlowLimitsReply(int(await self.scripts.flow_limits(
                 keys=[self.keys.flow(flow)],
                 args=["" if value is None else value for value in values])))
-            await self._registered(flow, reply is FlowLimitsReply.LIMITED)
+            if reply is FlowLimitsReply.DEFAULTS:
+                await self.redis.srem(self.keys.configured_flows, flow)
 
     async def set_paused(self, flow: str, paused: bool) -> None:
         """Pause or resume, keeping the rest of the flow's configuration: every process
         starts no attempt of a paused flow from its next permits call on (each tick at the
         latest)."""
         async with redis_errors("pause flow"):
+            if paused:
+                await self._register(flow)
             reply = FlowPauseReply(int(await self.scripts.flow_pause(
                 keys=[self.keys.flow(flow)], args=["1" if paused else "0"])))
-            await self._registered(flow, reply is FlowPauseReply.CONFIGURED)
+            if reply is FlowPauseReply.DEFAULTS:
+                await self.redis.srem(self.keys.configured_flows, flow)
 
-    async def _registered(self, flow: str, configured: bool) -> None:
-        # The registry of configured flows lives in another slot: a hint for listings and
-        # metrics, written after the configuration itself.
-        if configured:
-            await self.redis.sadd(self.keys.configured_flows, flow)
-        else:
-            await self.redis.srem(self.keys.configured_flows, flow)
+    async def _register(self, flow: str) -> None:
+        # The registry of configured flows (listings, metrics) lives in another slot, so it
+        # cannot be written with the configuration. It is written first and dropped after: a
+        # failure between the two (a full Redis refusing the second) leaves a flow listed with
+        # its defaults, never a configuration in force that no listing shows.
+        await self.redis.sadd(self.keys.configured_flows, flow)
 
     async def delete_limits(self, flow: str) -> None:
         """Back to the defaults: the flow_limits script with no limits (acknowledged like a

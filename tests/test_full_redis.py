@@ -1,0 +1,223 @@
+"""A full Redis (noeviction, used_memory over maxmemory), as docs/deploy.md promises it: "a
+full Redis refuses writes: creating tasks fails with 503, loudly, and nothing stored is
+dropped". Each test owns its redis-server and sets maxmemory at run time (CONFIG SET), below
+what Redis uses, then back to 0.
+
+From an audit of a full Redis (session 24): Redis refuses a script's data-adding command only
+while the script has changed nothing, so a script that deleted first ran whole past
+maxmemory. PUT /schedules answered 201 and grew Redis without bound (lua/sched_put.lua began
+with a DEL); PUT /flows answered 503 with the flow paused all the same and never listed (so
+did lua/flow_limits.lua, and the registry's SADD after it was refused). A process started
+while Redis was full answered nothing (its start-up SET NX was refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import running_app
+from tests.support.receiver import Receiver
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
+from timewheel.api.app import create_app
+from timewheel.settings import Settings
+
+
+@pytest.fixture
+def full_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()
+
+
+async def fill(redis: Redis) -> None:
+    """used_memory over maxmemory: every denyoom command is refused from now on."""
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", max(1024 * 1024, used // 2))
+    with pytest.raises(Exception, match="maxmemory"):
+        await redis.set("probe:full", "x")
+
+
+async def unfill(redis: Redis) -> None:
+    await redis.config_set("maxmemory", 0)
+
+
+async def state(redis: Redis) -> dict[bytes, str]:
+    """Every key but the clock's and the processes' tick notes -> a digest of its DUMP."""
+    out: dict[bytes, str] = {}
+    async for key in redis.scan_iter(count=1000):
+        if key in (b"timewheel:clock", b"tw:ticks") or key.startswith(b"{tw:wl}"):
+            continue
+        dumped = await redis.dump(key)
+        if dumped is not None:
+            out[key] = hashlib.sha1(dumped).hexdigest()
+    return out
+
+
+@pytest.fixture
+async def redis(full_redis: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(full_redis.url)
+    yield client
+    await unfill(client)
+    await client.aclose()
+
+
+@pytest.fixture
+async def api(full_redis: RedisServer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app without its ticker (nothing writes but the request under test), real clock."""
+    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
+                        data_dir=tmp_path, tick_seconds=0.2)
+    async with running_app(create_app(settings, run_ticker=False)) as client:
+        yield client
+
+
+async def test_create_endpoints_refused_while_full_change_nothing(
+        api: httpx.AsyncClient, redis: Redis) -> None:
+    """POST, PUT, batch and publish answer 503 with Retry-After and write nothing."""
+    url = "http://127.0.0.1:9/hook"
+    at = time.time() + 3600
+    assert (await api.put("/tasks/old", json={"callback_url": url, "execute_at": at})
+            ).status_code == 201
+    assert (await api.put("/topics/t", json={"endpoints": [{"name": "a", "url": url},
+                                                           {"name": "b", "url": url}]})
+            ).status_code == 201
+    await fill(redis)
+    calls = [
+        ("POST", "/tasks", {"key": "new", "callback_url": url, "execute_at": at}),
+        ("PUT", "/tasks/new2", {"callback_url": url, "execute_at": at}),
+        ("PUT", "/tasks/old", {"callback_url": url, "execute_at": at + 60}),
+        ("POST", "/tasks/batch", {"tasks": [{"key": f"b{i}", "callback_url": url,
+                                             "execute_at": at + i} for i in range(20)]}),
+        ("POST", "/topics/t/publish", {"key": "p1", "execute_at": at}),
+    ]
+    for method, path, body in calls:
+        before = await state(redis)
+        answer = await api.request(method, path, json=body)
+        assert answer.status_code == 503, (method, path, answer.status_code, answer.text)
+        assert answer.headers.get("retry-after"), (method, path)
+        assert await state(redis) == before, f"{method} {path} answered 503 but wrote"
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "replaced"])
+async def test_put_schedule_is_refused_while_full(api: httpx.AsyncClient, redis: Redis,
+                                                  existing: bool) -> None:
+    """Creating or replacing a schedule is a creation like any other: refused with 503 while
+    Redis is full, nothing stored (lua/sched_put.lua deletes the old record first)."""
+    if existing:
+        assert (await api.put("/schedules/s", json={
+            "every": 60, "task": {"callback_url": "http://127.0.0.1:9/hook"}})).status_code == 201
+    await fill(redis)
+    before = await state(redis)
+    answer = await api.put("/schedules/s", json={
+        "every": 60, "task": {"callback_url": "http://127.0.0.1:9/hook", "body": "x" * 1000}})
+    after = await state(redis)
+    assert (answer.status_code, sorted(set(after) - set(before))) == (503, []), answer.text[:200]
+
+
+async def test_put_flow_while_full_is_all_or_nothing(api: httpx.AsyncClient, redis: Redis
+                                                     ) -> None:
+    """A PUT /flows answered 503 must not have paused the flow; one answered 200 must have it
+    listed by GET /flows."""
+    await fill(redis)
+    answer = await api.put("/flows/incident", json={"parallelism": 1, "rate": None,
+                                                    "paused": True})
+    await unfill(redis)
+    view = (await api.get("/flows/incident")).json()
+    listed = [flow["key"] for flow in (await api.get("/flows")).json()["flows"]]
+    if answer.status_code == 503:
+        assert not view["paused"], "answered 503, but the flow was paused all the same"
+    else:
+        assert answer.status_code == 200
+        assert "incident" in listed, "configured, but GET /flows does not list it"
+
+
+async def test_due_tasks_wait_while_full_and_all_go_out_after(
+        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
+    """Tasks due while Redis is full are not lost, not sent early, and all go out once it has
+    room again, without a restart."""
+    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
+                        data_dir=tmp_path, tick_seconds=0.2, lease_margin_seconds=2)
+    async with Receiver() as receiver:
+        async with running_app(create_app(settings)) as api:
+            due: dict[str, float] = {}
+            start = time.time()
+            for i in range(12):
+                due[f"k{i}"] = start + 1.5 + i * 0.1
+                answer = await api.put(f"/tasks/k{i}", json={
+                    "callback_url": receiver.url("/hook"), "execute_at": due[f"k{i}"]})
+                assert answer.status_code == 201
+            await fill(redis)
+            await asyncio.sleep(max(0.0, max(due.values()) + 1.0 - time.time()))
+            await unfill(redis)
+
+            async def all_succeeded() -> bool:
+                for key in due:
+                    if (await api.get(f"/tasks/{key}")).json()["status"] != "succeeded":
+                        return False
+                return True
+
+            await wait_until(all_succeeded, "every task succeeded after Redis had room", 60)
+            arrived = {a.headers["webhook-id"]: a.received_at for a in receiver.arrivals}
+            assert set(arrived) == set(due)
+            assert [k for k, at in arrived.items() if at < due[k] - 0.001] == []
+
+
+async def test_replacing_a_finished_task_while_full_is_refused(api: httpx.AsyncClient,
+                                                              redis: Redis) -> None:
+    """A PUT over a finished (here: cancelled) task removes the old task's entries before it
+    writes the new one: while full it is refused like a create, nothing changed."""
+    url = "http://127.0.0.1:9/hook"
+    at = time.time() + 3600
+    assert (await api.put("/tasks/k", json={"callback_url": url, "execute_at": at})
+            ).status_code == 201
+    assert (await api.delete("/tasks/k")).status_code == 204
+    await fill(redis)
+    before = await state(redis)
+    answer = await api.put("/tasks/k", json={"callback_url": url, "execute_at": at,
+                                             "body": "x" * 10_000})
+    assert answer.status_code == 503, answer.text
+    assert await state(redis) == before
+
+
+async def test_pause_is_refused_and_resume_accepted_while_full(api: httpx.AsyncClient,
+                                                               redis: Redis) -> None:
+    """Pausing adds to the configuration: refused while full, and not in force. Resuming
+    only removes: accepted, in force, and the flow listed as long as it keeps a setting."""
+    assert (await api.put("/flows/f", json={"parallelism": 2, "paused": True})
+            ).status_code == 200
+    await fill(redis)
+    assert (await api.post("/flows/g/pause")).status_code == 503
+    resumed = await api.post("/flows/f/resume")
+    assert resumed.status_code == 200, resumed.text
+    await unfill(redis)
+    assert not (await api.get("/flows/g")).json()["paused"]
+    assert (await api.get("/flows/f")).json()["paused"] is False
+    assert [flow["key"] for flow in (await api.get("/flows")).json()["flows"]] == ["f"]
+
+
+async def test_a_process_started_while_full_serves_what_is_stored(
+        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
+    """A process that starts (a restart, a new replica) while Redis is full reads the wheel
+    and answers reads; only writes wait for room."""
+    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
+                        data_dir=tmp_path, tick_seconds=0.2)
+    url = "http://127.0.0.1:9/hook"
+    async with running_app(create_app(settings, run_ticker=False)) as api:
+        assert (await api.put("/tasks/k", json={"callback_url": url,
+                                                "execute_at": time.time() + 3600})
+                ).status_code == 201
+    await fill(redis)
+    async with running_app(create_app(settings, run_ticker=False)) as api:
+        assert (await api.get("/healthz")).status_code == 200
+        assert (await api.get("/tasks/k")).json()["status"] == "scheduled"
+        assert (await api.post("/tasks", json={"callback_url": url, "delay": 60})
+                ).status_code == 503
