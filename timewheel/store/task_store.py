@@ -64,9 +64,12 @@ class Store(ClaimSide):
         the wheel has. A process calls it before it claims or serves anything
         (again after a start-up without Redis, until it succeeds)."""
         async with redis_errors("init"):
-            await self.redis.set(self.keys.buckets_key, self.wanted_buckets or DEFAULT_BUCKETS,
-                                 nx=True)
-            buckets = int(await self.redis.get(self.keys.buckets_key) or DEFAULT_BUCKETS)
+            stored = await self.redis.get(self.keys.buckets_key)
+            if stored is None:  # read first: a full Redis refuses even a SET NX that is a no-op
+                await self.redis.set(self.keys.buckets_key,
+                                     self.wanted_buckets or DEFAULT_BUCKETS, nx=True)
+                stored = await self.redis.get(self.keys.buckets_key)
+            buckets = int(stored or DEFAULT_BUCKETS)
             if self.wanted_buckets is not None and buckets != self.wanted_buckets:
                 raise WheelMismatch(
                     f"TIMEWHEEL_BUCKETS={self.wanted_buckets}, but the wheel "
