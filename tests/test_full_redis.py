@@ -221,3 +221,21 @@ async def test_a_process_started_while_full_serves_what_is_stored(
         assert (await api.get("/tasks/k")).json()["status"] == "scheduled"
         assert (await api.post("/tasks", json={"callback_url": url, "delay": 60})
                 ).status_code == 503
+
+
+async def test_a_full_redis_is_named_in_the_503_and_logged_once(
+        api: httpx.AsyncClient, redis: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A 503 for a full Redis says so (not "unavailable": it answers, and stays full until
+    someone acts), asks for a longer wait than a restart's, and the log says it once for many
+    refused requests, not a line each or none at all."""
+    import logging
+
+    await fill(redis)
+    with caplog.at_level(logging.ERROR, logger="timewheel.api.errors"):
+        answers = [await api.post("/tasks", json={"callback_url": "http://127.0.0.1:9/",
+                                                  "delay": 60}) for _ in range(5)]
+    assert {a.status_code for a in answers} == {503}
+    assert "Redis is full" in answers[0].json()["detail"]
+    assert answers[0].headers["retry-after"] == "10"
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "Redis is full (used memory over maxmemory)"]

@@ -357,6 +357,26 @@ async def test_a_broken_bucket_does_not_stop_the_others(
     assert errors == (0 if broken is None else 1)
 
 
+async def test_a_pass_failing_in_part_is_logged_at_1_2_4_passes_and_when_it_ends(
+        store: Store, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """A bucket that keeps failing (a full Redis refuses the buckets that hold tasks, one
+    master refuses) while the others answer: every pass is counted, but a line is logged at
+    the 1st, 2nd, 4th, 8th pass in a row, not one a tick, and one when all answer again."""
+    broken = OneBucketBroken(store, 3)
+    ticker, metrics = make_ticker(broken, fake_clock, FakeDispatcher())
+    with caplog.at_level(logging.WARNING, logger="timewheel.engine.ticker"):
+        for _ in range(10):
+            await ticker.tick()
+        broken.broken = None
+        await ticker.tick()
+        await ticker.tick()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.rsplit("(", 1)[1] for line in lines[:-1]] == [
+        "1 passes in a row)", "2 passes in a row)", "4 passes in a row)", "8 passes in a row)"]
+    assert lines[-1] == "every bucket claimed again, after 10 passes that failed in part"
+    assert metrics.registry.get_sample_value("timewheel_tick_errors_total") == 10
+
+
 async def test_every_bucket_failing_raises_so_the_loop_backs_off(
         store: Store, fake_clock: FakeClock) -> None:
     flaky = FlakyStore(store)

@@ -86,6 +86,11 @@ class StoreUnavailable(TimeWheelError):
     """Redis is down, unreachable or refused the command; the caller may retry later."""
 
 
+class RedisFull(StoreUnavailable):
+    """Redis is over its maxmemory (noeviction) and refused to add data: nothing was written,
+    and no retry helps until memory is freed or the limit raised."""
+
+
 class RecordUnreadable(TimeWheelError):
     """A stored schedule or topic is sealed under a key id TIMEWHEEL_ENCRYPTION_KEYS does not
     list, or does not verify: no retry helps, listing its key does (a 500 saying so, never

@@ -4,6 +4,7 @@ api/app.py, so handlers and operations raise domain errors and never build an er
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +18,7 @@ from timewheel.errors import (
     JobNotFound,
     NotReplicated,
     RecordUnreadable,
+    RedisFull,
     ScheduleNotFound,
     StoreUnavailable,
     TaskConflict,
@@ -25,6 +27,9 @@ from timewheel.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+FULL_RETRY_AFTER_S = 10  # a full Redis stays full until an operator acts: no 1 s hammering
+FULL_LOG_EVERY_S = 60.0  # at most one "Redis is full" line a minute, however many requests
 
 
 def validation_error(exc: InvalidInput) -> dict[str, Any]:
@@ -58,6 +63,21 @@ def install(app: FastAPI) -> None:
     async def unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "Redis is unavailable; try again later"},
                             status_code=503, headers={"Retry-After": "1"})
+
+    full_logged_at = [-FULL_LOG_EVERY_S]  # monotonic time of the last line
+
+    @app.exception_handler(RedisFull)
+    async def full(request: Request, exc: RedisFull) -> JSONResponse:
+        now = time.monotonic()
+        if now - full_logged_at[0] >= FULL_LOG_EVERY_S:
+            full_logged_at[0] = now
+            log.error("Redis is full (used memory over maxmemory): writes are refused with "
+                      "503 and no task is delivered until memory is freed or maxmemory "
+                      "raised (docs/deploy.md, \"A full Redis\"); now: %s %s: %s",
+                      request.method, request.url.path, exc)
+        return JSONResponse({"detail": "Redis is full (used memory over maxmemory): nothing "
+                                       "was written; try again once it has room"},
+                            status_code=503, headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
 
     @app.exception_handler(RecordUnreadable)
     async def unreadable(request: Request, exc: RecordUnreadable) -> JSONResponse:

@@ -95,7 +95,8 @@ class Materializer:
         buckets = self._store.keys.buckets
         share = max(1, self.max_per_tick // buckets)
         # Whether the wheel was down: the previous pass of any process is older than grace.
-        # A slow pass or a Redis blip while processes run must not skip occurrences.
+        # A slow pass or a Redis blip shorter than grace does not skip occurrences; a longer
+        # outage of Redis (or a full Redis, refusing the pass's mark) counts as the wheel down.
         previous = await self._schedules.mark_pass(now_ms)
         was_down = previous is None or previous < now_ms - self.grace_ms
 

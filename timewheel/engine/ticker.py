@@ -62,6 +62,7 @@ class Ticker:
         self._reserved = 0  # room taken by claims under way (_claim_within_room)
         # Claims left to finish on their own: the claim -> its node.
         self._left: dict[asyncio.Task[tuple[bool, int]], str] = {}
+        self._partial = 0  # passes in a row that failed in some buckets, not all
 
     async def tick(self) -> int:
         """Claim what falls due by the next tick (plus a margin); returns how many.
@@ -98,15 +99,28 @@ class Ticker:
                     break
                 more, count = within
                 claimed += count
-        if failed:
-            if len(failed) == buckets:
-                raise failed[0][1]  # nothing answered: Redis is down, run() backs off
-            self._metrics.tick_errors.inc()  # a pass that failed in part
+        if len(failed) == buckets:
+            raise failed[0][1]  # nothing answered: Redis is down, run() backs off
+        self._note_partial(failed, buckets)
+        return claimed
+
+    def _note_partial(self, failed: list[tuple[int, Exception]], buckets: int) -> None:
+        """Count and log a pass that failed in some buckets (one master refusing, a full
+        Redis refusing the buckets that hold tasks): a line at the 1st, 2nd, 4th, ... such
+        pass in a row, not one a tick, and one when every bucket is claimed again."""
+        if not failed:
+            if self._partial:
+                log.warning("every bucket claimed again, after %d passes that failed in part",
+                            self._partial)
+                self._partial = 0
+            return
+        self._metrics.tick_errors.inc()
+        self._partial += 1
+        if self._partial & (self._partial - 1) == 0:
             first_bucket, first = failed[0]
             log.warning("claiming %d of %d buckets failed (bucket %d: %s: %s); the others "
-                        "were claimed", len(failed), buckets, first_bucket,
-                        type(first).__name__, first)
-        return claimed
+                        "were claimed (%d passes in a row)", len(failed), buckets,
+                        first_bucket, type(first).__name__, first, self._partial)
 
     def _held_up(self, bucket: int) -> bool:
         """Whether the node of ``bucket`` has a claim out that was left (CLAIM_WAIT_S)."""

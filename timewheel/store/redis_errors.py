@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import OutOfMemoryError, RedisClusterException, RedisError
 
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import RedisFull, StoreUnavailable
+
+# Redis 6.2 wraps an error raised inside a script in a plain ERR, so only the text tells.
+OOM_TEXT = "command not allowed when used memory > 'maxmemory'"
 
 
 class redis_errors:  # lower case: used like the function it replaced
@@ -29,4 +32,6 @@ class redis_errors:  # lower case: used like the function it replaced
         # RedisClusterException is no RedisError: the cluster client's "cannot be connected"
         # (no node reachable) is Redis unavailable all the same.
         if isinstance(exc, RedisError | RedisClusterException):
-            raise StoreUnavailable(f"{self._what}: {type(exc).__name__}: {exc}") from exc
+            full = isinstance(exc, OutOfMemoryError) or OOM_TEXT in str(exc)
+            raise (RedisFull if full else StoreUnavailable)(
+                f"{self._what}: {type(exc).__name__}: {exc}") from exc
