@@ -207,8 +207,12 @@ class ThreadedReceiver(Receiver):
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
+        # The async generators are shut down on the receiver's own thread: this thread may
+        # have an event loop running already (Playwright's sync API, in the browser tests),
+        # and then run_until_complete here raises.
+        if thread.is_alive():
+            asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
-        loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         self._loop = self._thread = None
