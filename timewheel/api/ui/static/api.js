@@ -1,5 +1,5 @@
 // The public API as the dashboard calls it: fetch with the bearer token (when one was entered),
-// JSON in and out, and a token prompt when the service answers 401.
+// JSON in and out, and a token prompt when the service answers 401 to what the user did.
 
 const TOKEN_KEY = "timewheel.token";
 
@@ -24,11 +24,6 @@ function describe(status, detail) {
   return `${status}: ${detail ? JSON.stringify(detail) : "request failed"}`;
 }
 
-// The user cancelled the dialog (or forgot the token): a page's refresh in the background
-// (every 5 s) then fails with its 401 instead of opening the dialog again and again. What
-// the user does (a page opened, a button, the header's Token button) still asks.
-let declined = false;
-
 export function getToken() {
   return window.sessionStorage.getItem(TOKEN_KEY) || "";
 }
@@ -37,7 +32,6 @@ export function setToken(token) {
   const trimmed = token.trim();
   if (trimmed) window.sessionStorage.setItem(TOKEN_KEY, trimmed);
   else window.sessionStorage.removeItem(TOKEN_KEY);
-  declined = !trimmed; // a token saved: ask again when it is refused; forgotten: do not nag
 }
 
 // What the token may do: "read", "write" or "admin" (GET /auth; "admin" when the service has no
@@ -63,10 +57,7 @@ export function onTokenNeeded(fn) {
 
 function askForToken(reason) {
   if (!pending) {
-    pending = prompter(reason).then((saved) => {
-      declined = !saved;
-      return saved;
-    }).finally(() => {
+    pending = prompter(reason).finally(() => {
       answered += 1;
       pending = null;
     });
@@ -74,17 +65,28 @@ function askForToken(reason) {
   return pending;
 }
 
-// Set by app.js: told when the service refused the token that is saved (a 401 with it), so
-// the header no longer shows it as accepted.
+// Set by app.js: told when the service refused the token that is saved (a 401 with it, or
+// without one: ""), so the header no longer shows it as accepted and the page says so.
 let refused = () => {};
 
 export function onTokenRefused(fn) {
   refused = fn;
 }
 
+// Set by app.js: told when the token may not do what was asked (403): its scope is learned
+// again, since it may have been lowered since the page learned it.
+let forbidden = () => {};
+
+export function onScopeRefused(fn) {
+  forbidden = fn;
+}
+
 // One call: request(method, path, {query, body, background}). Resolves to the parsed JSON
 // (null for 204), throws ApiError otherwise. A 401 asks for a token and tries again while the
-// user gives one; a background call does not ask once the user declined.
+// user gives one. A background call (a page's refresh every 5 s) never opens the dialog: the
+// user did nothing, and a token that stopped working would bring it back every 5 s; it fails
+// with its 401 (app.js shows a line with a button to enter a token), or waits for a dialog
+// already open.
 export async function request(method, path, { query, body, background = false } = {}) {
   const url = new URL(path, BASE);
   for (const [name, value] of Object.entries(query || {})) {
@@ -110,14 +112,15 @@ export async function request(method, path, { query, body, background = false } 
       // A token saved while this call was on its way (another call's prompt): try it before
       // asking again, or a call answered late would open the dialog a second time.
       if (getToken() !== token) continue;
-      if (token) refused(token);
+      refused(token);
       // The user answered the dialog while this call was on its way (Cancel, or the same
       // token again): that answer was this call's too, not a reason to open it once more.
       const reason = token ? "The token was refused; enter another." :
         "This service needs an API token.";
-      const ask = answered === asked && !(background && declined);
+      const ask = answered === asked && (!background || pending !== null);
       if (ask && await askForToken(reason)) continue;
     }
+    if (response.status === 403) forbidden();
     if (response.status === 204) return null;
     let payload = null;
     const text = await response.text();

@@ -1,7 +1,8 @@
 // The dashboard's shell: hash routes to pages, the token dialog, the Redis health light.
 // Pages render into <main> and may return a cleanup function (timers) run when they are left.
 
-import { BASE, fetchScope, getToken, onTokenNeeded, onTokenRefused, setToken } from "./api.js";
+import { BASE, fetchScope, getToken, onScopeRefused, onTokenNeeded, onTokenRefused, setToken }
+  from "./api.js";
 import { clearNotice } from "./dom.js";
 import * as dead from "./page-dead.js";
 import * as flows from "./page-flows.js";
@@ -27,6 +28,7 @@ const PAGES = {
 let cleanup = null;
 let scope = null; // the token's scope (GET /auth), null while unknown
 let accepted = null; // the token GET /auth answered that scope for: the header's ✓ is for it
+let known = null; // the last token GET /auth accepted, kept when it is refused later
 
 // <body class="can-write can-admin">: style.css shows what needs a scope only to a token that
 // has it (dom.js, needs()).
@@ -41,6 +43,10 @@ function applyScope(value) {
 async function refreshScope() {
   const value = await fetchScope();
   accepted = value === null ? null : getToken();
+  if (accepted !== null) {
+    known = accepted;
+    document.getElementById("token-lost").hidden = true;
+  }
   applyScope(value);
 }
 
@@ -133,13 +139,38 @@ function tokenDialog() {
   button.addEventListener("scope", refreshButton);
   refreshButton();
   onTokenNeeded(ask);
-  // The service refused the token it had accepted (rotated, removed): no ✓ for it any more.
+  // The service refused the token (it had accepted it: rotated, removed): no ✓ for it any
+  // more, and a line under the header says so, with a button to enter another. A page's
+  // refresh in the background does not open the dialog by itself (api.js): this line is
+  // where the user learns why the page stopped updating.
+  const lost = document.getElementById("token-lost");
+  const lostText = document.getElementById("token-lost-text");
+  const lostButton = document.getElementById("token-lost-button");
+  let lostReason = "";
   onTokenRefused((token) => {
     if (token === accepted) {
       accepted = null;
       refreshButton();
     }
+    if (token && token === known) {
+      lostText.textContent = "The token is no longer accepted: the service answers 401 to it.";
+      lostButton.textContent = "Enter a new token";
+      lostReason = "The token is no longer accepted; enter another.";
+    } else if (token) {
+      lostText.textContent = "The token was not accepted: the service answers 401 to it.";
+      lostButton.textContent = "Enter another token";
+      lostReason = "The token was refused; enter another.";
+    } else {
+      lostText.textContent = "This service needs an API token: its calls are answered 401.";
+      lostButton.textContent = "Enter a token";
+      lostReason = "This service needs an API token.";
+    }
+    lost.hidden = false;
   });
+  lostButton.addEventListener("click", () => open(lostReason));
+  // A 403: the token may do less than the page thought (its scope lowered): learn it again,
+  // so the header says it and the buttons it may not use go.
+  onScopeRefused(() => refreshScope());
 }
 
 async function health() {
