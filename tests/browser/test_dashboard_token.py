@@ -4,6 +4,7 @@ dir."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,33 @@ def test_the_chart_says_why_it_is_empty(page: Any, service: Service,
     expect(chart).to_contain_text("Could not load the due load: 401")
     expect(chart).not_to_contain_text("Loading")
     shot("overview-no-token")
+
+
+CARDS = {"due-hour": "whole wheel", "in-flight": "attempts being sent", "rate": "",
+         "lateness": "", "dead": "whole wheel"}
+
+
+def test_cards_not_loaded_say_so(page: Any, service: Service,
+                                 shot: Callable[[str], Path]) -> None:
+    """Without a token (the dialog cancelled) each Overview card says it could not be loaded
+    and why, not "…" as if still loading; the token entered from the header loads them."""
+    page.goto(f"{service.base_url}/ui#/overview")
+    expect(page.locator("#token-dialog")).to_be_visible()
+    page.click("#token-cancel")
+    expect(page.locator("#overview-error")).to_contain_text("401")
+    for card in CARDS:
+        expect(page.locator(f"#{card}")).to_have_text("—")
+        expect(page.locator(f"#{card}-note")).to_have_text("not loaded: 401")
+        expect(page.locator(f"#{card}-note")).to_have_attribute("title", re.compile("401: .+"))
+    shot("overview-cards-not-loaded")
+
+    page.click("#token-button")
+    enter_token(page, TOKEN)
+    expect(page.locator("#due-chart svg")).to_be_visible()
+    for card, note in CARDS.items():
+        expect(page.locator(f"#{card}")).not_to_have_text("—")
+        expect(page.locator(f"#{card}-note")).not_to_contain_text("not loaded")
+        if note:
+            expect(page.locator(f"#{card}-note")).to_contain_text(note)
+    expect(page.locator("#in-flight")).to_have_text("0")
+    shot("overview-cards-loaded")

@@ -1,7 +1,7 @@
 // Overview: due load per minute (GET /stats/due), and this process's figures (GET /stats):
 // in flight, callbacks per second (two samples apart), lateness quantiles, failures.
 
-import { api } from "./api.js";
+import { ApiError, api } from "./api.js";
 import { dueChart } from "./chart.js";
 import { h, hhmm, fill } from "./dom.js";
 import { zoneLabel } from "./zone.js";
@@ -73,7 +73,37 @@ function card(title, id, note, hint) {
   return h("div", { class: "card", title: hint },
     h("div", { class: "card-title" }, title),
     h("div", { class: "card-value", id }, "…"),
-    h("div", { class: "card-note", id: `${id}-note` }, note || ""));
+    h("div", { class: "card-note", id: `${id}-note`, "data-note": note || "" }, note || ""));
+}
+
+// The cards each call fills: until it has answered once, a card shows "…" (loading), and
+// "—" with "not loaded: 401" (the whole reason in its title) when that call failed.
+const CARDS = { due: ["due-hour"], stats: ["in-flight", "rate", "lateness", "dead"] };
+
+function notLoaded(ids, err) {
+  const status = err instanceof ApiError ? (err.status ? String(err.status) : "no answer") :
+    "error";
+  for (const id of ids) {
+    const value = document.getElementById(id);
+    const note = document.getElementById(`${id}-note`);
+    value.textContent = "—";
+    value.classList.add("not-loaded");
+    note.textContent = `not loaded: ${status}`;
+    note.title = err.message;
+  }
+}
+
+// Back to "…" and the card's own note, before the figures that came are set.
+function loaded(ids) {
+  for (const id of ids) {
+    const value = document.getElementById(id);
+    if (!value.classList.contains("not-loaded")) continue;
+    const note = document.getElementById(`${id}-note`);
+    value.textContent = "…";
+    value.classList.remove("not-loaded");
+    note.textContent = note.dataset.note;
+    note.removeAttribute("title");
+  }
 }
 
 export function render(root) {
@@ -82,6 +112,7 @@ export function render(root) {
   let alive = true;
   let timer = null;
   let drawn = false; // the chart was drawn once: a failed refresh leaves it, under the error
+  const answered = { due: false, stats: false }; // each call's cards were filled once
 
   const range = h("select", { id: "range", onchange: () => { minutes = Number(range.value); refresh(); } },
     RANGES.map(([value, label]) => h("option", { value: String(value), selected: value === minutes }, label)));
@@ -111,6 +142,8 @@ export function render(root) {
   async function refreshDue(background) {
     const load = await api.get("stats/due", { minutes }, { background });
     if (!alive) return;
+    loaded(CARDS.due);
+    answered.due = true;
     const points = load.minutes;
     const sum = points.reduce((a, p) => a + p.due, 0);
     const peak = points.reduce((best, p) => (p.due > best.due ? p : best), { due: 0 });
@@ -129,6 +162,8 @@ export function render(root) {
   async function refreshStats(background) {
     const stats = await api.get("stats", undefined, { background });
     if (!alive) return;
+    loaded(CARDS.stats);
+    answered.stats = true;
     const set = (id, text, note) => {
       document.getElementById(id).textContent = text;
       if (note !== undefined) document.getElementById(`${id}-note`).textContent = note;
@@ -175,6 +210,11 @@ export function render(root) {
     if (due.status === "rejected" && !drawn) {
       fill(chartBox, h("p", { class: "error", id: "due-error" },
         `Could not load the due load: ${due.reason.message}`));
+    }
+    // Never filled: the cards say they could not be loaded, not "…" as if still loading. Once
+    // filled, a failed refresh leaves their figures, under the error.
+    for (const [name, outcome] of [["due", due], ["stats", stats]]) {
+      if (outcome.status === "rejected" && !answered[name]) notLoaded(CARDS[name], outcome.reason);
     }
     error.hidden = !failed;
     if (failed) error.textContent = `Could not load the figures: ${failed.reason.message}`;
