@@ -53,8 +53,8 @@ def test_a_long_key_leaves_the_cancel_button_on_screen(
 def test_a_long_key_on_a_phone_wraps_in_a_readable_column(
         page: Any, service: Service, api: httpx.Client, receiver: ThreadedReceiver,
         shot: Callable[[str], Path]) -> None:
-    """At 390 px the table scrolls sideways in its box, and its keys keep 20 characters a line,
-    not one or two; the task page's title breaks the key within the screen."""
+    """At 390 px the table's rows are stacked, and its keys keep 20 characters a line (the
+    row's width), not one or two; the task page's title breaks the key within the screen."""
     prefix = f"narrow-{uid()}"
     key = f"{prefix}-{LONG}"
     create(api, key, receiver.url("/narrow"), delay=3600)
@@ -108,3 +108,53 @@ def test_the_header_wraps_on_a_phone(page: Any, service: Service,
                          second["y"] + second["height"] <= first["y"])
                 assert apart, f"{a} overlaps {b}"
     shot("phone-tasks")
+
+
+def test_a_21_character_key_on_a_phone_stays_on_one_line_by_its_cancel_button(
+        page: Any, service: Service, api: httpx.Client, receiver: ThreadedReceiver,
+        shot: Callable[[str], Path]) -> None:
+    """At 390 px a key of 21 characters (a usual one: a prefix, a dash, an id) is on one line,
+    not its last characters alone on a second, and each row's Cancel button is on the screen
+    without scrolling the table sideways."""
+    prefix = f"p{uid()}"
+    # With a '-' and without; the first with wide letters, for its "Cancel <key>?" question.
+    keys = [f"{prefix}-mmmmmmmmmmm", f"{prefix}{uid()}{uid()[:4]}"]
+    assert [len(key) for key in keys] == [21, 21]
+    for key in keys:
+        create(api, key, receiver.url("/phone"), delay=3600)
+    page.set_viewport_size({"width": 390, "height": 844})
+    open_ui(page, service, f"#/tasks?status=scheduled&prefix={prefix}")
+    line = page.evaluate("""() => { const probe = document.createElement("a");
+      probe.className = "key"; probe.textContent = "0";
+      document.body.append(probe); const height = probe.getBoundingClientRect().height;
+      probe.remove(); return height; }""")
+    for key in keys:
+        expect(page.locator(f'#task-results tr[data-key="{key}"] a.key')).to_have_text(key)
+    shot("phone-tasks-21-character-keys")
+    for key in keys:
+        row = page.locator(f'#task-results tr[data-key="{key}"]')
+        link = row.locator("a.key")
+        assert link.bounding_box()["height"] < 1.5 * line, f"{key} is on more than one line"
+        cancel = row.get_by_role("button", name="Cancel")
+        expect(cancel).to_be_visible()
+        box = cancel.bounding_box()
+        assert 0 <= box["x"] and box["x"] + box["width"] <= 390, f"{key}'s Cancel is off screen"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    # Its question, "Cancel <key>? Yes No", is on the screen too.
+    row = page.locator(f'#task-results tr[data-key="{keys[0]}"]')
+    row.get_by_role("button", name="Cancel").click()
+    no = row.get_by_role("button", name="No")
+    expect(no).to_be_visible()
+    wrap = page.locator("#task-results .table-wrap")
+    scroll, client = wrap.evaluate("w => [w.scrollWidth, w.clientWidth]")
+    assert scroll <= client, f"the table is {scroll} px wide in {client} px"
+    box, right = no.bounding_box(), wrap.bounding_box()
+    assert box["x"] + box["width"] <= right["x"] + right["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    shot("phone-tasks-21-character-key-question")
+    no.click()
+    page.set_viewport_size({"width": 768, "height": 844})  # a tablet: stacked too
+    cancel = page.locator(f'#task-results tr[data-key="{keys[0]}"]').get_by_role(
+        "button", name="Cancel")
+    assert cancel.bounding_box()["x"] + cancel.bounding_box()["width"] <= 768
+    shot("tablet-tasks-21-character-keys")

@@ -86,10 +86,20 @@ export function badge(status) {
   return h("span", { class: `badge badge-${status}` }, status);
 }
 
-export function table(headers, rows, { empty = "Nothing here." } = {}) {
+// stack: on a narrow screen (style.css) each row is shown as a block, its first cell on top
+// with the second beside it and the others under them, each named by its column (data-label),
+// so nothing scrolls sideways and every row's buttons are on the screen.
+export function table(headers, rows, { empty = "Nothing here.", stack = false } = {}) {
   if (!rows.length) return h("p", { class: "muted empty" }, empty);
+  if (stack) {
+    for (const row of rows) {
+      [...row.children].forEach((cell, i) => {
+        if (i >= 2 && typeof headers[i] === "string" && headers[i]) cell.dataset.label = headers[i];
+      });
+    }
+  }
   // In a scrolling box: a wide table scrolls on a narrow screen instead of clipping.
-  return h("div", { class: "table-wrap" }, h("table", {},
+  return h("div", { class: "table-wrap" }, h("table", { class: stack ? "stack" : undefined },
     h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
     h("tbody", {}, rows)));
 }
