@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 import aiohttp
 import httpx
 
+from timewheel.delivery.grace import timeout_after_a_poll
 from timewheel.delivery.guarded_clients import (
     LastCheckRequest,
     guarded_connector,
@@ -135,9 +136,12 @@ class AiohttpSender:
         keep = self.keep_body if keep_body is None else keep_body
         token = may_write.set(ready)  # GuardedConnector.connect asks it (guarded_clients.py)
         try:
-            async with self._session.request(
+            # The whole request under one timeout of ours, not aiohttp's (ClientTimeout() has
+            # none): aiohttp's total cancels the request the moment its timer runs, before an
+            # answer already in the socket is read (timeout_after_a_poll).
+            async with timeout_after_a_poll(timeout), self._session.request(
                 method, url, headers=headers, data=body, allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                timeout=aiohttp.ClientTimeout(),
             ) as response:
                 if keep_body is None:
                     body = await response.content.read(MAX_RESPONSE_BYTES)

@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohappyeyeballs
 
+from timewheel.delivery.grace import GRACE_S
 from timewheel.delivery.http1 import Connection, Exchange, Origin, origin_of, request_bytes
 from timewheel.delivery.netguard import (
     NOT_WRITTEN,
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 IDLE_SECONDS = 15.0  # an idle connection is closed after this long (aiohttp's keep-alive)
 DNS_TTL_SECONDS = 10.0  # resolved (and checked) addresses are reused this long (aiohttp's)
 HAPPY_EYEBALLS_DELAY = 0.25  # seconds before the next address is tried (aiohttp's)
-GRACE_S = 0.001  # after its timeout, an exchange reads what has come once more (_time_out)
 
 
 AddrInfo = tuple[Any, ...]  # (family, type, proto, canonname, sockaddr), as getaddrinfo gives

@@ -1,0 +1,117 @@
+"""tests/test_wire_stall.py for all three senders (TIMEWHEEL_HTTP_CLIENT=wire, aiohttp and
+httpx): a process stopped (SIGSTOP) while its request is out, past the request's timeout,
+while the receiver answers. When it runs again, uvloop's wait for the sockets returns EINTR
+and the loop runs its expired timers before it reads them; the answer waiting in the socket
+must still win over the timeout that expired meanwhile, or the attempt is recorded as a
+timeout and sent again (a duplicate). And the timeout still ends a request nothing answers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.support.receiver import Reply, ThreadedReceiver
+from tests.support.waiting import settle
+from timewheel.delivery.netguard import NetworkPolicy
+from timewheel.delivery.senders import SendError, make_sender
+
+SEND = """
+import asyncio, sys, time, uvloop
+from timewheel.delivery.netguard import NetworkPolicy
+from timewheel.delivery.senders import SendError, make_sender
+
+async def main():
+    sender = make_sender(sys.argv[1], NetworkPolicy(allow_private=True), max_connections=1)
+    if sys.argv[3] == "busy":  # other timers that expired meanwhile take the loop's time
+        asyncio.get_running_loop().call_later(1.0, time.sleep, 0.01)
+    try:
+        answer = await sender.send("POST", sys.argv[2], [], b"{}", 1.0)
+        print("status", answer.status, flush=True)
+    except SendError as exc:
+        print("error", exc.kind, flush=True)
+    await sender.aclose()
+
+uvloop.run(main())
+"""
+
+
+@pytest.mark.parametrize("loop", ["quiet", "busy"])
+@pytest.mark.parametrize("kind", [
+    "wire", "aiohttp",
+    pytest.param("httpx", marks=pytest.mark.xfail(
+        strict=True, reason="httpcore's read timeout cancels the read before the poll")),
+])
+def test_an_answer_that_came_while_the_process_was_stopped_beats_the_timeout(
+        receiver: ThreadedReceiver, kind: str, loop: str) -> None:
+    """"busy": another timer that expired meanwhile holds the loop 10 ms first, past the
+    1 ms a timeout waits for the loop to poll its sockets (timewheel/delivery/grace.py): the
+    answer that poll reads must still win."""
+    receiver.respond("/stalled", [Reply(delay=0.3)])
+    sending = subprocess.Popen(
+        [sys.executable, "-c", SEND, kind, receiver.url("/stalled"), loop],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        settle(lambda: len(receiver.arrivals_for("/stalled")) == 1, 30,
+               lambda: "the request to arrive")
+        os.kill(sending.pid, signal.SIGSTOP)
+        # Stopped past the send's 1 s timeout; the receiver answers 0.3 s after the request.
+        time.sleep(1.5)
+        os.kill(sending.pid, signal.SIGCONT)
+        out, _ = sending.communicate(timeout=30)
+    finally:
+        sending.kill()
+        sending.wait()
+    assert out.split() == ["status", "200"], out
+
+
+@pytest.fixture
+async def silent_then_ok() -> AsyncIterator[str]:
+    """A local server whose first connection reads the request and never answers; each later
+    one answers 200. Its URL."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        first = len(connections) == 1
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                await reader.readexactly(2)  # the request's body: b"{}"
+                if first:
+                    await reader.read()  # until the client closes
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/hook"
+    server.close()
+    for writer in connections:
+        writer.close()
+    await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", ["aiohttp", "httpx", "wire"])
+async def test_a_receiver_that_never_answers_is_still_a_timeout(
+        silent_then_ok: str, kind: str) -> None:
+    """The timeout that lets a waiting answer win still ends a request nothing answers; the
+    sender is fine afterwards (control: the next request is answered)."""
+    sender = make_sender(kind, NetworkPolicy(allow_private=True), max_connections=1)
+    try:
+        with pytest.raises(SendError) as caught:
+            await sender.send("POST", silent_then_ok, [], b"{}", 0.2)
+        assert caught.value.kind == "timeout"
+        assert (await sender.send("POST", silent_then_ok, [], b"{}", 10.0)).status == 200
+    finally:
+        await sender.aclose()
