@@ -43,11 +43,7 @@ uvloop.run(main())
 
 
 @pytest.mark.parametrize("loop", ["quiet", "busy"])
-@pytest.mark.parametrize("kind", [
-    "wire", "aiohttp",
-    pytest.param("httpx", marks=pytest.mark.xfail(
-        strict=True, reason="httpcore's read timeout cancels the read before the poll")),
-])
+@pytest.mark.parametrize("kind", ["wire", "aiohttp", "httpx"])
 def test_an_answer_that_came_while_the_process_was_stopped_beats_the_timeout(
         receiver: ThreadedReceiver, kind: str, loop: str) -> None:
     """"busy": another timer that expired meanwhile holds the loop 10 ms first, past the

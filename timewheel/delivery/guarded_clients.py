@@ -4,8 +4,9 @@
 aiohttp via ``guarded_connector()``: resolver answers, IP literals and every socket's sockaddr
 are checked by the policy (timewheel/delivery/netguard.py), and ``LastCheckRequest`` asks
 ``may_write`` just before the first byte is written. httpx via ``guarded_httpx_transport()``:
-it resolves, checks, and dials the checked IP (TLS still verifies the name). Both hook private
-parts of those libraries, pinned in pyproject.toml and checked by
+it resolves, checks, and dials the checked IP (TLS still verifies the name); its
+connections' timeouts let an answer already in the socket win (``GraceStream``). Both hook
+private parts of those libraries, pinned in pyproject.toml and checked by
 tests/test_library_internals.py.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
@@ -26,6 +28,7 @@ from aiohttp.connector import Connection
 from aiohttp.resolver import DefaultResolver
 from aiohttp.tracing import Trace
 
+from timewheel.delivery.grace import timeout_after_a_poll
 from timewheel.delivery.netguard import (
     NOT_WRITTEN,
     BlockedAddress,
@@ -187,10 +190,47 @@ class BlockedConnectError(httpcore.ConnectError):
         self.os_error = blocked
 
 
+class GraceStream(httpcore.AsyncNetworkStream):
+    """httpcore's connection, whose reads and writes time out as httpcore's own do (each
+    operation on its own, ReadTimeout or WriteTimeout), but only once the loop has polled its
+    sockets after the time is up (grace.py): httpcore's own timer (anyio.fail_after) cancels
+    a read as soon as it runs, and after a stop of the process past the timeout it runs
+    before the answer already in the socket is read (tests/test_sender_stall.py). httpcore
+    is asked for no timeout; the next read has a whole timeout of its own, as before."""
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            async with timeout_after_a_poll(timeout):
+                return await self._stream.read(max_bytes)
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            async with timeout_after_a_poll(timeout):
+                await self._stream.write(buffer)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        return GraceStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
 class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
     """Resolves, validates every address, then dials the validated IP through
     `backend`. httpcore calls ``start_tls(server_hostname=<origin host>)`` on the
-    returned stream, so certificates are still checked against the name."""
+    returned stream, so certificates are still checked against the name. The stream is
+    a GraceStream, whose timeouts let an answer that came win."""
 
     def __init__(
         self, policy: NetworkPolicy, backend: httpcore.AsyncNetworkBackend | None = None
@@ -225,9 +265,9 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         for ip in ips:
             left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                return await self._backend.connect_tcp(
+                return GraceStream(await self._backend.connect_tcp(
                     ip, port, left, local_address, socket_options
-                )
+                ))
             except httpcore.ConnectError as exc:
                 last = exc
         assert last is not None  # getaddrinfo never answers an empty list
