@@ -1,9 +1,10 @@
-"""tests/test_wire_stall.py for all three senders (TIMEWHEEL_HTTP_CLIENT=wire, aiohttp and
-httpx): a process stopped (SIGSTOP) while its request is out, past the request's timeout,
-while the receiver answers. When it runs again, uvloop's wait for the sockets returns EINTR
-and the loop runs its expired timers before it reads them; the answer waiting in the socket
-must still win over the timeout that expired meanwhile, or the attempt is recorded as a
-timeout and sent again (a duplicate). And the timeout still ends a request nothing answers."""
+"""All three senders (TIMEWHEEL_HTTP_CLIENT=wire, aiohttp and httpx): a process stopped
+(SIGSTOP: a frozen VM, a CPU it does not get) while its request is out, past the request's
+timeout, while the receiver answers. When it runs again, uvloop's wait for the sockets returns
+EINTR and the loop runs its expired timers before it reads them; the answer waiting in the
+socket must still win over the timeout that expired meanwhile, or the attempt is recorded as a
+timeout and sent again (a duplicate: an outside audit found it for wire in session 23, then
+for the other two). And the timeout still ends a request nothing answers."""
 
 from __future__ import annotations
 

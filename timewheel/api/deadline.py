@@ -91,21 +91,18 @@ class RequestDeadline:
                     body_unread: bool) -> None:
         """The answer to a request cut at its deadline: 408 if it was still waiting for its
         body (and the connection closed, the rest of the body unread), 503 otherwise."""
+        within = f"within {self.seconds:g} s"
         if body_unread:
-            log.warning("%s %s: request body not received within %g s: 408",
-                        scope["method"], scope["path"], self.seconds)
-            answer = JSONResponse(
-                {"detail": f"the request body was not received within {self.seconds:g} s; "
-                           "nothing was stored"},
-                status_code=408, headers={"Connection": "close"})
+            status, why, headers = 408, "request body not received", {"Connection": "close"}
+            detail = f"the request body was not received {within}; nothing was stored"
         else:
-            log.warning("%s %s not answered within %g s (Redis slow or unavailable): 503",
-                        scope["method"], scope["path"], self.seconds)
-            answer = JSONResponse(
-                {"detail": f"Redis did not answer within {self.seconds:g} s; try again later "
-                           "(a write may have been made: read it back before repeating it)"},
-                status_code=503, headers={"Retry-After": "1"})
-        await answer(scope, receive, send)
+            status, why, headers = 503, "Redis slow or unavailable", {"Retry-After": "1"}
+            detail = (f"Redis did not answer {within}; try again later (a write may have "
+                      "been made: read it back before repeating it)")
+        log.warning("%s %s not answered %s (%s): %d", scope["method"], scope["path"], within,
+                    why, status)
+        await JSONResponse({"detail": detail}, status_code=status, headers=headers)(
+            scope, receive, send)
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cancel the requests past their deadline; look again while any is running."""

@@ -7,8 +7,8 @@ the timeout won, the attempt would go into the history as a timeout and be sent 
 timeout, once its time is up, lets the loop poll its sockets once more (a timer GRACE_S on; a
 ``call_soon`` would run before that poll) and only then gives up. wire.py's ``_time_out``
 does this for its exchange, ``timeout_after_a_poll`` for the aiohttp sender's request and
-each of httpx's reads and writes (senders.py, guarded_clients.py). tests/test_wire_stall.py
-and tests/test_sender_stall.py stop a real sending process.
+each of httpx's reads and writes (senders.py, guarded_clients.py). tests/test_sender_stall.py
+stops a real sending process.
 """
 
 from __future__ import annotations

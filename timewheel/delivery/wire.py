@@ -318,7 +318,7 @@ def _time_out(done: asyncio.Future[None]) -> None:
     """The exchange's time is up, but what has come is read first: a process that ran again
     after a stop (SIGSTOP, a CPU it did not get) has its event loop run its expired timers
     before it reads its sockets (libuv, after its wait for them returned EINTR), and the
-    answer may be waiting there (tests/test_wire_stall.py). A timer 1 ms on lets the loop
+    answer may be waiting there (tests/test_sender_stall.py). A timer 1 ms on lets the loop
     poll them once; a ``call_soon`` would run before that poll."""
     if not done.done():
         done.get_loop().call_later(GRACE_S, _give_up, done)
