@@ -112,3 +112,55 @@ async def test_a_receiver_that_never_answers_is_still_a_timeout(
         assert (await sender.send("POST", silent_then_ok, [], b"{}", 10.0)).status == 200
     finally:
         await sender.aclose()
+
+
+@pytest.fixture
+async def dripping() -> AsyncIterator[tuple[str, asyncio.Event]]:
+    """A local server that answers 200 with a 20-byte body one byte every 0.1 s (each byte
+    well within a 1 s timeout, the whole answer well past it); its URL and an event set when
+    it has written the whole body."""
+    whole = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n")
+            for _ in range(20):
+                await writer.drain()
+                await asyncio.sleep(0.1)
+                writer.write(b"x")
+            await writer.drain()
+            whole.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/hook", whole
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", ["aiohttp", "httpx", "wire"])
+async def test_an_answer_dripped_past_the_timeout_does_not_hold_the_attempt(
+        dripping: tuple[str, asyncio.Event], kind: str) -> None:
+    """A request's timeout bounds the whole exchange, not each read: a receiver that sends
+    its answer a byte at a time would otherwise hold an attempt past its lease, when another
+    process may send the task again while this one is still out. The send ends before the
+    receiver has written the whole answer: a timeout (wire, httpx), or the status with the
+    body cut at what had come (aiohttp reads what is there, then drops the connection)."""
+    url, whole = dripping
+    sender = make_sender(kind, NetworkPolicy(allow_private=True), max_connections=1)
+    try:
+        try:
+            answer = await sender.send("POST", url, [], b"{}", 1.0)
+            outcome = f"{answer.status} cut={answer.body_truncated}"
+        except SendError as exc:
+            outcome = exc.kind
+        assert not whole.is_set(), f"held until the whole answer came: {outcome}"
+        assert outcome in ("timeout", "200 cut=True")
+    finally:
+        await sender.aclose()

@@ -196,9 +196,13 @@ class HttpxSender:
         # httpx has no public hook between getting a connection and writing: asked here.
         if ready is not None and not ready():
             raise NotWritten(NOT_WRITTEN)
+        answer: Answer | None = None
         try:
-            async with self._client.stream(method, url, headers=headers, content=body,
-                                           timeout=timeout) as response:
+            # httpx's timeouts are per operation: a receiver dripping its answer would hold
+            # the attempt past its lease. The whole exchange is bounded too; an answer read
+            # whole before that bound ran out (closing the response yields to the loop) wins.
+            async with timeout_after_a_poll(timeout), self._client.stream(
+                    method, url, headers=headers, content=body, timeout=timeout) as response:
                 chunks, read, cut = [], 0, False
                 async for chunk in response.aiter_raw():
                     if read < keep:
@@ -208,10 +212,13 @@ class HttpxSender:
                         cut = True
                         break
                 body = b"".join(chunks)
-                return Answer(response.status_code, response.headers.get("Retry-After"),
-                              kept_headers(response.headers.multi_items()),
-                              body[:keep], cut or len(body) > keep)
-        except httpx.TimeoutException as exc:
+                answer = Answer(response.status_code, response.headers.get("Retry-After"),
+                                kept_headers(response.headers.multi_items()),
+                                body[:keep], cut or len(body) > keep)
+            return answer
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            if answer is not None:
+                return answer
             raise SendError("timeout", f"no answer within {timeout:g}s") from exc
         except (httpx.HTTPError, BlockedAddress) as exc:
             blocked = blocked_cause(exc)
