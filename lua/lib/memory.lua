@@ -1,10 +1,12 @@
--- A full Redis (over maxmemory, noeviction) refuses a command that adds data only while the
--- script has changed nothing: a script whose first change is a delete runs whole past the
--- limit (Redis's scriptVerifyOOM). A script that creates or configures, and may delete first,
--- calls this where its checks end and its writes begin.
+-- A full Redis (over maxmemory, noeviction) checks a script's memory only at the first write
+-- command the script calls (Redis's scriptVerifyOOM, Redis 6.2 to Valkey 8.1): a script whose
+-- first write command removes (DEL, ZREM, even of nothing) then runs whole past the limit. A
+-- script that creates or configures, and may remove first, calls this where its checks end,
+-- before any other write command.
 
--- An empty SETRANGE of a key that does not exist writes nothing, but Redis checks it as the
--- data-adding command it is: when full, the script stops here with an OOM error, unchanged.
+-- An empty SETRANGE of a key that does not exist writes nothing, but it is the script's first
+-- write command and one that adds data: when full, the script stops here with an OOM error,
+-- unchanged.
 local function refuse_when_full(P)
   redis.call('SETRANGE', P .. 'full?', 0, '')
 end

@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 
 from timewheel.clock import Clock
 from timewheel.domain import TaskStatus
-from timewheel.errors import StoreUnavailable
+from timewheel.errors import RedisFull, StoreUnavailable
 from timewheel.jobs.sources import acting, sources, start_of, task_filter
 from timewheel.store.job_store import JobRecord, JobStore, Position, TaskFilter
 from timewheel.store.listing import Source
@@ -42,13 +42,15 @@ class LostLease(Exception):
 # A refusal a later try gets past: another script is over lua-time-limit (BUSY, which redis-py
 # raises as a plain ResponseError). Its own subclasses (OOM, LOADING, TRYAGAIN, READONLY, ...)
 # are retried already; any other plain ResponseError is a script's refusal (a record of the v1
-# layout), which no retry mends.
+# layout), which no retry mends, but a full Redis 6.2's (an OOM inside a script comes as a
+# plain ERR there: RedisFull, store/redis_errors.py).
 _PASSING = ("BUSY ",)
 
 
 def _refused_for_good(exc: StoreUnavailable) -> bool:
     cause = exc.__cause__
-    return type(cause) is ResponseError and not str(cause).startswith(_PASSING)
+    return (type(cause) is ResponseError and not isinstance(exc, RedisFull)
+            and not str(cause).startswith(_PASSING))
 
 
 class JobRunner:

@@ -170,12 +170,11 @@ class FlowStore:
         configured = any(value is not None for value in values)
         async with redis_errors("set flow limits"):
             if configured:
-                await self._register(flow)
+                await self.redis.sadd(self.keys.configured_flows, flow)
             reply = FlowLimitsReply(int(await self.scripts.flow_limits(
                 keys=[self.keys.flow(flow)],
                 args=["" if value is None else value for value in values])))
-            if reply is FlowLimitsReply.DEFAULTS:
-                await self.redis.srem(self.keys.configured_flows, flow)
+            await self._settle_registry(flow, reply is FlowLimitsReply.LIMITED)
 
     async def set_paused(self, flow: str, paused: bool) -> None:
         """Pause or resume, keeping the rest of the flow's configuration: every process
@@ -183,18 +182,26 @@ class FlowStore:
         latest)."""
         async with redis_errors("pause flow"):
             if paused:
-                await self._register(flow)
+                await self.redis.sadd(self.keys.configured_flows, flow)
             reply = FlowPauseReply(int(await self.scripts.flow_pause(
                 keys=[self.keys.flow(flow)], args=["1" if paused else "0"])))
-            if reply is FlowPauseReply.DEFAULTS:
-                await self.redis.srem(self.keys.configured_flows, flow)
+            await self._settle_registry(flow, reply is FlowPauseReply.CONFIGURED)
 
-    async def _register(self, flow: str) -> None:
-        # The registry of configured flows (listings, metrics) lives in another slot, so it
-        # cannot be written with the configuration. It is written first and dropped after: a
-        # failure between the two (a full Redis refusing the second) leaves a flow listed with
-        # its defaults, never a configuration in force that no listing shows.
-        await self.redis.sadd(self.keys.configured_flows, flow)
+    async def _settle_registry(self, flow: str, configured: bool) -> None:
+        """The registry of configured flows (listings, metrics) lives in another slot than
+        the configuration, so no script writes both. A configuring call adds the flow before
+        its script (a full Redis refusing the add then refuses the script too, never leaving
+        a configuration in force unlisted) and checks after it; a call that took the flow back
+        to its defaults drops it and then reads the configuration again: another process may
+        have configured it in between, and its check may have come before this drop."""
+        registry = self.keys.configured_flows
+        if configured:
+            if not await self.redis.sismember(registry, flow):
+                await self.redis.sadd(registry, flow)
+            return
+        await self.redis.srem(registry, flow)
+        if await self.redis.exists(self.keys.flow(flow) + "cfg"):
+            await self.redis.sadd(registry, flow)
 
     async def delete_limits(self, flow: str) -> None:
         """Back to the defaults: the flow_limits script with no limits (acknowledged like a
