@@ -75,8 +75,10 @@ def install(app: FastAPI) -> None:
                       "503 and no task is delivered until memory is freed or maxmemory "
                       "raised (docs/deploy.md, \"A full Redis\"); now: %s %s: %s",
                       request.method, request.url.path, exc)
-        return JSONResponse({"detail": "Redis is full (used memory over maxmemory): nothing "
-                                       "was written; try again once it has room"},
+        # "Refused", not "nothing written": a batch over several buckets may have stored the
+        # buckets before the one refused, as after any 503 part-way (README, the batch).
+        return JSONResponse({"detail": "Redis is full (used memory over maxmemory) and "
+                                       "refused the write; try again once it has room"},
                             status_code=503, headers={"Retry-After": str(FULL_RETRY_AFTER_S)})
 
     @app.exception_handler(RecordUnreadable)
