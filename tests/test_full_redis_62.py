@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from tests.conftest import START_MS, running_app
 from tests.support.redis_server import HOST, RedisServer
 from tests.support.waiting import wait_until
+from tests.test_full_redis import fill
 from timewheel.api.app import create_app
 from timewheel.clock import FakeClock
 from timewheel.jobs.runner import JobRunner
@@ -46,13 +47,6 @@ def redis62(tmp_path: Path) -> Iterator[Redis62]:
     server.start()
     yield server
     server.kill()
-
-
-async def fill(redis: Redis) -> None:
-    used = int((await redis.info("memory"))["used_memory"])
-    await redis.config_set("maxmemory", max(1, used // 2))
-    with pytest.raises(Exception, match="maxmemory"):
-        await redis.set("probe:full", "x")
 
 
 class FillsOnceLeased(JobStore):
