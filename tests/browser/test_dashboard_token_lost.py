@@ -44,6 +44,13 @@ def service(tmp_path: Path) -> Iterator[Service]:
             service.kill()
 
 
+@pytest.fixture
+def expected_console(expected_console: list[str]) -> list[str]:
+    """While the service restarts, a refresh that comes then finds its port closed: the
+    browser logs that as a console error, which here is the test's own doing."""
+    return [*expected_console, "net::ERR_CONNECTION_REFUSED"]
+
+
 def restart(service: Service, entries: dict[str, str]) -> None:
     """The service's token list changed: it is started again (same port) with ``entries``."""
     service.kill()
