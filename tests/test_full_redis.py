@@ -239,3 +239,22 @@ async def test_a_full_redis_is_named_in_the_503_and_logged_once(
     assert answers[0].headers["retry-after"] == "10"
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "Redis is full (used memory over maxmemory)"]
+
+
+async def test_the_scrape_says_how_full_redis_is(api: httpx.AsyncClient, redis: Redis) -> None:
+    """timewheel_redis_memory_used_ratio: used_memory / maxmemory at each scrape, so that an
+    operator is warned before Redis refuses writes; 0 while no maxmemory is set, 1 or more
+    once full (the scrape itself only reads, so it answers then too)."""
+    def ratio(text: str) -> float:
+        line = next(line for line in text.splitlines()
+                    if line.startswith("timewheel_redis_memory_used_ratio "))
+        return float(line.split()[1])
+
+    assert ratio((await api.get("/metrics")).text) == 0.0
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", 4 * used)
+    assert 0.2 < ratio((await api.get("/metrics")).text) < 0.3
+    await fill(redis)
+    scrape = await api.get("/metrics")
+    assert scrape.status_code == 200 and ratio(scrape.text) >= 1.0
+    assert "timewheel_redis_up 1.0" in scrape.text

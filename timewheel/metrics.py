@@ -55,6 +55,10 @@ class Metrics:
         self.redis_up = Gauge("timewheel_redis_up",
                               "1 when Redis answered this scrape's reads, 0 when it did not "
                               "(the per-flow series are then left out)", registry=r)
+        self.redis_memory = Gauge("timewheel_redis_memory_used_ratio",
+                                  "used_memory / maxmemory of the fullest Redis primary at "
+                                  "this scrape (0: no maxmemory set); at 1 Redis refuses "
+                                  "writes and no callback is sent", registry=r)
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)

@@ -447,6 +447,17 @@ def test_serve_on_a_cluster_delivers_each_task_once(
     assert metric(service, 'timewheel_callbacks_total{outcome="succeeded"}') == 200
     assert no_keys_left(cluster, ":lease", ":dead") == []
 
+    # The scrape's memory gauge: the fullest master's used / max memory, 0 where none has a
+    # maxmemory; one master limited to four times what it uses reads a quarter.
+    assert metric(service, "timewheel_redis_memory_used_ratio") == 0.0
+    with cluster.nodes[1].client() as conn:
+        used = int(conn.info("memory")["used_memory"])
+        conn.config_set("maxmemory", 4 * used)
+        try:
+            assert 0.2 < metric(service, "timewheel_redis_memory_used_ratio") < 0.3
+        finally:
+            conn.config_set("maxmemory", 0)
+
     assert_stops_gracefully(service)
 
 

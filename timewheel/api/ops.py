@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from timewheel.api import flows
 from timewheel.api.deps import WheelDep
 from timewheel.errors import StoreUnavailable
+from timewheel.service import Wheel
 
 router = APIRouter(tags=["operations"])
 metrics_router = APIRouter(tags=["operations"])
@@ -43,10 +44,16 @@ async def metrics(wheel: WheelDep) -> Response:
     try:
         # Bounded: a cluster client retries a silent master for minutes, and a scrape that
         # outlasts Prometheus's timeout (10 s by default) shows nothing at all.
-        await asyncio.wait_for(flows.refresh_gauges(wheel), GAUGES_READ_S)
+        await asyncio.wait_for(_refresh_gauges(wheel), GAUGES_READ_S)
     except (StoreUnavailable, TimeoutError):
         wheel.metrics.redis_up.set(0)
         flows.drop_gauges(wheel)  # unknown now: better absent than stale
     else:
         wheel.metrics.redis_up.set(1)
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _refresh_gauges(wheel: Wheel) -> None:
+    """The gauges read from Redis at a scrape: the per-flow ones and Redis's memory."""
+    await flows.refresh_gauges(wheel)
+    wheel.metrics.redis_memory.set(await wheel.store.memory_used())

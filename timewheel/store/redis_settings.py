@@ -98,6 +98,20 @@ async def primaries_config(redis: Redis | RedisCluster, pattern: str) -> dict[st
             for node, values in nodes.items()}
 
 
+async def memory_used_ratio(redis: Redis | RedisCluster) -> float:
+    """used_memory / maxmemory of the fullest primary (INFO memory, which managed Redis
+    allows where it refuses CONFIG); 0.0 where none has a maxmemory. At 1 a primary refuses
+    writes (noeviction: docs/deploy.md, "A full Redis")."""
+    if isinstance(redis, RedisCluster):
+        reply: Any = await redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+    else:
+        reply = await redis.info("memory")
+    # A cluster answers {node: {field: value}}, or a flat {field: value} for one primary.
+    nodes = list(reply.values()) if all(isinstance(v, dict) for v in reply.values()) else [reply]
+    return max((int(node["used_memory"]) / int(node["maxmemory"])
+                for node in nodes if int(node.get("maxmemory", 0))), default=0.0)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -25,7 +25,7 @@ from timewheel.store.keys import DEFAULT_BUCKETS, Keyspace
 from timewheel.store.migrate import migrate_v1
 from timewheel.store.record import NewTask, TaskRecord, record_from_reply
 from timewheel.store.redis_errors import redis_errors
-from timewheel.store.redis_settings import warn_about_settings
+from timewheel.store.redis_settings import memory_used_ratio, warn_about_settings
 from timewheel.store.replies import CancelReply, ReplayReply, RescheduleReply, ScheduleReply
 from timewheel.store.scripts import Scripts, source
 
@@ -93,6 +93,11 @@ class Store(ClaimSide):
         except Exception:  # no slot map yet, or one being refreshed: no node known
             return ""
         return node.name if node is not None else ""
+
+    async def memory_used(self) -> float:
+        """used_memory / maxmemory of the fullest primary, 0.0 with no maxmemory set."""
+        async with redis_errors("memory"):
+            return await memory_used_ratio(self.redis)
 
     async def ping(self) -> None:
         """Every primary must answer: on a cluster, one master down fails the buckets it holds."""
