@@ -92,10 +92,8 @@ async def primaries_config(redis: Redis | RedisCluster, pattern: str) -> dict[st
         reply: Any = await redis.config_get(pattern, target_nodes=RedisCluster.PRIMARIES)
     else:
         reply = await redis.config_get(pattern)
-    # A cluster answers {node: {name: value}}, or a flat {name: value} for one primary.
-    nodes = reply if any(isinstance(v, dict) for v in reply.values()) else {"redis": reply}
-    return {str(node): {_text(k): _text(v) for k, v in values.items()}
-            for node, values in nodes.items()}
+    return {node: {_text(k): _text(v) for k, v in values.items()}
+            for node, values in _per_primary(reply).items()}
 
 
 async def memory_used_ratio(redis: Redis | RedisCluster) -> float:
@@ -106,10 +104,17 @@ async def memory_used_ratio(redis: Redis | RedisCluster) -> float:
         reply: Any = await redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
     else:
         reply = await redis.info("memory")
-    # A cluster answers {node: {field: value}}, or a flat {field: value} for one primary.
-    nodes = list(reply.values()) if all(isinstance(v, dict) for v in reply.values()) else [reply]
     return max((int(node["used_memory"]) / int(node["maxmemory"])
-                for node in nodes if int(node.get("maxmemory", 0))), default=0.0)
+                for node in _per_primary(reply).values() if int(node.get("maxmemory", 0))),
+               default=0.0)
+
+
+def _per_primary(reply: dict[Any, Any]) -> dict[str, dict[Any, Any]]:
+    """A command sent to every primary: a cluster answers {node: {name: value}}, or a flat
+    {name: value} for one primary (and a single Redis): that one as node "redis"."""
+    if any(isinstance(value, dict) for value in reply.values()):
+        return {str(node): values for node, values in reply.items()}
+    return {"redis": reply}
 
 
 def _text(value: Any) -> str:
