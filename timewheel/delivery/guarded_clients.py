@@ -190,27 +190,64 @@ class BlockedConnectError(httpcore.ConnectError):
         self.os_error = blocked
 
 
+class ExchangeEnd:
+    """When one whole exchange (HttpxSender.send) is up. httpx's timeouts are per operation,
+    so a receiver dripping its answer would hold the attempt past its lease: the connection's
+    reads and writes (GraceStream), its connect and its TLS handshake wait no longer than the
+    exchange has left. Only they time out, never the steps between them: once the answer is
+    read, httpcore still yields to the loop at its locks, and a timer cancelling the whole
+    exchange there would beat an answer that came while the process was stopped (the grace
+    covers one poll, not those steps; tests/test_sender_stall.py)."""
+
+    LATE_OPERATIONS = 4  # past the end: reads and writes that find their bytes at once
+
+    def __init__(self, timeout: float) -> None:
+        self.at = asyncio.get_running_loop().time() + timeout
+        self._late = 0
+
+    def bound(self, timeout: float | None) -> float | None:
+        """`timeout`, cut to what the exchange has left. Past the end, an operation gets one
+        poll (timeout 0, grace.py), and the exchange only LATE_OPERATIONS of them: a receiver
+        dripping fast would otherwise find each one answered."""
+        left = self.at - asyncio.get_running_loop().time()
+        if left > 0:
+            return left if timeout is None else min(timeout, left)
+        self._late += 1
+        if self._late > self.LATE_OPERATIONS:
+            raise TimeoutError("the exchange's time is up")
+        return 0.0
+
+
+exchange_end: ContextVar[ExchangeEnd | None] = ContextVar("timewheel_exchange_end",
+                                                          default=None)
+
+
+def _bounded(timeout: float | None) -> float | None:
+    end = exchange_end.get()
+    return timeout if end is None else end.bound(timeout)
+
+
 class GraceStream(httpcore.AsyncNetworkStream):
     """httpcore's connection, whose reads and writes time out as httpcore's own do (each
-    operation on its own, ReadTimeout or WriteTimeout), but only once the loop has polled its
-    sockets after the time is up (grace.py): httpcore's own timer (anyio.fail_after) cancels
-    a read as soon as it runs, and after a stop of the process past the timeout it runs
-    before the answer already in the socket is read (tests/test_sender_stall.py). httpcore
-    is asked for no timeout; the next read has a whole timeout of its own, as before."""
+    operation on its own, ReadTimeout or WriteTimeout, within the exchange's end), but only
+    once the loop has polled its sockets after the time is up (grace.py): httpcore's own
+    timer (anyio.fail_after) cancels a read as soon as it runs, and after a stop of the
+    process past the timeout it runs before the answer already in the socket is read
+    (tests/test_sender_stall.py). httpcore is asked for no timeout."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         try:
-            async with timeout_after_a_poll(timeout):
+            async with timeout_after_a_poll(_bounded(timeout)):
                 return await self._stream.read(max_bytes)
         except TimeoutError as exc:
             raise httpcore.ReadTimeout(str(exc)) from exc
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         try:
-            async with timeout_after_a_poll(timeout):
+            async with timeout_after_a_poll(_bounded(timeout)):
                 await self._stream.write(buffer)
         except TimeoutError as exc:
             raise httpcore.WriteTimeout(str(exc)) from exc
@@ -220,6 +257,10 @@ class GraceStream(httpcore.AsyncNetworkStream):
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        try:
+            timeout = _bounded(timeout)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
         return GraceStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:
@@ -247,6 +288,10 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
+        try:
+            timeout = _bounded(timeout)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
         deadline = None if timeout is None else loop.time() + timeout
         try:
             async with asyncio.timeout(timeout):

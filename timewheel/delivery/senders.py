@@ -21,7 +21,9 @@ import httpx
 
 from timewheel.delivery.grace import timeout_after_a_poll
 from timewheel.delivery.guarded_clients import (
+    ExchangeEnd,
     LastCheckRequest,
+    exchange_end,
     guarded_connector,
     guarded_httpx_transport,
     may_write,
@@ -197,11 +199,10 @@ class HttpxSender:
         if ready is not None and not ready():
             raise NotWritten(NOT_WRITTEN)
         answer: Answer | None = None
+        # The whole exchange is bounded, in the connection's reads and writes (ExchangeEnd).
+        bounding = exchange_end.set(ExchangeEnd(timeout))
         try:
-            # httpx's timeouts are per operation: a receiver dripping its answer would hold
-            # the attempt past its lease. The whole exchange is bounded too; an answer read
-            # whole before that bound ran out (closing the response yields to the loop) wins.
-            async with timeout_after_a_poll(timeout), self._client.stream(
+            async with self._client.stream(
                     method, url, headers=headers, content=body, timeout=timeout) as response:
                 chunks, read, cut = [], 0, False
                 async for chunk in response.aiter_raw():
@@ -227,6 +228,8 @@ class HttpxSender:
             kind: Literal["connect", "error"] = (
                 "connect" if isinstance(exc, httpx.TransportError) else "error")
             raise SendError(kind, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            exchange_end.reset(bounding)
 
     async def aclose(self) -> None:
         await self._client.aclose()
