@@ -26,25 +26,39 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = {"proc_kill", "proc_stop", "redis_restart", "redis_stall", "proc_partition"}
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1100)
 def test_short_soak_loses_nothing_fires_nothing_early_and_doubles_only_after_faults(
         tmp_path: Path) -> None:
+    # The SIGSTOP proves most when it lands on the process that holds its burst (aimed), and
+    # the aim can miss on a machine loaded past its cores (CI's, once: the process claimed the
+    # burst later than the aim's window, the load's requests timing out meanwhile). Then the
+    # run counts only for the invariants, and a second run has to aim.
+    for run in (1, 2):
+        aimed = short_soak(tmp_path / f"run{run}")
+        if aimed:
+            break
+    assert aimed, "the proc_stop of two runs was not aimed at the process holding its burst"
+
+
+def short_soak(out: Path) -> bool:
+    """One short soak into `out`: its invariants asserted; whether its proc_stop was aimed."""
     done = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--short", "--processes", "3", "--seed", "7",
-         "--out", str(tmp_path)],
+         "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
-    summary_path = tmp_path / "summary.json"
+    summary_path = out / "summary.json"
     assert summary_path.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     table = done.stdout[-4000:]
 
     # The run did what it is for: each fault injected (the process faults at the process that
-    # held the burst due at that instant), tasks created, cancelled and delivered.
+    # held the burst due at that instant, when it could be seen), tasks created, cancelled
+    # and delivered.
     assert summary["fault_errors"] == [], table
     assert set(summary["faults_by_kind"]) == KINDS, table
-    history = read(tmp_path / "history.jsonl")
+    history = read(out / "history.jsonl")
     aimed = [e["aimed"] for e in history if e["type"] == "fault" and e["kind"] == "proc_stop"]
-    assert aimed == [True], table
+    assert len(aimed) == 1, table
     assert summary["tasks_acknowledged"] > 300 and summary["tasks_cancelled"] > 0, table
     assert summary["occurrence_keys_delivered"] > 0, table
 
@@ -61,6 +75,7 @@ def test_short_soak_loses_nothing_fires_nothing_early_and_doubles_only_after_fau
     # connection: the process must hand them back instead of sending them after SIGCONT, past
     # their lease, when another process may already have re-claimed and delivered them.
     assert counts["duplicates_unexplained"] == 0, shown(details["duplicates_unexplained"], table)
+    return bool(aimed[0])
 
 
 def shown(cases: list[dict[str, Any]], table: str) -> str:
