@@ -161,3 +161,26 @@ def test_a_token_that_may_do_less_now_gets_its_403_without_the_dialog(
     expect(page.locator("#token-lost")).to_be_hidden()
     assert page.evaluate("window.__prompts") == 1
     save("token-now-read-only-403")
+
+
+def test_the_line_goes_when_the_token_works_again(
+        page: Any, service: Service, save: Callable[[str], Path]) -> None:
+    """The service took the token back (restarted with it again): the page's next refresh is
+    answered 200, the line goes and the header shows the token accepted, without the user
+    entering anything."""
+    page.add_init_script(COUNT_PROMPTS)
+    page.goto(f"{service.base_url}/ui#/overview")
+    enter_token(page, OLD["admin"])
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
+    restart(service, {"admin": NEW})
+    lost = page.locator("#token-lost")
+    expect(lost).to_be_visible(timeout=15_000)
+    expect(page.locator("#token-button")).to_have_text("Token")
+
+    restart(service, OLD)
+    expect(lost).to_be_hidden(timeout=15_000)
+    expect(page.locator("#token-button")).to_have_text("Token ✓")
+    expect(page.locator("#overview-error")).to_be_hidden()
+    expect(page.locator("#in-flight")).to_have_text("0")
+    assert page.evaluate("window.__prompts") == 1
+    save("token-lost-then-back")

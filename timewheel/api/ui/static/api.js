@@ -73,6 +73,13 @@ export function onTokenRefused(fn) {
   refused = fn;
 }
 
+// Set by app.js: told when a call was answered 2xx: the token it carried works (again).
+let worked = () => {};
+
+export function onTokenWorked(fn) {
+  worked = fn;
+}
+
 // Set by app.js: told when the token may not do what was asked (403): its scope is learned
 // again, since it may have been lowered since the page learned it.
 let forbidden = () => {};
@@ -121,7 +128,10 @@ export async function request(method, path, { query, body, background = false } 
       if (ask && await askForToken(reason)) continue;
     }
     if (response.status === 403) forbidden();
-    if (response.status === 204) return null;
+    if (response.status === 204) {
+      worked(token);
+      return null;
+    }
     let payload = null;
     const text = await response.text();
     if (text) {
@@ -136,6 +146,7 @@ export async function request(method, path, { query, body, background = false } 
         payload.detail : payload;
       throw new ApiError(response.status, detail);
     }
+    worked(token);
     return payload;
   }
 }

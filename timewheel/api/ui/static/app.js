@@ -1,8 +1,10 @@
 // The dashboard's shell: hash routes to pages, the token dialog, the Redis health light.
 // Pages render into <main> and may return a cleanup function (timers) run when they are left.
 
-import { BASE, fetchScope, getToken, onScopeRefused, onTokenNeeded, onTokenRefused, setToken }
-  from "./api.js";
+import {
+  BASE, fetchScope, getToken, onScopeRefused, onTokenNeeded, onTokenRefused, onTokenWorked,
+  setToken,
+} from "./api.js";
 import { clearNotice } from "./dom.js";
 import * as dead from "./page-dead.js";
 import * as flows from "./page-flows.js";
@@ -168,6 +170,13 @@ function tokenDialog() {
     lost.hidden = false;
   });
   lostButton.addEventListener("click", () => open(lostReason));
+  // A call answered 2xx since (the service took the token back, or dropped its tokens): the
+  // line goes, and the header learns the token's scope again.
+  onTokenWorked(() => {
+    if (lost.hidden) return;
+    lost.hidden = true;
+    refreshScope();
+  });
   // A 403: the token may do less than the page thought (its scope lowered): learn it again,
   // so the header says it and the buttons it may not use go.
   onScopeRefused(() => refreshScope());
