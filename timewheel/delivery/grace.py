@@ -14,18 +14,20 @@ stops a real sending process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 GRACE_S = 0.001  # after its timeout, a request reads what has come once more (one poll)
 
 
 @asynccontextmanager
-async def timeout_after_a_poll(delay: float | None) -> AsyncIterator[None]:
+async def timeout_after_a_poll(delay: float | None,
+                               unless: Callable[[], bool] | None = None) -> AsyncIterator[None]:
     """``asyncio.timeout(delay)`` (TimeoutError), but once ``delay`` is up the block is
     cancelled only after the loop has polled its sockets once more (a timer GRACE_S on), and
     then behind what that poll woke (``call_soon``): a task whose answer came is woken first
-    and leaves the block, whatever the time its loop took meanwhile. None: no timeout."""
+    and leaves the block, whatever the time its loop took meanwhile. None: no timeout.
+    ``unless``, asked then: True leaves the block uncancelled (it is bounded otherwise)."""
     async with asyncio.timeout(None) as deadline:
         if delay is None:
             yield
@@ -35,7 +37,8 @@ async def timeout_after_a_poll(delay: float | None) -> AsyncIterator[None]:
         timers: list[asyncio.TimerHandle] = []
 
         def give_up() -> None:
-            deadline.reschedule(loop.time())  # now: call_soon, behind the ready callbacks
+            if unless is None or not unless():
+                deadline.reschedule(loop.time())  # now: call_soon, behind the ready callbacks
 
         def time_up() -> None:
             timers.append(loop.call_later(GRACE_S, give_up))

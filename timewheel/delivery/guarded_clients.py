@@ -197,13 +197,21 @@ class ExchangeEnd:
     exchange has left. Only they time out, never the steps between them: once the answer is
     read, httpcore still yields to the loop at its locks, and a timer cancelling the whole
     exchange there would beat an answer that came while the process was stopped (the grace
-    covers one poll, not those steps; tests/test_sender_stall.py)."""
+    covers one poll, not those steps; tests/test_sender_stall.py). Before its first write
+    nothing is read yet and nothing can be lost: HttpxSender.send's timer ends the exchange
+    there (``written`` False), the pool's wait for a connection included, which httpcore
+    starts again, a whole pool timeout long, when the idle connection it was handed is taken
+    (ConnectionNotAvailable; tests/test_review_exchange.py)."""
 
     LATE_OPERATIONS = 4  # past the end: reads and writes that find their bytes at once
 
     def __init__(self, timeout: float) -> None:
         self.at = asyncio.get_running_loop().time() + timeout
         self._late = 0
+        self.wrote = False  # a write of the exchange has begun
+
+    def written(self) -> bool:
+        return self.wrote
 
     def bound(self, timeout: float | None) -> float | None:
         """`timeout`, cut to what the exchange has left. Past the end, an operation gets one
@@ -222,9 +230,12 @@ exchange_end: ContextVar[ExchangeEnd | None] = ContextVar("timewheel_exchange_en
                                                           default=None)
 
 
-def _bounded(timeout: float | None) -> float | None:
+def _bounded(timeout: float | None, writing: bool = False) -> float | None:
     end = exchange_end.get()
-    return timeout if end is None else end.bound(timeout)
+    if end is None:
+        return timeout
+    end.wrote = end.wrote or writing
+    return end.bound(timeout)
 
 
 class GraceStream(httpcore.AsyncNetworkStream):
@@ -247,7 +258,7 @@ class GraceStream(httpcore.AsyncNetworkStream):
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         try:
-            async with timeout_after_a_poll(_bounded(timeout)):
+            async with timeout_after_a_poll(_bounded(timeout, writing=True)):
                 await self._stream.write(buffer)
         except TimeoutError as exc:
             raise httpcore.WriteTimeout(str(exc)) from exc

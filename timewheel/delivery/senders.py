@@ -199,10 +199,12 @@ class HttpxSender:
         if ready is not None and not ready():
             raise NotWritten(NOT_WRITTEN)
         answer: Answer | None = None
-        # The whole exchange is bounded, in the connection's reads and writes (ExchangeEnd).
-        bounding = exchange_end.set(ExchangeEnd(timeout))
+        # The whole exchange is bounded: in the connection's reads and writes (ExchangeEnd),
+        # and until its first write (waiting for a connection) by a timer that then lets go.
+        end = ExchangeEnd(timeout)
+        bounding = exchange_end.set(end)
         try:
-            async with self._client.stream(
+            async with timeout_after_a_poll(timeout, unless=end.written), self._client.stream(
                     method, url, headers=headers, content=body, timeout=timeout) as response:
                 chunks, read, cut = [], 0, False
                 async for chunk in response.aiter_raw():
