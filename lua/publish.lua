@@ -1,4 +1,4 @@
--- lib: record, slices, results, creating
+-- lib: record, slices, results, creating, memory
 -- publish: the tasks of one topic publish (POST /topics/{name}/publish): all created, or none.
 --
 -- KEYS[1]  the home bucket prefix "{<prefix>:<bucket>}:", the publish key's bucket, which holds
@@ -15,7 +15,9 @@
 --            all    check the publish record and every task, then write them all (one Redis)
 --            record check the publish record, write nothing (cluster, before step 0: a repeat
 --                   is answered from the record, whatever its tasks would be now)
---            check  check the tasks of KEYS[1]'s bucket, write nothing (cluster, step 0)
+--            check  check the tasks of KEYS[1]'s bucket, write nothing (cluster, step 0);
+--                   refused like a write when that bucket's master is full (over maxmemory),
+--                   so a publish is refused whole before it is opened
 --            open   check the publish record, write it open with its tasks' records
 --                   (cluster, step 1; the tasks are not checked here)
 --            tasks  check, then write, the tasks of KEYS[1]'s bucket (cluster, step 2)
@@ -99,7 +101,12 @@ for i = 8, #ARGV, 4 do
     tasks[#tasks + 1] = {P, key, new, h, results}
   end
 end
-if mode == 'check' then return {0, existing} end
+if mode == 'check' then
+  -- Step (0) on each master: one that is full refuses the publish now, before (1) opens it,
+  -- not at (2), when the other masters' tasks would already be created (and sent).
+  refuse_when_full(KEYS[1])
+  return {0, existing}
+end
 
 -- All checks are done; writes follow.
 for _, t in ipairs(tasks) do write_task(t[1], t[2], t[3], t[4], now, op, 0, t[5], false) end
