@@ -195,3 +195,36 @@ def test_a_keyless_publish_retried_after_a_full_master_calls_each_subscriber_onc
     time.sleep(15)  # past the sweep's 10 s: whatever was left open is completed by now
     counts = Counter(a.path.rsplit("/", 1)[-1] for a in receiver.arrivals)
     assert counts == Counter(PUBLISH_ENDPOINTS), counts
+
+
+@pytest.mark.cluster
+def test_a_batch_refused_by_one_full_master_is_completed_by_its_retry(
+        cluster: RedisCluster, start_cluster_service: Any,  # noqa: F811
+        receiver: ThreadedReceiver) -> None:
+    """POST /tasks/batch on a cluster with one master full: 503 with Retry-After, the other
+    masters' buckets stored (README: a 503 may come after some items were stored); once there
+    is room the same batch again answers 200 for those and 201 for the rest, and each task is
+    delivered once."""
+    service = start_cluster_service()
+    full = cluster.nodes[2]
+    keys = [f"cb-{i}" for i in range(48)]
+    items = [{"key": k, "callback_url": receiver.url("/hook"), "delay": 1} for k in keys]
+    with service.client() as http, full.client() as conn:
+        try:
+            fill_node(cluster, full, conn)
+            refused = http.post("/tasks/batch", json={"tasks": items})
+            left = {name[2:] for name in stored_records(cluster) if name.startswith("t:")}
+        finally:
+            conn.config_set("maxmemory", 0)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "10"
+        assert 0 < len(left) < len(keys)
+        again = http.post("/tasks/batch", json={"tasks": items})
+        assert again.status_code == 200, again.text
+        codes = {r["key"]: r["status"] for r in again.json()["results"]}
+        assert {k for k, c in codes.items() if c == 200} == left
+        assert {k for k, c in codes.items() if c == 201} == set(keys) - left
+    views = wait_finished(service, keys, timeout=30)
+    assert {v["status"] for v in views.values()} == {"succeeded"}
+    time.sleep(1.0)
+    assert once_each(receiver, "/hook") == Counter(dict.fromkeys(keys, 1))
