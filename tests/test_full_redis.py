@@ -8,7 +8,9 @@ while the script has changed nothing, so a script that deleted first ran whole p
 maxmemory. PUT /schedules answered 201 and grew Redis without bound (lua/sched_put.lua began
 with a DEL); PUT /flows answered 503 with the flow paused all the same and never listed (so
 did lua/flow_limits.lua, and the registry's SADD after it was refused). A process started
-while Redis was full answered nothing (its start-up SET NX was refused).
+while Redis was full answered nothing (its start-up SET NX was refused). Session 25's audit
+checked a batch that fills Redis part-way (its retry completes it); the same on a cluster
+with one master full, and a publish there: tests/cluster/test_full_master.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,7 +31,9 @@ from tests.support.receiver import Receiver
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 from timewheel.api.app import create_app
+from timewheel.models import parse_execute_at
 from timewheel.settings import Settings
+from timewheel.store.keys import Keyspace
 
 
 @pytest.fixture
@@ -258,3 +263,68 @@ async def test_the_scrape_says_how_full_redis_is(api: httpx.AsyncClient, redis: 
     scrape = await api.get("/metrics")
     assert scrape.status_code == 200 and ratio(scrape.text) >= 1.0
     assert "timewheel_redis_up 1.0" in scrape.text
+
+
+async def stored_task_keys(redis: Redis, keys: list[str]) -> set[str]:
+    keyspace = Keyspace("tw")
+    found = set()
+    for key in keys:
+        if await redis.exists(f"{keyspace.prefix(keyspace.bucket_of(key))}t:{key}"):
+            found.add(key)
+    return found
+
+
+async def test_a_batch_that_fills_redis_part_way_is_completed_by_its_retry(
+        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
+    """16 buckets' worth of tasks; Redis fills part-way through the batch: 503 with
+    Retry-After, some buckets stored; once Redis has room the stored tasks go out when due,
+    the same batch again answers 200 for each stored one (unchanged) and 201 for the rest,
+    and every task is delivered exactly once, none early."""
+    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
+                        data_dir=tmp_path, tick_seconds=0.2)
+    keys = [f"bat-{i}" for i in range(160)]
+    keyspace = Keyspace("tw")
+    assert len({keyspace.bucket_of(k) for k in keys}) == keyspace.buckets
+    async with Receiver() as receiver:
+        async with running_app(create_app(settings)) as api:
+            items = [{"key": k, "callback_url": receiver.url("/hook"), "delay": 3,
+                      "body": {"pad": "x" * 4000, "n": i}} for i, k in enumerate(keys)]
+            used = int((await redis.info("memory"))["used_memory"])
+            # Redis counts the batch's calls waiting in its query buffer as used memory: when
+            # they come in together, none fits under the first room, and the batch is refused
+            # whole. Then more room, until Redis fills part-way through it (its purpose).
+            for room in (500_000, 800_000, 1_100_000):
+                await redis.config_set("maxmemory", used + room)
+                first = await api.post("/tasks/batch", json={"tasks": items})
+                stored = await stored_task_keys(redis, keys)
+                if stored:
+                    break
+            assert first.status_code == 503, (first.status_code, len(stored))
+            assert first.headers["retry-after"] == "10"
+            assert "Redis is full" in first.json()["detail"]
+            assert 0 < len(stored) < len(keys), len(stored)
+            views = {k: (await api.get(f"/tasks/{k}")).json() for k in stored}
+            await unfill(redis)
+
+            retry = await api.post("/tasks/batch", json={"tasks": items})
+            assert retry.status_code == 200, retry.text[:300]
+            codes = {r["key"]: r["status"] for r in retry.json()["results"]}
+            assert {k for k, c in codes.items() if c == 200} == stored
+            assert {k for k, c in codes.items() if c == 201} == set(keys) - stored
+            for k in stored:
+                again = (await api.get(f"/tasks/{k}")).json()
+                assert again["execute_at"] == views[k]["execute_at"], k
+                assert again["created_at"] == views[k]["created_at"], k
+            due = {r["key"]: r["task"]["execute_at"] for r in retry.json()["results"]}
+
+            async def all_arrived() -> bool:
+                return len({a.headers["webhook-id"] for a in receiver.arrivals}) == len(keys)
+
+            await wait_until(all_arrived, "every task of the batch delivered", 60)
+            await asyncio.sleep(1.0)  # a duplicate would come within a tick or two
+            counts = Counter(a.headers["webhook-id"] for a in receiver.arrivals)
+            assert [k for k, n in counts.items() if n != 1] == []
+            early = [a.headers["webhook-id"] for a in receiver.arrivals
+                     if a.received_at < parse_execute_at(due[a.headers["webhook-id"]]) / 1000
+                     - 0.001]
+            assert early == []

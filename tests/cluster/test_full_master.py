@@ -1,107 +1,28 @@
-"""Review: a full Redis reached part-way through a multi-bucket write (POST /tasks/batch on one
-Redis; a topic publish on a three-master Redis Cluster with one master full).
+"""A three-master Redis Cluster with one master full (noeviction, used_memory over maxmemory),
+as docs/deploy.md "A full Redis" promises it: a publish is refused whole, a batch bucket by
+bucket, and the same request again once there is room completes it, each task delivered once.
 
-docs/deploy.md, "A full Redis", and README (the batch): a batch is refused bucket by bucket and
-a 503 may come after some items were stored; sending the same batch again stores the rest, the
-stored ones answering 200 and unchanged. Every stored task is delivered once, when due.
-
-Found: on a cluster, a publish whose tasks' master (not its record's) was full answered 503
-after it had been opened and its other masters' tasks created (sent at once; the sweep
-completed the rest later), so a keyless publish sent again called every subscriber once per
-try.
+From an audit of a full Redis (session 25): a publish whose tasks' master (not its record's)
+was full answered 503 after it had been opened and its other masters' tasks created (sent at
+once; the sweep completed the rest later), so a keyless publish sent again called every
+subscriber once per try.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
-from tests.cluster.conftest import (  # noqa: F401 (fixtures)
-    cluster,
-    node_clients,
-    once_each,
-    redis_cluster,
-    slot_owners,
-    start_cluster_service,
-    wait_finished,
-)
-from tests.conftest import running_app
-from tests.support.receiver import Receiver, ThreadedReceiver
+from tests.support.receiver import ThreadedReceiver
 from tests.support.redis_server import RedisCluster, RedisServer
-from tests.support.waiting import wait_until
-from tests.test_full_redis import full_redis, redis, unfill  # noqa: F401 (fixtures)
-from timewheel.api.app import create_app
-from timewheel.models import parse_execute_at
-from timewheel.settings import Settings
 from timewheel.store.keys import Keyspace
 
+from .conftest import node_clients, once_each, slot_owners, wait_finished
 
-async def stored_task_keys(redis: Redis, keys: list[str]) -> set[str]:  # noqa: F811
-    keyspace = Keyspace("tw")
-    found = set()
-    for key in keys:
-        if await redis.exists(f"{keyspace.prefix(keyspace.bucket_of(key))}t:{key}"):
-            found.add(key)
-    return found
-
-
-async def test_a_batch_that_fills_redis_part_way_is_completed_by_its_retry(
-        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:  # noqa: F811
-    """16 buckets' worth of tasks; Redis fills part-way through the batch: 503 with
-    Retry-After, some buckets stored; once Redis has room the stored tasks go out when due,
-    the same batch again answers 200 for each stored one (unchanged) and 201 for the rest,
-    and every task is delivered exactly once, none early."""
-    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
-                        data_dir=tmp_path, tick_seconds=0.2)
-    keys = [f"bat-{i}" for i in range(160)]
-    keyspace = Keyspace("tw")
-    assert len({keyspace.bucket_of(k) for k in keys}) == keyspace.buckets
-    async with Receiver() as receiver:
-        async with running_app(create_app(settings)) as api:
-            items = [{"key": k, "callback_url": receiver.url("/hook"), "delay": 3,
-                      "body": {"pad": "x" * 4000, "n": i}} for i, k in enumerate(keys)]
-            used = int((await redis.info("memory"))["used_memory"])
-            await redis.config_set("maxmemory", used + 500_000)
-            first = await api.post("/tasks/batch", json={"tasks": items})
-            stored = await stored_task_keys(redis, keys)
-            assert first.status_code == 503, (first.status_code, len(stored))
-            assert first.headers["retry-after"] == "10"
-            assert "Redis is full" in first.json()["detail"]
-            assert 0 < len(stored) < len(keys), len(stored)
-            views = {k: (await api.get(f"/tasks/{k}")).json() for k in stored}
-            await unfill(redis)
-
-            retry = await api.post("/tasks/batch", json={"tasks": items})
-            assert retry.status_code == 200, retry.text[:300]
-            codes = {r["key"]: r["status"] for r in retry.json()["results"]}
-            assert {k for k, c in codes.items() if c == 200} == stored
-            assert {k for k, c in codes.items() if c == 201} == set(keys) - stored
-            for k in stored:
-                again = (await api.get(f"/tasks/{k}")).json()
-                assert again["execute_at"] == views[k]["execute_at"], k
-                assert again["created_at"] == views[k]["created_at"], k
-            due = {r["key"]: r["task"]["execute_at"] for r in retry.json()["results"]}
-
-            async def all_arrived() -> bool:
-                return len({a.headers["webhook-id"] for a in receiver.arrivals}) == len(keys)
-
-            await wait_until(all_arrived, "every task of the batch delivered", 60)
-            await asyncio.sleep(1.0)  # a duplicate would come within a tick or two
-            counts = Counter(a.headers["webhook-id"] for a in receiver.arrivals)
-            assert [k for k, n in counts.items() if n != 1] == []
-            early = [a.headers["webhook-id"] for a in receiver.arrivals
-                     if a.received_at < parse_execute_at(due[a.headers["webhook-id"]]) / 1000
-                     - 0.001]
-            assert early == []
-
-
-# -- a topic publish on a three-master Redis Cluster, one master full ------------------------
+pytestmark = pytest.mark.cluster
 
 PUBLISH_ENDPOINTS = [f"e{i}" for i in range(12)]  # their tasks' buckets span all three masters
 
@@ -127,9 +48,8 @@ def stored_records(servers: RedisCluster) -> set[str]:
     return found
 
 
-@pytest.mark.cluster
 def test_a_publish_refused_by_one_full_master_writes_nothing(
-        cluster: RedisCluster, start_cluster_service: Any,  # noqa: F811
+        cluster: RedisCluster, start_cluster_service: Any,
         receiver: ThreadedReceiver) -> None:
     """docs/deploy.md: while Redis is full, publishes "answer 503 ... and change nothing";
     docs/api.md: a publish's tasks are "all created in one atomic step or none". On a cluster
@@ -170,9 +90,8 @@ def test_a_publish_refused_by_one_full_master_writes_nothing(
         assert once_each(receiver, f"/{name}") == {f"p1.{name}": 1}
 
 
-@pytest.mark.cluster
 def test_a_keyless_publish_retried_after_a_full_master_calls_each_subscriber_once(
-        cluster: RedisCluster, start_cluster_service: Any,  # noqa: F811
+        cluster: RedisCluster, start_cluster_service: Any,
         receiver: ThreadedReceiver) -> None:
     """The consequence for a client: a publish without a key answered 503 (Redis full) is sent
     again once Redis has room. Each subscriber must be called once, not once for the retry and
@@ -197,9 +116,8 @@ def test_a_keyless_publish_retried_after_a_full_master_calls_each_subscriber_onc
     assert counts == Counter(PUBLISH_ENDPOINTS), counts
 
 
-@pytest.mark.cluster
 def test_a_batch_refused_by_one_full_master_is_completed_by_its_retry(
-        cluster: RedisCluster, start_cluster_service: Any,  # noqa: F811
+        cluster: RedisCluster, start_cluster_service: Any,
         receiver: ThreadedReceiver) -> None:
     """POST /tasks/batch on a cluster with one master full: 503 with Retry-After, the other
     masters' buckets stored (README: a 503 may come after some items were stored); once there
