@@ -192,31 +192,34 @@ class BlockedConnectError(httpcore.ConnectError):
 
 class ExchangeEnd:
     """When one whole exchange (HttpxSender.send) is up. httpx's timeouts are per operation,
-    so a receiver dripping its answer would hold the attempt past its lease: the connection's
-    reads and writes (GraceStream), its connect and its TLS handshake wait no longer than the
-    exchange has left. Only they time out, never the steps between them: once the answer is
-    read, httpcore still yields to the loop at its locks, and a timer cancelling the whole
-    exchange there would beat an answer that came while the process was stopped (the grace
-    covers one poll, not those steps; tests/test_sender_stall.py). Before its first write
-    nothing is read yet and nothing can be lost: HttpxSender.send's timer ends the exchange
-    there (``written`` False), the pool's wait for a connection included, which httpcore
-    starts again, a whole pool timeout long, when the idle connection it was handed is taken
-    (ConnectionNotAvailable; tests/test_review_exchange.py)."""
+    so a receiver dripping its answer would hold the attempt past its lease.
+    - Until its first write, nothing is read and nothing can be lost: HttpxSender.send's
+      timer ends the exchange at its end (``written`` False), the pool's wait included,
+      which httpcore starts again, a whole pool timeout long, when the idle connection it
+      was handed is taken (tests/test_sender_pool_wait.py).
+    - From then on only the connection's reads and writes (GraceStream), its connect and
+      its TLS handshake time out, each waiting no longer than the exchange has left, never
+      the steps between them: httpcore yields to the loop at its locks after the answer is
+      read, and a timer cancelling there would beat an answer that came while the process
+      was stopped (the grace covers one poll, not those steps; tests/test_sender_stall.py)."""
 
     LATE_OPERATIONS = 4  # past the end: reads and writes that find their bytes at once
 
     def __init__(self, timeout: float) -> None:
         self.at = asyncio.get_running_loop().time() + timeout
         self._late = 0
-        self.wrote = False  # a write of the exchange has begun
+        self._wrote = False
 
     def written(self) -> bool:
-        return self.wrote
+        """A write of the exchange has begun."""
+        return self._wrote
 
-    def bound(self, timeout: float | None) -> float | None:
-        """`timeout`, cut to what the exchange has left. Past the end, an operation gets one
-        poll (timeout 0, grace.py), and the exchange only LATE_OPERATIONS of them: a receiver
-        dripping fast would otherwise find each one answered."""
+    def bound(self, timeout: float | None, writing: bool = False) -> float | None:
+        """`timeout`, cut to what the exchange has left (``writing``: for a write). Past the
+        end, an operation gets one poll (timeout 0, grace.py), and the exchange only
+        LATE_OPERATIONS of them: a receiver dripping fast would otherwise find each one
+        answered."""
+        self._wrote = self._wrote or writing
         left = self.at - asyncio.get_running_loop().time()
         if left > 0:
             return left if timeout is None else min(timeout, left)
@@ -234,8 +237,7 @@ def _bounded(timeout: float | None, writing: bool = False) -> float | None:
     end = exchange_end.get()
     if end is None:
         return timeout
-    end.wrote = end.wrote or writing
-    return end.bound(timeout)
+    return end.bound(timeout, writing)
 
 
 class GraceStream(httpcore.AsyncNetworkStream):
@@ -244,7 +246,7 @@ class GraceStream(httpcore.AsyncNetworkStream):
     once the loop has polled its sockets after the time is up (grace.py): httpcore's own
     timer (anyio.fail_after) cancels a read as soon as it runs, and after a stop of the
     process past the timeout it runs before the answer already in the socket is read
-    (tests/test_sender_stall.py). httpcore is asked for no timeout."""
+    (tests/test_sender_stall.py). The stream beneath is asked for no timeout."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
