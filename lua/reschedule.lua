@@ -1,4 +1,4 @@
--- lib: record, slices, parking
+-- lib: record, slices, parking, memory
 -- reschedule: move a task that has not finished to a new due time (PATCH /tasks/{key}),
 -- keeping its request (url, method, headers, body, flow, timeout, backoff), its attempts so
 -- far and its fingerprint; optionally a new max_attempts.
@@ -47,7 +47,9 @@ if h[STARTED] == 1 then out_until = tonumber(redis.call('ZSCORE', P .. 'ls', key
 local next_due = due
 if out_until and out_until > next_due then next_due = out_until end
 
--- All checks are done; writes follow.
+-- All checks are done; writes follow, the first of them perhaps a removal: refused as a
+-- whole when Redis is full (lua/lib/memory.lua), not run past its limit.
+refuse_when_full(P)
 if h[ST] == 'd' then
   if h[STARTED] ~= 1 then redis.call('ZREM', P .. 'ls', key) end
 elseif h[ST] == 'w' then

@@ -176,6 +176,35 @@ async def test_due_tasks_wait_while_full_and_all_go_out_after(
             assert [k for k, at in arrived.items() if at < due[k] - 0.001] == []
 
 
+async def test_patching_a_task_parked_for_its_flow_while_full_is_refused(
+        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
+    """PATCH of a task the ticker parked for its paused flow takes it out of the flow's
+    waiting sets first (a removal): while full it is refused like any write, unchanged, and
+    goes through once Redis has room."""
+    settings = Settings(redis_url=full_redis.url, allow_private_networks=True,
+                        data_dir=tmp_path, tick_seconds=0.2)
+    async with running_app(create_app(settings)) as api:
+        assert (await api.put("/flows/f", json={"paused": True})).status_code in (200, 201)
+        assert (await api.put("/tasks/k", json={
+            "callback_url": "http://127.0.0.1:9/hook", "delay": 0, "flow_key": "f"})
+                ).status_code == 201
+
+        async def parked() -> bool:
+            return (await api.get("/flows/f")).json()["waiting"] == 1
+
+        await wait_until(parked, "the task parked for its paused flow", 30)
+        view = (await api.get("/tasks/k")).json()
+        await fill(redis)
+        later = time.time() + 3600
+        answer = await api.patch("/tasks/k", json={"execute_at": later})
+        assert answer.status_code == 503, answer.text
+        assert (await api.get("/tasks/k")).json() == view
+        assert (await api.get("/flows/f")).json()["waiting"] == 1
+        await unfill(redis)
+        assert (await api.patch("/tasks/k", json={"execute_at": later})).status_code == 200
+        assert (await api.get("/flows/f")).json()["waiting"] == 0
+
+
 async def test_replacing_a_finished_task_while_full_is_refused(api: httpx.AsyncClient,
                                                               redis: Redis) -> None:
     """A PUT over a finished (here: cancelled) task removes the old task's entries before it
