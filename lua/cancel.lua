@@ -1,4 +1,4 @@
--- lib: record, slices, parking, attempts, results, cancelling
+-- lib: record, slices, parking, attempts, results, cancelling, memory
 -- cancel: stop a task that has not finished. Lazy: the slice entry stays for the claimer to drop.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -25,5 +25,6 @@ if not h then return -1 end
 if h[ST] == 'c' and h[OP] == op then return 1 end
 if not cancellable(h) then return -2 end
 
+go_on_when_full(P)
 cancel_task(P, key, h, now, retention, op, kept)
 return 1

@@ -176,6 +176,46 @@ async def test_due_tasks_wait_while_full_and_all_go_out_after(
             assert [k for k, at in arrived.items() if at < due[k] - 0.001] == []
 
 
+async def test_a_task_cancelled_while_full_is_never_sent(
+        full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
+    await cancel_while_full(full_redis.url, redis, tmp_path)
+
+
+async def cancel_while_full(url: str, redis: Redis, tmp_path: Path) -> None:
+    """DELETE /tasks/{key} goes through while Redis is full, in each state a task may be in
+    (scheduled; parked for its paused flow): refused, the callback would go out once Redis had
+    room, at the next tick, before the client's retry (Retry-After: 10). Neither is ever sent.
+    (Also run on Redis 6.2: tests/test_full_redis_62.py.)"""
+    settings = Settings(redis_url=url, allow_private_networks=True, data_dir=tmp_path,
+                        tick_seconds=0.2)
+    async with Receiver() as receiver, running_app(create_app(settings)) as api:
+        assert (await api.put("/flows/f", json={"paused": True})).status_code in (200, 201)
+        hook = receiver.url("/hook")
+        assert (await api.put("/tasks/parked", json={"callback_url": hook, "delay": 0,
+                                                     "flow_key": "f"})).status_code == 201
+
+        async def parked() -> bool:
+            return (await api.get("/flows/f")).json()["waiting"] == 1
+
+        await wait_until(parked, "the task parked for its paused flow", 30)
+        due = time.time() + 1.0
+        assert (await api.put("/tasks/scheduled", json={"callback_url": hook,
+                                                        "execute_at": due})).status_code == 201
+        await fill(redis)
+        for key in ("scheduled", "parked"):
+            answer = await api.delete(f"/tasks/{key}")
+            assert answer.status_code == 204, (key, answer.text)
+            assert (await api.get(f"/tasks/{key}")).json()["status"] == "cancelled"
+        await asyncio.sleep(max(0.0, due - time.time()))
+        await unfill(redis)
+        assert (await api.put("/flows/f", json={"paused": False})).status_code == 200
+        assert (await api.put("/tasks/control", json={"callback_url": hook, "delay": 0})
+                ).status_code == 201
+        await receiver.wait_for(1, timeout=30)  # the control: the wheel runs again
+        await asyncio.sleep(1.0)  # ticks past the cancelled ones' time, the flow resumed
+        assert [a.headers["webhook-id"] for a in receiver.arrivals] == ["control"]
+
+
 async def test_patching_a_task_parked_for_its_flow_while_full_is_refused(
         full_redis: RedisServer, redis: Redis, tmp_path: Path) -> None:
     """PATCH of a task the ticker parked for its paused flow takes it out of the flow's

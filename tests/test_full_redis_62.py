@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from tests.conftest import START_MS, running_app
 from tests.support.redis_server import HOST, RedisServer
 from tests.support.waiting import wait_until
-from tests.test_full_redis import fill
+from tests.test_full_redis import cancel_while_full, fill
 from timewheel.api.app import create_app
 from timewheel.clock import FakeClock
 from timewheel.jobs.runner import JobRunner
@@ -104,3 +104,13 @@ async def test_a_bulk_job_waits_out_a_full_redis_62(
     finally:
         await redis.config_set("maxmemory", 0)
         await redis.aclose()
+
+
+async def test_a_task_cancelled_while_a_redis_62_is_full_is_never_sent(
+        redis62: Redis62, tmp_path: Path) -> None:
+    client = Redis(host=HOST, port=redis62.port)
+    try:
+        await cancel_while_full(f"redis://{HOST}:{redis62.port}", client, tmp_path)
+    finally:
+        await client.config_set("maxmemory", 0)
+        await client.aclose()
