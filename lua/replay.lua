@@ -1,4 +1,4 @@
--- lib: record, slices, attempts, results, replaying
+-- lib: record, slices, attempts, results, replaying, memory
 -- replay: schedule a failed or cancelled task again, now, with its attempts reset.
 --
 -- KEYS[1]  bucket prefix "{<prefix>:<bucket>}:"
@@ -23,5 +23,8 @@ if not h then return -1 end
 if h[OP] == op then return 1 end
 if not replayable(h) then return -2 end
 
+-- Its first write (PERSIST) is one Redis does not check when full: refused as a whole
+-- instead, as a creation is (lua/lib/memory.lua), not run past the limit.
+refuse_when_full(P)
 replay_task(P, key, h, now, op)
 return 1
