@@ -1,4 +1,5 @@
-"""Review of 525e7f4 (a DELETE of a task goes through while Redis is full): replay.
+"""A replay while Redis is full (found reviewing 525e7f4, a DELETE of a task goes through while
+full):
 
 lua/replay.lua's first write is PERSIST, which Redis does not check against maxmemory (not
 deny-oom); after it Redis checks none of the script's writes. So POST /tasks/{key}/replay
