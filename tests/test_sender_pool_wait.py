@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.support.local_server import serving
 from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import SendError, make_sender
 
@@ -21,30 +22,19 @@ async def answers_after() -> AsyncIterator[tuple[str, list[tuple[str, float]]]]:
     """A local keep-alive server that answers each POST /<seconds> (body b"{}") 200 after
     that many seconds; its base URL and the (path, loop time) of each request it read."""
     arrivals: list[tuple[str, float]] = []
-    connections: list[asyncio.StreamWriter] = []
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                await reader.readexactly(2)
-                path = head.split()[1].decode()
-                arrivals.append((path, asyncio.get_running_loop().time()))
-                await asyncio.sleep(float(path.lstrip("/")))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            path = head.split()[1].decode()
+            arrivals.append((path, asyncio.get_running_loop().time()))
+            await asyncio.sleep(float(path.lstrip("/")))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", arrivals
-    server.close()
-    for writer in connections:
-        writer.close()
-    await server.wait_closed()
+    async with serving(handle) as base:
+        yield base, arrivals
 
 
 @pytest.mark.parametrize("kind", ["wire", "aiohttp", "httpx"])

@@ -9,6 +9,7 @@ for the other two). And the timeout still ends a request nothing answers."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.support.local_server import serving
 from tests.support.receiver import Reply, ThreadedReceiver
 from tests.support.waiting import settle
 from timewheel.delivery.netguard import NetworkPolicy
@@ -117,31 +119,20 @@ def test_an_answer_read_in_the_grace_wins_however_many_turns_the_rest_takes(kind
 async def silent_then_ok() -> AsyncIterator[str]:
     """A local server whose first connection reads the request and never answers; each later
     one answers 200. Its URL."""
-    connections: list[asyncio.StreamWriter] = []
+    connections = itertools.count()
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(writer)
-        first = len(connections) == 1
-        try:
-            while await reader.readuntil(b"\r\n\r\n"):
-                await reader.readexactly(2)  # the request's body: b"{}"
-                if first:
-                    await reader.read()  # until the client closes
-                    return
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = next(connections) == 0
+        while await reader.readuntil(b"\r\n\r\n"):
+            await reader.readexactly(2)  # the request's body: b"{}"
+            if first:
+                await reader.read()  # until the client closes
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/hook"
-    server.close()
-    for writer in connections:
-        writer.close()
-    await server.wait_closed()
+    async with serving(handle) as base:
+        yield f"{base}/hook"
 
 
 @pytest.mark.parametrize("kind", ["aiohttp", "httpx", "wire"])
@@ -168,28 +159,20 @@ async def dripping(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, a
     whole = asyncio.Event()
     size, first, every = (20, 0.1, 0.1) if request.param == "slow" else (60_000, 0.9, 0.0)
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            await reader.readexactly(2)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        await writer.drain()
+        await asyncio.sleep(first)
+        for _ in range(size):
+            writer.write(b"x")
             await writer.drain()
-            await asyncio.sleep(first)
-            for _ in range(size):
-                writer.write(b"x")
-                await writer.drain()
-                await asyncio.sleep(every)
-            whole.set()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+            await asyncio.sleep(every)
+        whole.set()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/hook", whole
-    server.close()
-    await server.wait_closed()
+    async with serving(handle) as base:
+        yield f"{base}/hook", whole
 
 
 @pytest.mark.parametrize("kind", ["aiohttp", "httpx", "wire"])
