@@ -52,8 +52,10 @@ def expected_console(expected_console: list[str]) -> list[str]:
 
 
 def restart(service: Service, entries: dict[str, str]) -> None:
-    """The service's token list changed: it is started again (same port) with ``entries``."""
-    service.kill()
+    """The service's token list changed: it is stopped (SIGTERM: the answers it is writing
+    finish, not cut mid-way as a kill left them, which the browser logs as errors) and
+    started again (same port) with ``entries``."""
+    assert service.stop() == 0
     service.env["TIMEWHEEL_API_TOKENS"] = tokens(entries)
     service.start()
 
