@@ -86,22 +86,29 @@ export function badge(status) {
   return h("span", { class: `badge badge-${status}` }, status);
 }
 
-// stack: on a narrow screen (style.css) each row is shown as a block, its first cell on top
-// with the second beside it and the others under them, each named by its column (data-label),
-// so nothing scrolls sideways and every row's buttons are on the screen.
-export function table(headers, rows, { empty = "Nothing here.", stack = false } = {}) {
+// On a narrow screen (style.css) every table shows each row as a block, so nothing scrolls
+// sideways and every row's buttons are on the screen: its `title` cell (a key, a name) on top,
+// with the `aside` cell (a status badge) beside it, then each other cell under it, named by its
+// column (data-label), the buttons last. The header row is then out of sight.
+// CSS that changes the display of a table's elements has taken their table semantics away
+// (WebKit, older Chromium), so the table and its parts say their roles themselves: the same as
+// their elements' own, right at any width.
+export function table(headers, rows, { empty = "Nothing here.", title = 0, aside = null } = {}) {
   if (!rows.length) return h("p", { class: "muted empty" }, empty);
-  if (stack) {
-    for (const row of rows) {
-      [...row.children].forEach((cell, i) => {
-        if (i >= 2 && typeof headers[i] === "string" && headers[i]) cell.dataset.label = headers[i];
-      });
-    }
+  const kind = (i) => (i === title ? "title" : i === aside ? "aside" : null);
+  for (const row of rows) {
+    row.setAttribute("role", "row");
+    [...row.children].forEach((cell, i) => {
+      cell.setAttribute("role", "cell");
+      if (kind(i)) cell.dataset.stack = kind(i);
+      else if (typeof headers[i] === "string" && headers[i]) cell.dataset.label = headers[i];
+    });
   }
-  // In a scrolling box: a wide table scrolls on a narrow screen instead of clipping.
-  return h("div", { class: "table-wrap" }, h("table", { class: stack ? "stack" : undefined },
-    h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
-    h("tbody", {}, rows)));
+  // In a scrolling box: a table too wide all the same scrolls instead of clipping.
+  return h("div", { class: "table-wrap" }, h("table", { class: "stack", role: "table" },
+    h("thead", { role: "rowgroup" }, h("tr", { role: "row" }, headers.map((name, i) =>
+      h("th", { role: "columnheader", "data-stack": kind(i) }, name)))),
+    h("tbody", { role: "rowgroup" }, rows)));
 }
 
 // Marks an element as needing a token scope ("write" or "admin"): style.css hides it unless

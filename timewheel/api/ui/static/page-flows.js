@@ -149,7 +149,8 @@ export function render(root) {
 
   function draw() {
     fill(results, table(["Flow", "Parallelism", "Rate /s", "In flight", "Waiting", "State",
-      "Retry defaults", ""], flows.map(row), { empty: "No flow has anything set." }));
+      "Retry defaults", ""], flows.map(row),
+    { empty: "No flow has anything set.", aside: 5 }));
   }
 
   // A refresh in the background does not redraw under the user's hands either: one already

@@ -51,7 +51,7 @@ export function render(root) {
   function draw() {
     fill(results,
       table(["Schedule", "When", "Callback", "State", "Next run", "Last run", ""],
-        rows.map(row), { empty: "No schedules." }),
+        rows.map(row), { empty: "No schedules.", aside: 3 }),
       cursor ? h("button", { type: "button", class: "secondary", id: "more",
         onclick: () => load(cursor) }, "Load more") : null);
   }

@@ -104,7 +104,7 @@ export function render(root, params) {
         `${rows.length} ${status} task${rows.length === 1 ? "" : "s"}` +
         (prefix ? ` with keys starting “${prefix}”` : "") + (cursor ? " so far" : "")),
       table(["Key", "Status", "Execute at", "Next attempt", "Attempts", "Last result", ""],
-        rows.map(row), { empty: "No task matches.", stack: true }),
+        rows.map(row), { empty: "No task matches.", aside: 1 }),
       more);
   }
 
