@@ -88,14 +88,16 @@ export function badge(status) {
 
 // On a narrow screen (style.css) every table shows each row as a block, so nothing scrolls
 // sideways and every row's buttons are on the screen: its `title` cell (a key, a name) on top,
-// with the `aside` cell (a status badge) beside it, then each other cell under it, named by its
-// column (data-label), the buttons last. The header row is then out of sight.
+// with the `aside` cell (a status badge) beside it and the `pick` cell (a selection box) before
+// it, then each other cell under it, named by its column (data-label), the buttons last. The
+// header row is then out of sight, but its `pick` cell ("Select all").
 // CSS that changes the display of a table's elements has taken their table semantics away
 // (WebKit, older Chromium), so the table and its parts say their roles themselves: the same as
 // their elements' own, right at any width.
-export function table(headers, rows, { empty = "Nothing here.", title = 0, aside = null } = {}) {
+export function table(headers, rows, { empty = "Nothing here.", title = 0, aside = null,
+  pick = null } = {}) {
   if (!rows.length) return h("p", { class: "muted empty" }, empty);
-  const kind = (i) => (i === title ? "title" : i === aside ? "aside" : null);
+  const kind = (i) => (i === pick ? "pick" : i === title ? "title" : i === aside ? "aside" : null);
   for (const row of rows) {
     row.setAttribute("role", "row");
     [...row.children].forEach((cell, i) => {

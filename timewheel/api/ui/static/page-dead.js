@@ -8,18 +8,21 @@ export function render(root) {
   const results = h("div", { id: "dead-results" });
   const replaySelected = needs("write", h("button", { type: "button", id: "replay-selected",
     disabled: true, onclick: () => replay([...selected]) }, "Replay selected"));
-  const selectAll = needs("write", h("input", { type: "checkbox", id: "select-all", title: "select all",
+  const selectAll = h("input", { type: "checkbox", id: "select-all", title: "select all",
     onchange: () => {
       for (const task of rows) {
         if (selectAll.checked) selected.add(task.key); else selected.delete(task.key);
       }
       draw();
-    } }));
+    } });
+  // Its name is shown only on a narrow screen, where the header row is out of sight but this.
+  const selectAllHeader = needs("write", h("label", { class: "select-all" }, selectAll,
+    h("span", { class: "stacked-only" }, "Select all")));
   root.append(
     h("h1", {}, "Dead letters"),
     h("p", { class: "muted" }, "Tasks that failed for good, newest first. Replay schedules " +
       "one again, now, with its attempts reset."),
-    h("div", { class: "toolbar" }, replaySelected,
+    h("div", { class: "toolbar selection" }, replaySelected,
       h("button", { type: "button", class: "secondary", onclick: () => load() }, "Refresh")),
     results);
 
@@ -72,8 +75,8 @@ export function render(root) {
 
   function draw() {
     fill(results,
-      table([selectAll, "Key", "Failed at", "Attempts", "Last status", "Last error", ""],
-        rows.map(row), { empty: "No dead letters." }),
+      table([selectAllHeader, "Key", "Failed at", "Attempts", "Last status", "Last error", ""],
+        rows.map(row), { empty: "No dead letters.", pick: 0, title: 1 }),
       cursor ? h("button", { type: "button", class: "secondary", id: "more",
         onclick: () => load(cursor) }, "Load more") : null);
     sync();
