@@ -31,8 +31,9 @@ function kept(flow) {
 function retries(flow) {
   const parts = [];
   if (flow.max_attempts != null) parts.push(`${flow.max_attempts} attempts`);
-  if (flow.retry_backoff != null) parts.push(`from ${flow.retry_backoff} s`);
-  if (flow.max_backoff != null) parts.push(`≤ ${flow.max_backoff} s`);
+  // "\u00a0": "≤", a number and its unit on the same line, where the cell wraps (a phone).
+  if (flow.retry_backoff != null) parts.push(`from ${flow.retry_backoff}\u00a0s`);
+  if (flow.max_backoff != null) parts.push(`≤\u00a0${flow.max_backoff}\u00a0s`);
   return parts.length ? parts.join(", ") : "—";
 }
 
