@@ -61,10 +61,13 @@ def run(args: argparse.Namespace) -> int:
         secret = _secret(os.environ[SECRET_ENV].split(",")[0].strip())
     app = make_app(secret=secret, status=args.status)
     checked = "checking signatures" if secret else "not checking signatures (no --secret)"
-    _print(sys.stdout, f"timewheel listen: on http://{args.host}:{args.port}/ (any path), "
-           f"answering {args.status}, {checked}; Ctrl-C stops")
+    banner = (f"timewheel listen: on http://{args.host}:{args.port}/ (any path), "
+              f"answering {args.status}, {checked}; Ctrl-C stops")
     try:
-        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+        # run_app calls print (in place of its own "Running on" lines) once the port is
+        # bound: the banner never claims a port that is taken, nor comes before requests can.
+        web.run_app(app, host=args.host, port=args.port, access_log=None,
+                    print=lambda _running: _print(sys.stdout, banner))
     except OSError as exc:  # the port is taken, or the address is not this host's
         sys.stderr.write(f"timewheel listen: cannot listen on {args.host}:{args.port}: "
                          f"{exc.strerror or exc}\n")

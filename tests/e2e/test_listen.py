@@ -40,7 +40,8 @@ class Listener:
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
         self.wait_for("timewheel listen: on")
-        # The banner comes before the socket is bound.
+        # The banner comes once the socket is bound, but another worker's server may hold the
+        # same port number on another address: ask this process's own socket.
         settle(self._ready, 20, lambda: f"listen to answer /ready; its output:\n{self.text()}")
 
     def _ready(self) -> bool:
@@ -154,6 +155,8 @@ def test_listen_refuses_a_bad_secret_and_a_taken_port(listener: Callable[..., Li
                             str(taken.port)], capture_output=True, text=True, timeout=30,
                            check=False)
     assert again.returncode == 1 and f"cannot listen on 127.0.0.1:{taken.port}" in again.stderr
+    # It never said it was listening: the banner comes once the port is bound.
+    assert "timewheel listen: on" not in again.stdout, again.stdout
 
 
 def _dt(timestamp: int):  # type: ignore[no-untyped-def]
