@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tests.support.redis_server import RedisServer, redis_server_version
+from tests.support.redis_server import HOST, RedisServer, redis_server_version
 from tests.test_store import schedule_all, task
 from timewheel.store import Store
 from timewheel.store.embedded import EmbeddedRedis
@@ -147,3 +147,6 @@ async def test_a_redis_that_may_lose_acknowledged_tasks_is_warned_about(
             pass
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and said in warnings[0], warnings
+    # It names the Redis by its address, as a cluster's warnings name each master (it said
+    # "Redis redis has ...": the name of no server).
+    assert warnings[0].startswith(f"Redis {HOST}:{server.port} has "), warnings

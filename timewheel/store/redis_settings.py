@@ -86,14 +86,23 @@ def costly_settings(config: dict[str, str]) -> list[str]:
 
 
 async def primaries_config(redis: Redis | RedisCluster, pattern: str) -> dict[str, dict[str, str]]:
-    """CONFIG GET ``pattern`` on every primary: {node: {name: value}} (one node, "redis", for a
-    single Redis). Raises RedisError where CONFIG is refused (managed Redis often does)."""
+    """CONFIG GET ``pattern`` on every primary: {node: {name: value}} (a single Redis is one
+    node, named by its address as a cluster names each: the warnings below name it). Raises
+    RedisError where CONFIG is refused (managed Redis often does)."""
     if isinstance(redis, RedisCluster):
         reply: Any = await redis.config_get(pattern, target_nodes=RedisCluster.PRIMARIES)
-    else:
-        reply = await redis.config_get(pattern)
-    return {node: {_text(k): _text(v) for k, v in values.items()}
-            for node, values in _per_primary(reply).items()}
+        return {node: {_text(k): _text(v) for k, v in values.items()}
+                for node, values in _per_primary(reply).items()}
+    reply = await redis.config_get(pattern)
+    return {_address(redis): {_text(k): _text(v) for k, v in reply.items()}}
+
+
+def _address(redis: Redis) -> str:
+    """host:port of a single Redis, or its unix socket's path."""
+    given = redis.connection_pool.connection_kwargs
+    if "path" in given:
+        return str(given["path"])
+    return f"{given.get('host', 'localhost')}:{given.get('port', 6379)}"
 
 
 async def memory_used_ratio(redis: Redis | RedisCluster) -> float:
