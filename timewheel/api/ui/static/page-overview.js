@@ -150,7 +150,7 @@ export function render(root) {
     document.getElementById("due-hour").textContent =
       String(points.slice(0, 60).reduce((a, p) => a + p.due, 0));
     summary.textContent = sum ?
-      `${sum} tasks due in the next ${points.length} minutes; busiest minute ${hhmm(new Date(peak.minute))} ${zoneLabel(new Date(peak.minute))} with ${peak.due}.` :
+      `${sum} task${sum === 1 ? "" : "s"} due in the next ${points.length} minutes; busiest minute ${hhmm(new Date(peak.minute))} ${zoneLabel(new Date(peak.minute))} with ${peak.due}.` :
       `No tasks due in the next ${points.length} minutes.`;
     if (load.clamped) summary.textContent += ` Limited to ${points.length} minutes (${load.buckets} buckets).`;
     document.getElementById("chart-zone").textContent =
