@@ -289,6 +289,25 @@ async def test_a_success_that_is_not_a_timewheel_answer(both: Both, router: resp
     assert "GET http://timewheel.test:8080/tasks/k1: not a timewheel answer" in str(raised.value)
 
 
+@pytest.mark.parametrize(("name", "path"), [("cancel_task", "/tasks/k1"),
+                                            ("delete_flow", "/flows/k1"),
+                                            ("delete_schedule", "/schedules/k1"),
+                                            ("delete_topic", "/topics/k1")])
+@pytest.mark.parametrize("answer", [httpx.Response(200),  # `timewheel listen`'s answer
+                                    httpx.Response(200, text="<html>welcome</html>")])
+async def test_a_delete_not_answered_204_is_not_a_timewheel_answer(
+        both: Both, router: respx.MockRouter, name: str, path: str,
+        answer: httpx.Response) -> None:
+    """The service answers every DELETE 204. With TIMEWHEEL_URL on the wrong port (the
+    README's receiver, 9000, for the service's 8080), a cancel answered 200 was taken for
+    done: `timewheel tasks cancel` printed "cancelled": true and exited 0, the task untouched."""
+    router.route().mock(return_value=answer)
+    with pytest.raises(UnexpectedAnswerError) as raised:
+        await both.call(name, "k1")
+    assert raised.value.status_code == 200
+    assert f"DELETE {BASE}{path}: not a timewheel answer" in str(raised.value)
+
+
 @pytest.mark.parametrize("failure", [httpx.ConnectError("Connection refused"),
                                      httpx.ReadTimeout("timed out"), httpx.RemoteProtocolError("")])
 async def test_no_answer_raises_unreachable(both: Both, router: respx.MockRouter,

@@ -133,6 +133,10 @@ def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
 
 
 def _nothing(response: httpx.Response) -> None:
+    """A DELETE's answer: the service's is always 204 No Content. Another success (a 200 from
+    whatever else listens at a wrong TIMEWHEEL_URL) did not delete anything."""
+    if response.status_code != 204:
+        raise ValueError(f"{response.status_code}, not 204 No Content")
     return None
 
 

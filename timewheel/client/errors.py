@@ -11,7 +11,7 @@
           |    +-- InvalidRequestError   422: invalid input (detail: FastAPI's error list)
           |    +-- UnavailableError      503: Redis unreachable; retry later (.retry_after)
           +-- UnreachableError        no answer at all: connection refused, timeout, broken
-          +-- UnexpectedAnswerError   a success status whose body is not what the API sends
+          +-- UnexpectedAnswerError   a success the API never sends (a body; a DELETE not 204)
                                       (TIMEWHEEL_URL pointing at something else)
 
 The client never retries on its own: whether a retry is safe depends on the call (a POST with
@@ -110,8 +110,8 @@ class UnreachableError(ClientError):
 
 
 class UnexpectedAnswerError(ClientError):
-    """A success status with a body the API never sends: the URL points at something else, or
-    a proxy rewrote the answer."""
+    """A success status with a body the API never sends, or a DELETE answered other than 204:
+    the URL points at something else, or a proxy rewrote the answer."""
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
