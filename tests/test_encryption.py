@@ -234,6 +234,8 @@ async def test_rekey_never_undoes_a_change_made_after_the_read(redis: Redis) -> 
     (f"k0:{base64.b64encode(bytes(32)).decode()},k0:{base64.b64encode(bytes(32)).decode()}",
      "key id 'k0' is listed twice"),
     (f"bad id:{base64.b64encode(bytes(32)).decode()}", "entry 1 is not"),
+    (",", "lists no key"),  # "${NEW},${OLD}" with both unset: not "encryption off"
+    (" , ,", "lists no key"),
 ])
 def test_bad_keys_are_refused_without_echoing_them(value: str, message: str) -> None:
     """The message names the entry, never its key (the CLI prints messages without the
@@ -242,6 +244,11 @@ def test_bad_keys_are_refused_without_echoing_them(value: str, message: str) -> 
         Settings(encryption_keys=value)  # type: ignore[arg-type]
     [error] = caught.value.errors(include_input=False)
     assert message in error["msg"] and "AAAAAAAA" not in error["msg"]
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_key_list_is_encryption_off(value: str) -> None:
+    assert Settings(encryption_keys=value).cipher() is None  # type: ignore[arg-type]
 
 
 def test_the_settings_summary_redacts_the_keys() -> None:

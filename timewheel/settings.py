@@ -132,11 +132,22 @@ class Settings(BaseSettings):
             parts.append(f"{name}={shown}")
         return " ".join(parts)
 
-    @field_validator("api_tokens", "signing_secret", "allowed_networks", "encryption_keys",
-                     mode="before")
+    @field_validator("api_tokens", "signing_secret", "allowed_networks", mode="before")
     @classmethod
     def _csv(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("encryption_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value: object) -> object:
+        # A value of separators only ("," from "${NEW},${OLD}" with both unset) is a list
+        # gone wrong, not "encryption off": off would store new payloads in plaintext and
+        # fail every sealed record this process claims. Stop the start instead.
+        parts = _split_csv(value)
+        if isinstance(value, str) and value.strip() and not parts:
+            raise ValueError("lists no key, only separators (unset it to store payloads "
+                             "unencrypted; timewheel keys generate prints an entry)")
+        return parts
 
     @field_validator("log_level", mode="before")
     @classmethod
