@@ -160,8 +160,16 @@ async def test_response_bodies_in_the_history_are_sealed(redis: Redis) -> None:
     assert b"1234.56" not in await raw_dump(redis)
     [kept] = await store.attempts("h") or []
     assert kept.response_body == "balance: 1234.56"
+    # A rotation that does not list k0 cannot open it: counted (keys rotate exits 3), left.
+    history = f"{{tw:{claimed.bucket}}}:a:h"
+    before = await redis.lrange(history, 0, -1)
+    assert len(before) == 1
+    blind = await Rotation(redis, "tw", Cipher([K1])).run()
+    assert (blind.attempts_rekeyed, blind.attempts_unreadable) == (0, 1)
+    assert await redis.lrange(history, 0, -1) == before
     # Rotated to k1, then read with k1 alone.
-    await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert (report.attempts_rekeyed, report.attempts_unreadable) == (1, 0)
     [kept] = await (await make_store(redis, K1)).attempts("h") or []
     assert kept.response_body == "balance: 1234.56"
 

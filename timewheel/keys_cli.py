@@ -102,7 +102,8 @@ def rotate(step: int) -> int:
         _say(f"timewheel keys rotate: Redis unavailable: {exc}")
         return 1
     _say(f"rotated to key id {cipher.key_id!r}: {report.line()}", error=False)
-    if report.tasks_unreadable or report.schedules_unreadable or report.topics_unreadable:
+    if (report.tasks_unreadable or report.attempts_unreadable or report.schedules_unreadable
+            or report.topics_unreadable):
         _say("timewheel keys rotate: some records are sealed under a key id that "
              "TIMEWHEEL_ENCRYPTION_KEYS does not list (or do not verify); list their key and "
              "run it again")

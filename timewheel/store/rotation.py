@@ -58,6 +58,7 @@ class RotationReport:
     tasks_unreadable: int = 0  # sealed under a key id not listed (or not verifying)
     attempts_rekeyed: int = 0
     attempts_changed: int = 0
+    attempts_unreadable: int = 0  # response bodies sealed under a key id not listed
     schedules_rekeyed: int = 0  # specs (their task templates hold headers and bodies)
     schedules_changed: int = 0
     schedules_unreadable: int = 0
@@ -187,7 +188,11 @@ class Rotation:
         rows: list[Any] = await self.redis.lrange(name, 0, -1)
         for row in rows:
             entry = json.loads(row)
-            text = self._body_to_seal(key, entry)
+            try:
+                text = self._body_to_seal(key, entry)
+            except (UnknownKey, BadCiphertext):
+                self.report.attempts_unreadable += 1  # left as it is; its view shows no body
+                continue
             if text is None:
                 continue
             entry.pop("b", None)
@@ -233,7 +238,8 @@ class Rotation:
         setattr(self.report, name, getattr(self.report, name) + 1)
 
     def _body_to_seal(self, key: str, entry: dict[str, Any]) -> str | None:
-        """The entry's response body when it is not sealed under the first key; else None."""
+        """The entry's response body when it is not sealed under the first key; else None.
+        UnknownKey or BadCiphertext: sealed under a key id not listed, or not verifying."""
         if "b" in entry:
             return str(entry["b"])
         sealed = entry.get("bx")
@@ -242,9 +248,9 @@ class Rotation:
         try:
             if sealed_key_id(base64.b64decode(sealed)) == self.cipher.key_id:
                 return None
-            return self.cipher.open_text(key, int(entry["n"]), sealed)
-        except (ValueError, UnknownKey, BadCiphertext):
-            return None  # left as it is; the view shows no body for it
+        except ValueError:
+            return None  # not a seal at all: left as it is; the view shows no body for it
+        return self.cipher.open_text(key, int(entry["n"]), sealed)
 
 
 def _when_changed(progress: Callable[[RotationReport], None]
