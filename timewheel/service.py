@@ -19,6 +19,7 @@ from timewheel.delivery.netguard import NetworkPolicy
 from timewheel.delivery.senders import Sender, make_sender
 from timewheel.delivery.signing import Signer
 from timewheel.engine.dispatcher import Dispatcher
+from timewheel.engine.key_lists import KeyListCheck
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.engine.tick_phase import TickPhases
@@ -71,6 +72,7 @@ class Wheel:
     sweeper: PublishSweeper | None = field(default=None, repr=False)
     jobs: JobOperations = field(init=False, repr=False)
     job_runner: JobRunner = field(init=False, repr=False)
+    key_lists: KeyListCheck = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -109,6 +111,7 @@ class Wheel:
         flows = FlowStore(redis, store.keys, store.scripts,
                           default_parallelism=settings.flow_parallelism)
         tokens = claim_tokens()
+        phases = TickPhases(store, int(settings.tick_seconds * 1000))
         dispatcher = Dispatcher(store, flows, clock, sender, metrics, signer=signer,
                                 max_concurrency=settings.max_concurrency,
                                 batch_deadline_ms=int(settings.batch_deadline_seconds * 1000),
@@ -119,7 +122,7 @@ class Wheel:
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,
                         max_pending=settings.max_concurrency * 20, tokens=tokens,
-                        phases=TickPhases(store, int(settings.tick_seconds * 1000)))
+                        phases=phases)
         wheel = cls(settings, policy, metrics, redis, store, clock, dispatcher, flows, ticker,
                     sender, embedded)
         limits = TaskLimits(max_horizon_seconds=settings.max_horizon_seconds,
@@ -143,6 +146,8 @@ class Wheel:
                                      busy_share=settings.job_busy_share)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
+        wheel.key_lists = KeyListCheck(store, clock, phases.me,
+                                       store.cipher.key_ids if store.cipher else ())
         try:
             await store.init()
             await clock.refresh()
@@ -164,9 +169,11 @@ class Wheel:
         if self.sweeper is not None:
             self.sweeper.start()
         self.job_runner.start()
+        self.key_lists.start()
 
     async def close(self) -> None:
         """Stop claiming, hand back or finish what is in flight, then close everything."""
+        await self.key_lists.stop()
         await self.job_runner.stop()
         await self.materializer.stop()
         if self.sweeper is not None:

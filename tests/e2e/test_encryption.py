@@ -264,3 +264,16 @@ def test_the_startup_log_redacts_the_keys(start_service: Callable[..., Service])
     line = next(x for x in service.log().splitlines() if "starting with settings:" in x)
     assert "encryption_keys=<redacted:2>" in line
     assert K0.partition(":")[2] not in service.log() and K1.partition(":")[2] not in line
+
+
+def test_processes_whose_key_lists_do_not_fit_name_each_other(
+        start_service: Callable[..., Service]) -> None:
+    """Step 1 of a key change skipped in a rolling deploy: a new process seals with k1 while
+    an old one lists only k0. The new one says so as it starts (its first check), naming the
+    old one; the old one at its next check (every 10 s)."""
+    old = start_service(encryption_keys=K0)
+    new = start_service(encryption_keys=f"{K1},{K0}")
+    settle(lambda: "does not list key id 'k1'" in new.log(), 20, "the new process's error")
+    settle(lambda: "seals payloads with key id 'k1'" in old.log(), 30, "the old process's error")
+    assert new.log().count("does not list key id 'k1'") == 1  # once, not every check
+    assert "seals payloads with key id" not in new.log()  # it can open what the old one seals

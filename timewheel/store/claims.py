@@ -247,6 +247,30 @@ class ClaimSide:
             *_, rows = await pipe.execute()
         return {proc.decode(): int(at) for proc, at in rows}
 
+    async def note_key_ids(self, process: str, key_ids: Sequence[str], now_ms: int, *,
+                           stale_ms: int) -> dict[str, tuple[str, ...]]:
+        """Note a process's encryption key ids (the sealing one first; none: encryption off);
+        every process's noted within ``stale_ms`` (this one's included). Older entries are
+        dropped, and the key goes once every process is gone."""
+        name = self.keys.key_ids
+        async with redis_errors("note_key_ids"):
+            pipe: Any = self.redis.pipeline(transaction=False)
+            pipe.hset(name, process, f"{now_ms} {','.join(key_ids)}")
+            pipe.pexpire(name, stale_ms)
+            pipe.hgetall(name)
+            *_, rows = await pipe.execute()
+            live: dict[str, tuple[str, ...]] = {}
+            stale: list[bytes] = []
+            for proc, value in rows.items():
+                at, _, ids = value.decode().partition(" ")
+                if int(at) < now_ms - stale_ms:
+                    stale.append(proc)
+                else:
+                    live[proc.decode()] = tuple(ids.split(",")) if ids else ()
+            if stale:
+                await self.redis.hdel(name, *stale)
+        return live
+
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------
 
     async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[ParkReply]:

@@ -198,6 +198,11 @@ class Cipher:
         # hmac.digest: OpenSSL's one-shot HMAC, ~2x faster than hmac.new(...).digest().
         return hmac.digest(key.fp_key, h12, "sha256")[:H12_BYTES]
 
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """Every listed key id, the one that seals first."""
+        return tuple(self._keys)
+
     def knows(self, key_id: str) -> bool:
         return key_id in self._keys
 

@@ -47,7 +47,9 @@ Bulk jobs share one hash tag, "{<key_prefix>:jobs}:" (J below; lua/job_create.lu
 
 and ``<key_prefix>:flows`` is the set of flows with limits set (for listings and metrics);
 ``<key_prefix>:ticks`` (zset process id -> its last tick, ms) spreads the processes' ticks
-over the tick period (timewheel/engine/tick_phase.py); ``<key_prefix>:sched:pass`` (string,
+over the tick period (timewheel/engine/tick_phase.py); ``<key_prefix>:key-ids`` (hash process
+id -> "<ms> <its encryption key ids>") lets each process see whether the others can open what it
+seals (timewheel/engine/key_lists.py); ``<key_prefix>:sched:pass`` (string,
 ms) is the schedules' last materializer pass, any process's, kept a day
 (timewheel/store/schedule_store.py ``mark_pass``; schedules' own keys: docs/design.md).
 The processes' counts of attempts waiting in memory for their flow share one hash tag,
@@ -95,6 +97,11 @@ class Keyspace:
     def ticks(self) -> str:
         """The processes' last tick times (timewheel/engine/tick_phase.py)."""
         return f"{self.key_prefix}:ticks"
+
+    @property
+    def key_ids(self) -> str:
+        """Each process's encryption key ids (timewheel/engine/key_lists.py)."""
+        return f"{self.key_prefix}:key-ids"
 
     def bucket_of(self, task_key: str) -> int:
         # A result callback's task shares its parent's slot, so that the script finishing the

@@ -1,0 +1,93 @@
+"""Each process's encryption key ids, compared across the wheel (timewheel/engine/key_lists.py):
+a process that cannot open what another seals is named in an error log, once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import START_MS
+from timewheel.clock import FakeClock
+from timewheel.engine.key_lists import KeyListCheck, Mismatch, mismatches
+from timewheel.store import Store
+
+INTERVAL_MS = 10_000
+
+
+@pytest.mark.parametrize(("mine", "others", "expected"), [
+    # The safe steps of a key change (docs/security.md): k2 listed last everywhere, then first.
+    (("k1", "k2"), {"b": ("k1",)}, []),
+    (("k2", "k1"), {"b": ("k1", "k2")}, []),
+    ((), {"b": ()}, []),  # encryption off everywhere
+    # Step 1 skipped: the new process seals with k2, which the old one does not list.
+    (("k2", "k1"), {"old": ("k1",)}, [Mismatch("old", "mine", "k2")]),
+    (("k1",), {"new": ("k2", "k1")}, [Mismatch("new", "theirs", "k2")]),
+    # Encryption off beside a sealing process: it fails what that one seals, and that one
+    # reads its plaintext records as they are (no mismatch that way round).
+    ((), {"b": ("k1",)}, [Mismatch("b", "theirs", "k1")]),
+    (("k1",), {"b": ()}, [Mismatch("b", "mine", "k1")]),
+    # Disjoint lists: both ways, by process id.
+    (("k1",), {"z": ("k9",), "a": ("k1",)}, [Mismatch("z", "theirs", "k9"),
+                                            Mismatch("z", "mine", "k1")]),
+])
+def test_what_does_not_fit(mine: tuple[str, ...], others: dict[str, tuple[str, ...]],
+                           expected: list[Mismatch]) -> None:
+    assert mismatches(mine, others) == expected
+
+
+async def test_processes_see_each_others_key_ids_and_forget_the_stale(store: Store,
+                                                                     redis: Redis) -> None:
+    stale = 3 * INTERVAL_MS
+    assert await store.note_key_ids("a", ("k2", "k1"), START_MS, stale_ms=stale) == {
+        "a": ("k2", "k1")}
+    assert await store.note_key_ids("b", (), START_MS + 1, stale_ms=stale) == {
+        "a": ("k2", "k1"), "b": ()}
+    later = START_MS + stale + 1  # a has not noted its ids for longer than that: gone
+    assert await store.note_key_ids("b", (), later, stale_ms=stale) == {"b": ()}
+    assert await redis.hkeys(store.keys.key_ids) == [b"b"]
+    assert 0 < await redis.pttl(store.keys.key_ids) <= stale
+
+
+async def test_a_process_that_cannot_open_what_another_seals_is_named_once(
+        store: Store, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Step 1 of a key change skipped in a rolling deploy: the new process (k2 first) and the
+    old one (k1 only) each log the other, once however many checks."""
+    old = KeyListCheck(store, fake_clock, "host:1:old", ("k1",))
+    new = KeyListCheck(store, fake_clock, "host:2:new", ("k2", "k1"))
+    caplog.set_level(logging.ERROR, logger="timewheel.engine.key_lists")
+    assert await old.check() == []  # alone
+    assert await new.check() == [Mismatch("host:1:old", "mine", "k2")]
+    assert await old.check() == [Mismatch("host:2:new", "theirs", "k2")]
+    for _ in range(3):
+        fake_clock.advance(INTERVAL_MS)
+        await new.check()
+        await old.check()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith(
+        "process host:1:old does not list key id 'k2', which this process seals payloads with")
+    assert messages[1].startswith(
+        "process host:2:new seals payloads with key id 'k2', which this process's "
+        "TIMEWHEEL_ENCRYPTION_KEYS does not list")
+    # Once the old process has been replaced (it notes no more), nothing is left to tell.
+    fake_clock.advance(4 * INTERVAL_MS)
+    assert await new.check() == []
+
+
+async def test_the_check_runs_at_start_and_stops(store: Store, fake_clock: FakeClock,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    await store.note_key_ids("host:1:old", ("k1",), fake_clock.now_ms(), stale_ms=30_000)
+    check = KeyListCheck(store, fake_clock, "host:2:new", ("k2", "k1"), interval_s=0.01)
+    caplog.set_level(logging.ERROR, logger="timewheel.engine.key_lists")
+    check.start()
+    try:
+        for _ in range(200):  # its first check comes at once, then every 10 ms
+            if caplog.records:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await check.stop()
+    assert [r.getMessage()[:33] for r in caplog.records] == ["process host:1:old does not list "]

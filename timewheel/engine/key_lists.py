@@ -1,0 +1,106 @@
+"""Whether the processes of a wheel can open what the others seal (docs/security.md, "What a
+skipped step costs").
+
+The processes do not need the same key list, and they do not refuse each other: any of them
+claims any due task. But one that does not list the key a task was sealed under fails that task
+for good when it claims it, even if another process could have sent it. A rolling deploy that
+puts a new key first before every process lists it does just that, silently. So every process
+notes its key ids in Redis every INTERVAL_S, reads the others', and logs an error, once per
+process and key id, for each live process whose list does not fit its own: one that seals with
+a key this process does not list, or one that does not list the key this process seals with.
+It only tells: what a process claims and how it fails a task stay as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Literal, NamedTuple
+
+from timewheel.clock import Clock
+from timewheel.logs import LogOnce
+from timewheel.store import Store
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 10.0
+STALE_INTERVALS = 3  # a process that has not noted its keys for this long counts no more
+DOCS = 'docs/security.md, "What a skipped step costs"'
+
+
+class Mismatch(NamedTuple):
+    process: str
+    # "theirs": it seals with a key id this process does not list (this process fails what it
+    # seals); "mine": it does not list the key id this process seals with (it fails ours).
+    side: Literal["theirs", "mine"]
+    key_id: str
+
+
+def mismatches(mine: Sequence[str], others: Mapping[str, Sequence[str]]) -> list[Mismatch]:
+    """Each other process whose key ids (the sealing one first; none: encryption off) do not
+    fit ``mine``, by process id."""
+    out = []
+    for process, theirs in sorted(others.items()):
+        if theirs and theirs[0] not in mine:
+            out.append(Mismatch(process, "theirs", theirs[0]))
+        if mine and mine[0] not in theirs:
+            out.append(Mismatch(process, "mine", mine[0]))
+    return out
+
+
+def describe(found: Mismatch) -> str:
+    if found.side == "theirs":
+        return (f"process {found.process} seals payloads with key id {found.key_id!r}, which "
+                "this process's TIMEWHEEL_ENCRYPTION_KEYS does not list: this process fails, "
+                "for good and unsent, every task sealed under it that it claims; list "
+                f"{found.key_id!r} on every process ({DOCS})")
+    return (f"process {found.process} does not list key id {found.key_id!r}, which this "
+            "process seals payloads with: that process fails, for good and unsent, every task "
+            f"sealed here that it claims; list {found.key_id!r} on every process before any "
+            f"seals with it ({DOCS})")
+
+
+class KeyListCheck:
+    def __init__(self, store: Store, clock: Clock, process: str, key_ids: Sequence[str], *,
+                 interval_s: float = INTERVAL_S) -> None:
+        self._store = store
+        self._clock = clock
+        self.process = process  # the tick phases' id (timewheel/engine/tick_phase.py)
+        self.key_ids = tuple(key_ids)
+        self.interval_s = interval_s
+        self._told = LogOnce()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def check(self) -> list[Mismatch]:
+        """Note this process's key ids, and log (once each) what does not fit the others'."""
+        others = await self._store.note_key_ids(
+            self.process, self.key_ids, self._clock.now_ms(),
+            stale_ms=int(STALE_INTERVALS * self.interval_s * 1000))
+        others.pop(self.process, None)
+        found = mismatches(self.key_ids, others)
+        for each in found:
+            if self._told.first(each):
+                log.error("%s", describe(each))
+        return found
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="timewheel-key-lists")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.check()
+            except Exception as exc:  # Redis away: the ticker says so; this waits for it
+                log.debug("key ids not compared: %s: %s", type(exc).__name__, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval_s)
