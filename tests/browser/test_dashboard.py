@@ -206,8 +206,9 @@ def test_change_flow_limits(page: Any, service: Service, api: httpx.Client,
     row = page.locator(f'#flow-results tr[data-key="{edited}"]')
     expect(row.locator(".parallelism")).to_have_text("5")
     row.get_by_role("button", name="Edit").click()
-    row.locator(".edit-parallelism").fill("7")
-    row.locator(".edit-rate").fill("2.5")
+    # Found by what a screen reader says of them: each box names its limit and its flow.
+    page.get_by_role("textbox", name=f"parallelism of {edited}", exact=True).fill("7")
+    page.get_by_role("textbox", name=f"rate per second of {edited}", exact=True).fill("2.5")
     shot("flows-editing")
     row.get_by_role("button", name="Save").click()
     expect(row.locator(".parallelism")).to_have_text("7")

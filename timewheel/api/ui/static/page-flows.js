@@ -86,10 +86,11 @@ export function render(root) {
       }
       const typed = draft;
       const parallelism = h("input", { name: "parallelism", class: "edit-parallelism", size: 8,
-        value: typed.parallelism, inputmode: "numeric",
+        value: typed.parallelism, inputmode: "numeric", "aria-label": `parallelism of ${flow.key}`,
         oninput: () => { typed.parallelism = parallelism.value; } });
       const rate = h("input", { name: "rate", class: "edit-rate", size: 8,
-        value: typed.rate, inputmode: "decimal", oninput: () => { typed.rate = rate.value; } });
+        value: typed.rate, inputmode: "decimal", "aria-label": `rate per second of ${flow.key}`,
+        oninput: () => { typed.rate = rate.value; } });
       return h("tr", { "data-key": flow.key, class: "editing" },
         h("td", { class: "key" }, flow.key),
         h("td", {}, parallelism), h("td", {}, rate),
