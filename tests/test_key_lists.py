@@ -91,3 +91,15 @@ async def test_the_check_runs_at_start_and_stops(store: Store, fake_clock: FakeC
     finally:
         await check.stop()
     assert [r.getMessage()[:33] for r in caplog.records] == ["process host:1:old does not list "]
+
+
+@pytest.mark.parametrize("value", [b"junk k1", b"", b"\xff\xfe k1", b"1.5e12 k1",
+                                   str(START_MS + 10 * 30_000).encode() + b" k9"])
+async def test_an_entry_that_does_not_parse_or_is_from_the_future_is_dropped(
+        store: Store, redis: Redis, value: bytes) -> None:
+    """Written by hand, by another program, or noted before the wheel's clock stepped back:
+    it must not stop every process's check (nor count as a live process) for as long as the
+    others keep the hash alive."""
+    await redis.hset(store.keys.key_ids, "odd", value)
+    assert await store.note_key_ids("a", ("k1",), START_MS, stale_ms=30_000) == {"a": ("k1",)}
+    assert await redis.hkeys(store.keys.key_ids) == [b"a"]

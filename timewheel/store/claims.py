@@ -262,11 +262,14 @@ class ClaimSide:
             live: dict[str, tuple[str, ...]] = {}
             stale: list[bytes] = []
             for proc, value in rows.items():
-                at, _, ids = value.decode().partition(" ")
-                if int(at) < now_ms - stale_ms:
+                noted = _noted_key_ids(value)
+                # Dropped too: an entry that does not parse (it would otherwise stay, the hash
+                # kept alive by the others), and one noted "later" than a stale period ahead
+                # (the wheel's clock stepped back: a gone process's would count for that long).
+                if noted is None or not now_ms - stale_ms <= noted[0] <= now_ms + stale_ms:
                     stale.append(proc)
                 else:
-                    live[proc.decode()] = tuple(ids.split(",")) if ids else ()
+                    live[proc.decode(errors="replace")] = noted[1]
             if stale:
                 await self.redis.hdel(name, *stale)
         return live
@@ -311,4 +314,14 @@ class ClaimSide:
             reply = await self._tokened_call(self.scripts.unpark, bucket,
                                              [now_ms, flow, limit, token, self.lease_margin_ms])
         return await self._claimed(bucket, token, reply, now_ms)
+
+
+def _noted_key_ids(value: bytes) -> tuple[int, tuple[str, ...]] | None:
+    """A ``<prefix>:key-ids`` entry, "<ms> <key id>,...", as (ms, key ids); None if it is not
+    one (written by hand, or by another program)."""
+    at, _, ids = value.decode(errors="replace").partition(" ")
+    try:
+        return int(at), (tuple(ids.split(",")) if ids else ())
+    except ValueError:
+        return None
 
