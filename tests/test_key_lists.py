@@ -103,3 +103,42 @@ async def test_an_entry_that_does_not_parse_or_is_from_the_future_is_dropped(
     await redis.hset(store.keys.key_ids, "odd", value)
     assert await store.note_key_ids("a", ("k1",), START_MS, stale_ms=30_000) == {"a": ("k1",)}
     assert await redis.hkeys(store.keys.key_ids) == [b"a"]
+
+
+async def test_a_stopped_process_counts_no_more(store: Store, fake_clock: FakeClock,
+                                                redis: Redis,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Step 1 of a key change (k2 listed last) rolled out, then at once step 2 (k2 first): a
+    step-2 process that starts just after the last k1-only process stopped must not name it."""
+    old = KeyListCheck(store, fake_clock, "host:1:old", ("k1",), interval_s=60)
+    old.start()
+    for _ in range(200):
+        if await redis.hexists(store.keys.key_ids, "host:1:old"):
+            break
+        await asyncio.sleep(0.01)
+    await old.stop()
+    assert await redis.hkeys(store.keys.key_ids) == []
+    caplog.set_level(logging.ERROR, logger="timewheel.engine.key_lists")
+    fake_clock.advance(1000)
+    assert await KeyListCheck(store, fake_clock, "host:2:new", ("k2", "k1")).check() == []
+    assert caplog.records == []
+
+
+class _SilentRedis:
+    """A store whose Redis never answers (stopped, cut off)."""
+
+    async def note_key_ids(self, *args: object, **kwargs: object) -> dict[str, tuple[str, ...]]:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async def forget_key_ids(self, process: str) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_stop_is_quick_while_redis_is_silent(fake_clock: FakeClock) -> None:
+    """SIGTERM must stay quick: stop does not wait for a check (or its own entry's removal)
+    that Redis does not answer."""
+    check = KeyListCheck(_SilentRedis(), fake_clock, "host:1:a", ("k1",))  # type: ignore[arg-type]
+    check.start()
+    await asyncio.sleep(0.05)  # its first check is in flight
+    await asyncio.wait_for(check.stop(), 2)

@@ -274,6 +274,11 @@ class ClaimSide:
                 await self.redis.hdel(name, *stale)
         return live
 
+    async def forget_key_ids(self, process: str) -> None:
+        """Drop a process's entry of ``note_key_ids`` (it stops)."""
+        async with redis_errors("forget_key_ids"):
+            await self.redis.hdel(self.keys.key_ids, process)
+
     # -- flow control: tasks waiting for a permit (lua/park.lua, lua/unpark.lua) ---------------
 
     async def park(self, bucket: int, claims: Sequence[tuple[str, str]]) -> list[ParkReply]:
