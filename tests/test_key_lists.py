@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from tests.conftest import START_MS
 from timewheel.clock import FakeClock
 from timewheel.engine.key_lists import KeyListCheck, Mismatch, mismatches
+from timewheel.errors import StoreUnavailable
 from timewheel.store import Store
 
 INTERVAL_MS = 10_000
@@ -142,3 +143,45 @@ async def test_stop_is_quick_while_redis_is_silent(fake_clock: FakeClock) -> Non
     check.start()
     await asyncio.sleep(0.05)  # its first check is in flight
     await asyncio.wait_for(check.stop(), 2)
+
+
+async def test_a_check_redis_refuses_is_a_warning_once_and_redis_away_is_quiet(
+        store: Store, fake_clock: FakeClock, redis: Redis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An answer that will not change by itself (here a wrong type at the key; an ACL that
+    leaves it out is the same) turns the check off for good: said once, at WARNING. Redis away
+    passes: only debug, the ticker says so."""
+    await redis.set(store.keys.key_ids, "not a hash")
+    check = KeyListCheck(store, fake_clock, "host:1:a", ("k1",), interval_s=0.01)
+    caplog.set_level(logging.DEBUG, logger="timewheel.engine.key_lists")
+    check.start()
+    try:
+        for _ in range(300):
+            if sum("not compared" in r.getMessage() for r in caplog.records) >= 1:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ~10 more checks, refused alike
+    finally:
+        await check.stop()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert "WRONGTYPE" in warned[0].getMessage()
+
+    caplog.clear()
+    silent = KeyListCheck(_Unreachable(), fake_clock, "host:2:b", ("k1",),  # type: ignore[arg-type]
+                          interval_s=0.01)
+    silent.start()
+    await asyncio.sleep(0.1)
+    await silent.stop()
+    assert caplog.records and all(r.levelno == logging.DEBUG for r in caplog.records)
+
+
+class _Unreachable:
+    """A store whose Redis refuses connections."""
+
+    async def note_key_ids(self, *args: object, **kwargs: object) -> dict[str, tuple[str, ...]]:
+        raise StoreUnavailable("note_key_ids: ConnectionError: connection refused") from (
+            ConnectionError("connection refused"))
+
+    async def forget_key_ids(self, process: str) -> None:
+        raise StoreUnavailable("forget_key_ids: ConnectionError: connection refused")

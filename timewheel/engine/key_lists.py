@@ -19,7 +19,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
+from redis.exceptions import ResponseError
+
 from timewheel.clock import Clock
+from timewheel.errors import RedisFull, StoreUnavailable
 from timewheel.logs import LogOnce
 from timewheel.store import Store
 
@@ -112,7 +115,19 @@ class KeyListCheck:
         while not self._stopping.is_set():
             try:
                 await self.check()
-            except Exception as exc:  # Redis away: the ticker says so; this waits for it
-                log.debug("key ids not compared: %s: %s", type(exc).__name__, exc)
+            except Exception as exc:
+                if _away(exc):  # the ticker says so; this waits for it
+                    log.debug("key ids not compared: %s: %s", type(exc).__name__, exc)
+                elif self._told.first(("failing", type(exc))):  # e.g. an ACL without the key
+                    log.warning("encryption key ids not compared with the other processes' "
+                                "(%s: %s): mismatched key lists will not be logged until it "
+                                "works", type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+
+
+def _away(exc: BaseException) -> bool:
+    """Redis unreachable, timing out or full: what passes. Not a refusal it answered with (a
+    wrong type at the key, an ACL that leaves it out) or a bug, which would stay."""
+    return (isinstance(exc, StoreUnavailable)
+            and (isinstance(exc, RedisFull) or not isinstance(exc.__cause__, ResponseError)))
