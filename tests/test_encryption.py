@@ -436,3 +436,15 @@ async def test_pausing_a_schedule_that_does_not_open_still_cancels_its_occurrenc
     for key in occurrences:
         view = await old_store.get(key)
         assert view is not None and view.status == "cancelled", key
+
+
+async def test_a_history_entry_not_as_written_is_left_and_the_rotation_goes_on(
+        redis: Redis) -> None:
+    """An entry without its attempt number (written by hand, another program) is left as it
+    is, as before the history's unreadable count: it must not stop the whole rotation."""
+    store = await make_store(redis, K0)
+    await store.schedule(sealed_task("h"), replace=False, now_ms=NOW)
+    await redis.rpush(f"{{tw:{store.keys.bucket_of('h')}}}:a:h", '{"bx": "AAAA"}')
+    report = await Rotation(redis, "tw", Cipher([K1, K0])).run()
+    assert (report.tasks_rekeyed, report.attempts_rekeyed, report.attempts_unreadable) == (
+        1, 0, 0)

@@ -246,11 +246,12 @@ class Rotation:
         if sealed is None:
             return None
         try:
+            attempt = int(entry["n"])
             if sealed_key_id(base64.b64decode(sealed)) == self.cipher.key_id:
                 return None
-        except ValueError:
-            return None  # not a seal at all: left as it is; the view shows no body for it
-        return self.cipher.open_text(key, int(entry["n"]), sealed)
+        except (KeyError, TypeError, ValueError):
+            return None  # not an entry or a seal as written: left as it is; no body shown
+        return self.cipher.open_text(key, attempt, sealed)
 
 
 def _when_changed(progress: Callable[[RotationReport], None]
