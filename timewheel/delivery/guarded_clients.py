@@ -240,6 +240,15 @@ def _bounded(timeout: float | None, writing: bool = False) -> float | None:
     return end.bound(timeout, writing)
 
 
+def _bounded_connect(timeout: float | None) -> float | None:
+    """``_bounded`` for a connect or a TLS handshake: past the exchange's end, a connect
+    timeout (as httpcore raises for its own)."""
+    try:
+        return _bounded(timeout)
+    except TimeoutError as exc:
+        raise httpcore.ConnectTimeout(str(exc)) from exc
+
+
 class GraceStream(httpcore.AsyncNetworkStream):
     """httpcore's connection, whose reads and writes time out as httpcore's own do (each
     operation on its own, ReadTimeout or WriteTimeout, within the exchange's end), but only
@@ -270,10 +279,7 @@ class GraceStream(httpcore.AsyncNetworkStream):
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> httpcore.AsyncNetworkStream:
-        try:
-            timeout = _bounded(timeout)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc)) from exc
+        timeout = _bounded_connect(timeout)
         return GraceStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
 
     def get_extra_info(self, info: str) -> Any:
@@ -301,10 +307,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
-        try:
-            timeout = _bounded(timeout)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc)) from exc
+        timeout = _bounded_connect(timeout)
         deadline = None if timeout is None else loop.time() + timeout
         try:
             async with asyncio.timeout(timeout):
