@@ -61,7 +61,8 @@ class Harness:
     """One dispatcher over the test's store, with helpers to seed, claim and observe tasks."""
 
     def __init__(self, store: Store, clock: FakeClock, signer: Signer | None = None,
-                 sender: Callable[[HttpxSender], Sender] = lambda inner: inner) -> None:
+                 sender: Callable[[HttpxSender], Sender] = lambda inner: inner,
+                 key_listers: Callable[[str], list[str]] = lambda key_id: []) -> None:
         self.store = store
         self.clock = clock
         self.metrics = Metrics()
@@ -69,7 +70,8 @@ class Harness:
         self.dispatcher = Dispatcher(store, flow_store(store), clock, sender(self.sender),
                                      self.metrics,
                                      signer=signer, max_concurrency=10,
-                                     batch_deadline_ms=30_000, tokens=claim_tokens())
+                                     batch_deadline_ms=30_000, tokens=claim_tokens(),
+                                     key_listers=key_listers)
         self._calls = itertools.count()
 
     async def add(self, key: str = "job-1", *, replace: bool = False, **fields: Any) -> NewTask:

@@ -1,19 +1,27 @@
 """Each process's encryption key ids, compared across the wheel (timewheel/engine/key_lists.py):
-a process that cannot open what another seals is named in an error log, once."""
+a process that cannot open what another seals is named in an error log, once, and hands such a
+task back while another live process lists its key (timewheel/engine/dispatcher.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 
 import pytest
+import respx
 from redis.asyncio import Redis
 
 from tests.conftest import START_MS
+from tests.test_dispatcher import URL, Harness
+from tests.test_store import claim_all
 from timewheel.clock import FakeClock
 from timewheel.engine.key_lists import KeyListCheck, Mismatch, mismatches
 from timewheel.errors import StoreUnavailable
+from timewheel.models import TaskFields
+from timewheel.operations.prepare import prepare
 from timewheel.store import Store
+from timewheel.store.encryption import Cipher
 
 INTERVAL_MS = 10_000
 
@@ -185,3 +193,89 @@ class _Unreachable:
 
     async def forget_key_ids(self, process: str) -> None:
         raise StoreUnavailable("forget_key_ids: ConnectionError: connection refused")
+
+
+async def test_listing_names_the_live_processes_that_list_a_key_id(
+        store: Store, fake_clock: FakeClock) -> None:
+    """What the dispatcher asks before it fails a task sealed under a key id this process does
+    not list: the others that do, as the last check saw them; none before the first check,
+    and none once that check is older than a process stays live (Redis away since)."""
+    await store.note_key_ids("host:1:new", ("k2", "k1"), fake_clock.now_ms(), stale_ms=30_000)
+    await store.note_key_ids("host:3:off", (), fake_clock.now_ms(), stale_ms=30_000)
+    old = KeyListCheck(store, fake_clock, "host:2:old", ("k1",))
+    assert old.listing("k2") == []
+    await old.check()
+    assert (old.listing("k2"), old.listing("k1"), old.listing("k9")) == (
+        ["host:1:new"], ["host:1:new"], [])
+    fake_clock.advance(3 * INTERVAL_MS)
+    assert old.listing("k2") == ["host:1:new"]
+    fake_clock.advance(1)
+    assert old.listing("k2") == []
+
+
+# -- the dispatcher: a task this process cannot open ---------------------------------------------
+
+K0 = ("k0", bytes(range(32)))
+K1 = ("k1", bytes(range(32, 64)))
+
+
+@pytest.fixture
+def router() -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False, assert_all_mocked=True) as mock:
+        yield mock
+
+
+@pytest.mark.parametrize("listers", [["host:1:new"], []])
+async def test_a_task_sealed_under_a_key_this_process_lacks_is_handed_back_while_another_lists_it(
+        redis: Redis, fake_clock: FakeClock, router: respx.MockRouter,
+        caplog: pytest.LogCaptureFixture, listers: list[str]) -> None:
+    """Step 1 of a key change skipped: a new process sealed the task under k0; this one lists
+    only k1. While another live process lists k0, the attempt is handed back unsent and
+    uncounted before its due time, for that one to claim; with none, it fails for good here,
+    unsent, as before (tests/test_encryption.py)."""
+    route = router.post(URL).respond(200)
+    sealer = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                   cipher=Cipher([K0]))
+    await sealer.init()
+    mine = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                 cipher=Cipher([K1]))
+    asked: list[str] = []
+
+    def key_listers(key_id: str) -> list[str]:
+        asked.append(key_id)
+        return listers
+
+    harness = Harness(mine, fake_clock, key_listers=key_listers)
+    caplog.set_level(logging.WARNING, logger="timewheel.engine.dispatcher")
+    try:
+        task = prepare(TaskFields(callback_url=URL, delay=1.0, headers={"X-Secret": "s"}),
+                       "sealed-1", fake_clock.now_ms(), default_timeout=10.0)
+        await sealer.schedule(task, replace=False, now_ms=fake_clock.now_ms())
+        [claimed] = await harness.claim("sealed-1")
+        harness.dispatcher.submit([claimed], fake_clock.now_ms())
+        if listers:  # handed back at its start check, before its due time
+            fake_clock.set(claimed.due_ms - 5)
+            await harness.settle()
+            assert await harness.raw("sealed-1") == {
+                "status": "scheduled", "attempts": "0", "due": str(claimed.due_ms)}
+            assert await harness.lease("sealed-1") == []
+            # The process that lists k0 claims it and opens it.
+            fake_clock.set(claimed.due_ms)
+            [again] = await claim_all(sealer, fake_clock.now_ms())
+            [started] = await sealer.start(again.bucket, claims=[("sealed-1", again.token)])
+            assert (started.attempt, dict(started.headers)["X-Secret"]) == (1, "s")
+            assert [r.getMessage() for r in caplog.records
+                    if r.name == "timewheel.engine.dispatcher"] == [
+                "tasks sealed under key id 'k0', which this process does not list, are handed "
+                "back for the processes that list it (host:1:new), and sent late"]
+        else:
+            fake_clock.set(claimed.due_ms)
+            await harness.settle()
+            view = await harness.view("sealed-1")
+            assert (view.status, view.attempts) == ("failed", 1)
+            assert view.last_error is not None and "key id 'k0'" in view.last_error
+        assert asked == ["k0"]
+        assert route.call_count == 0
+    finally:
+        await harness.dispatcher.stop(0.1)
+        await harness.sender.aclose()

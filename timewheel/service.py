@@ -112,12 +112,15 @@ class Wheel:
                           default_parallelism=settings.flow_parallelism)
         tokens = claim_tokens()
         phases = TickPhases(store, int(settings.tick_seconds * 1000))
+        key_lists = KeyListCheck(store, clock, phases.me,
+                                 store.cipher.key_ids if store.cipher else ())
         dispatcher = Dispatcher(store, flows, clock, sender, metrics, signer=signer,
                                 max_concurrency=settings.max_concurrency,
                                 batch_deadline_ms=int(settings.batch_deadline_seconds * 1000),
                                 tokens=tokens, flow_local_cap=settings.flow_local_waiting,
                                 tracing=Tracing.from_env(),
-                                log_deliveries=settings.log_deliveries)
+                                log_deliveries=settings.log_deliveries,
+                                key_listers=key_lists.listing)
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,
@@ -146,8 +149,7 @@ class Wheel:
                                      busy_share=settings.job_busy_share)
         wheel.materializer = Materializer(store, wheel.schedule_store, clock,
                                           tick_ms=int(settings.tick_seconds * 1000))
-        wheel.key_lists = KeyListCheck(store, clock, phases.me,
-                                       store.cipher.key_ids if store.cipher else ())
+        wheel.key_lists = key_lists
         try:
             await store.init()
             await clock.refresh()

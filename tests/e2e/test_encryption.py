@@ -6,7 +6,8 @@ a real receiver, and `redis-cli` reading every key as an operator's dump would.
   of them are. The callback still arrives with its headers and body.
 - A task sealed under a key id the process does not list is failed with a last_error naming
   it and never sent (control: a task sealed under a listed key, due at the same moment, is
-  delivered); listed again, a replay delivers it.
+  delivered); listed again, a replay delivers it. While another live process lists its key,
+  a process that does not hands it back instead, and that one sends it.
 - A rotation mid-run (tasks under the old key and the new, due while it runs) loses nothing:
   every task arrives once with its payload, and afterwards the new key alone reads every one.
 - Bad keys refuse to start, naming the entry and never echoing a key.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -277,3 +279,30 @@ def test_processes_whose_key_lists_do_not_fit_name_each_other(
     settle(lambda: "seals payloads with key id 'k1'" in old.log(), 30, "the old process's error")
     assert new.log().count("does not list key id 'k1'") == 1  # once, not every check
     assert "seals payloads with key id" not in new.log()  # it can open what the old one seals
+
+
+def test_a_process_lacking_the_key_hands_its_tasks_to_one_that_lists_it(
+        start_service: Callable[..., Service], receiver: ThreadedReceiver) -> None:
+    """Step 1 of a key change skipped: the new process seals with k1, the old one lists only k0.
+    The new one is stopped (SIGSTOP) while the tasks fall due, so the old one claims every one:
+    it hands each back, unsent, while the new one is still listed as live, and the new one
+    sends them all once it runs again. None fails."""
+    new = start_service(encryption_keys=f"{K1},{K0}")
+    old = start_service(encryption_keys=K0)
+    settle(lambda: "seals payloads with key id 'k1'" in old.log(), 20, "the old process's check")
+    keys = [f"under-k1-{i}" for i in range(4)]
+    for key in keys:
+        create(new, key, receiver.url("/k1"), delay=4, on_failure=receiver.url("/failed"))
+    new.signal(signal.SIGSTOP)  # before its tick claims them (1.25 s ahead at most)
+    try:
+        settle(lambda: "are handed back for the processes that list it" in old.log(), 20,
+               lambda: f"the old process handing back; its log:\n{old.log()}")
+        assert receiver.arrivals_for("/k1") == []
+    finally:
+        new.signal(signal.SIGCONT)
+    views = wait_status(old, keys, "succeeded")
+    assert {v["attempts"] for v in views.values()} == {1}  # the hand-backs were not counted
+    arrivals = receiver.arrivals_for("/k1")
+    assert sorted(json.loads(a.body)["key"] for a in arrivals) == keys
+    assert {a.headers["x-secret"] for a in arrivals} == {HEADER_VALUE}
+    assert receiver.arrivals_for("/failed") == []

@@ -90,7 +90,8 @@ NEXT: dict[Stage, frozenset[Stage]] = {
     # Back to WAITING_FOR_FLOW from STARTED too: lua/start.lua answers a started attempt again
     # with the same number, so a rated flow's attempt late for its logged start asks again.
     # STARTED -> ANSWERED: its record does not open here (Started.unsendable), so it is
-    # failed at its time without a request (Executor.set_aside).
+    # failed at its time without a request (Executor.set_aside); or, sealed under a key id
+    # another live process lists, -> HANDED_BACK for that one (Dispatcher._handed_on).
     Stage.STARTED: frozenset({Stage.SENT, Stage.ANSWERED, Stage.HANDED_BACK,
                               Stage.WAITING_FOR_FLOW}),
     # SENT -> HANDED_BACK: its connection came only after its lease ran short, so the

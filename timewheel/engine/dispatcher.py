@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from timewheel.clock import Clock
@@ -35,10 +35,11 @@ from timewheel.engine.executor import Executor
 from timewheel.engine.flow_gate import FlowGate
 from timewheel.engine.recorder import Recorder
 from timewheel.engine.timeline import Timeline
+from timewheel.logs import LogOnce
 from timewheel.metrics import Metrics
 from timewheel.store import Store
 from timewheel.store.flow_store import RATE_SLACK_MS, FlowStore
-from timewheel.store.record import ClaimedTask
+from timewheel.store.record import ClaimedTask, Started
 from timewheel.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,12 @@ class Dispatcher:
     def __init__(self, store: Store, flows: FlowStore, clock: Clock, sender: Sender,
                  metrics: Metrics, *, signer: Signer | None, max_concurrency: int,
                  batch_deadline_ms: int, tokens: Iterator[str], flow_local_cap: int = 10_000,
-                 tracing: Tracing | None = None, log_deliveries: bool = False) -> None:
+                 tracing: Tracing | None = None, log_deliveries: bool = False,
+                 key_listers: Callable[[str], Sequence[str]] = lambda key_id: ()) -> None:
         self._clock = clock
+        # The other live processes that list a key id (KeyListCheck.listing).
+        self._key_listers = key_listers
+        self._told = LogOnce()
         self._metrics = metrics
         self._batch_deadline_ms = batch_deadline_ms
         self._lease_margin_ms = store.lease_margin_ms
@@ -134,8 +139,9 @@ class Dispatcher:
 
     async def _run(self, attempt: Attempt) -> None:
         """ADMITTED -> STARTED -> SENT -> ANSWERED, then recorded in the background (STARTED
-        -> ANSWERED for a record that does not open here: failed, never sent); or SKIPPED
-        (cancelled or replaced since the claim) or HANDED_BACK (not sent)."""
+        -> ANSWERED for a record that does not open here: failed, never sent, unless another
+        process can open it); or SKIPPED (cancelled or replaced since the claim) or
+        HANDED_BACK (not sent)."""
         task = attempt.task
         now = self._clock.now_ms()
         if self._late_for_its_rate(attempt, now):
@@ -147,24 +153,9 @@ class Dispatcher:
                                      "stalled, or its flow's permit waited on Redis)")
             return
         await self._clock.sleep_until(on_grid(task.due_ms - CHECK_LEAD_MS))
-        try:
-            started = await self._recorder.start(attempt)
-        except Exception as exc:  # StoreUnavailable, or a client library's own error
-            # Whether it was counted is unknown; it was not sent: hand it back once Redis
-            # answers, rather than leave it to its whole lease.
-            self._hand_back(attempt, f"its start failed: {type(exc).__name__}: {exc}")
+        started = await self._start(attempt)
+        if started is None:
             return
-        if not started.attempt:  # cancelled or replaced since the claim: not ours to send
-            if attempt.started is not None:
-                # Started once already (a rated flow's attempt that asked again), then
-                # cancelled: release.lua clears the claim cancel kept and notes it in the history.
-                self._hand_back(attempt, "cancelled after its start")
-                return
-            self._lifecycle.move(attempt, Stage.SKIPPED)
-            self._gate.give_back(attempt)
-            self._metrics.skipped.inc()
-            return
-        self._lifecycle.start(attempt, started)
         await self._clock.sleep_until(max(task.due_ms, attempt.start_ms))  # never early
         now = self._clock.now_ms()
         if self._late_for_its_rate(attempt, now):
@@ -191,6 +182,48 @@ class Dispatcher:
         recording = self._recorder.record_soon(attempt, outcome)
         self._recording.add(recording)
         recording.add_done_callback(functools.partial(self._recorded, attempt))
+
+    async def _start(self, attempt: Attempt) -> Started | None:
+        """Its start check (lua/start.lua), CHECK_LEAD_MS before it is due: ADMITTED ->
+        STARTED with what to send, or None when this process is not to send it (SKIPPED or
+        HANDED_BACK)."""
+        try:
+            started = await self._recorder.start(attempt)
+        except Exception as exc:  # StoreUnavailable, or a client library's own error
+            # Whether it was counted is unknown; it was not sent: hand it back once Redis
+            # answers, rather than leave it to its whole lease.
+            self._hand_back(attempt, f"its start failed: {type(exc).__name__}: {exc}")
+            return None
+        if not started.attempt:  # cancelled or replaced since the claim: not ours to send
+            if attempt.started is not None:
+                # Started once already (a rated flow's attempt that asked again), then
+                # cancelled: release.lua clears the claim cancel kept and notes it in the history.
+                self._hand_back(attempt, "cancelled after its start")
+                return None
+            self._lifecycle.move(attempt, Stage.SKIPPED)
+            self._gate.give_back(attempt)
+            self._metrics.skipped.inc()
+            return None
+        self._lifecycle.start(attempt, started)
+        if started.unknown_key is not None and self._handed_on(attempt, started.unknown_key):
+            return None
+        return started
+
+    def _handed_on(self, attempt: Attempt, key_id: str) -> bool:
+        """Its record is sealed under a key id this process does not list. While another live
+        process lists it, the attempt is handed back (unsent, uncounted) for that one to claim
+        at its next tick, not failed for good here (docs/security.md, "What a skipped step
+        costs"). Handed back before its due time: this process holds it no longer than it must."""
+        listers = self._key_listers(key_id)
+        if not listers:
+            return False
+        if self._told.first(key_id):
+            log.warning("tasks sealed under key id %r, which this process does not list, are "
+                        "handed back for the processes that list it (%s), and sent late",
+                        key_id, ", ".join(listers))
+        self._hand_back(attempt, f"sealed under key id {key_id!r}, which this process does not "
+                                 "list")
+        return True
 
     def _recorded(self, attempt: Attempt, recording: asyncio.Future[bool]) -> None:
         """Its outcome is written, or not (an error, or cancelled at shutdown: the lease

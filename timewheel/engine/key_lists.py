@@ -8,7 +8,9 @@ puts a new key first before every process lists it does just that, silently. So 
 notes its key ids in Redis every INTERVAL_S, reads the others', and logs an error, once per
 process and key id, for each live process whose list does not fit its own: one that seals with
 a key this process does not list, or one that does not list the key this process seals with.
-It only tells: what a process claims and how it fails a task stay as they were.
+What a process claims stays as it was; the dispatcher asks ``listing`` which live processes
+list a key id this process does not, and hands a task sealed under it back for them instead of
+failing it for good here.
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ def mismatches(mine: Sequence[str], others: Mapping[str, Sequence[str]]) -> list
 def describe(found: Mismatch) -> str:
     if found.side == "theirs":
         return (f"process {found.process} seals payloads with key id {found.key_id!r}, which "
-                "this process's TIMEWHEEL_ENCRYPTION_KEYS does not list: this process fails, "
-                "for good and unsent, every task sealed under it that it claims; list "
+                "this process's TIMEWHEEL_ENCRYPTION_KEYS does not list: this process cannot "
+                "send a task sealed under it, so it hands those it claims back, late, to the "
+                "processes that list the key, and fails them for good when none does; list "
                 f"{found.key_id!r} on every process ({DOCS})")
     return (f"process {found.process} does not list key id {found.key_id!r}, which this "
-            "process seals payloads with: that process fails, for good and unsent, every task "
-            f"sealed here that it claims; list {found.key_id!r} on every process before any "
-            f"seals with it ({DOCS})")
+            "process seals payloads with: that process cannot send a task sealed here, so each "
+            "one it claims is late (handed back) or, with no process listing the key, failed "
+            f"for good; list {found.key_id!r} on every process before any seals with it "
+            f"({DOCS})")
 
 
 class KeyListCheck:
@@ -75,20 +79,35 @@ class KeyListCheck:
         self.key_ids = tuple(key_ids)
         self.interval_s = interval_s
         self._told = LogOnce()
+        # The other live processes' key ids at the last check that Redis answered, and when.
+        self._others: dict[str, tuple[str, ...]] = {}
+        self._checked_ms: int | None = None
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> list[Mismatch]:
         """Note this process's key ids, and log (once each) what does not fit the others'."""
         others = await self._store.note_key_ids(
-            self.process, self.key_ids, self._clock.now_ms(),
-            stale_ms=int(STALE_INTERVALS * self.interval_s * 1000))
+            self.process, self.key_ids, self._clock.now_ms(), stale_ms=self._stale_ms)
         others.pop(self.process, None)
+        self._others, self._checked_ms = others, self._clock.now_ms()
         found = mismatches(self.key_ids, others)
         for each in found:
             if self._told.first(each):
                 log.error("%s", describe(each))
         return found
+
+    def listing(self, key_id: str) -> list[str]:
+        """The other live processes that list ``key_id``, as the last check saw them: none
+        before the first, or when it is older than a process stays live (Redis away since)."""
+        if (self._checked_ms is None
+                or self._clock.now_ms() - self._checked_ms > self._stale_ms):
+            return []
+        return [process for process, ids in self._others.items() if key_id in ids]
+
+    @property
+    def _stale_ms(self) -> int:
+        return int(STALE_INTERVALS * self.interval_s * 1000)
 
     def start(self) -> None:
         self._stopping.clear()
@@ -99,7 +118,7 @@ class KeyListCheck:
         now rather than a stale period later: a process started meanwhile would name it (a
         rolling restart for step 2 of a key change right after the one for step 1 would name
         every step-0 process gone within the last 30 s). Neither waits long for a silent
-        Redis: the check only tells, and a shutdown must stay quick."""
+        Redis: a shutdown must stay quick."""
         self._stopping.set()
         if self._task is None:
             return

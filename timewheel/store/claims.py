@@ -155,7 +155,9 @@ class ClaimSide:
         record whose headers cannot be decoded, or that is sealed under a key id
         TIMEWHEEL_ENCRYPTION_KEYS does not list, is started with the reason as ``unsendable``:
         the executor fails it at its time, unsent, as an attempt of its own (a dead letter,
-        with its on_failure; replayable once the key is listed)."""
+        with its on_failure; replayable once the key is listed), unless, for a key id
+        (``unknown_key``), another live process lists it: then it is handed back for that
+        one (timewheel/engine/dispatcher.py)."""
         by_bucket: dict[int, list[int]] = {}  # bucket -> indexes into claims, in order
         for i, (bucket, _, _) in enumerate(claims):
             by_bucket.setdefault(bucket, []).append(i)
@@ -177,7 +179,8 @@ class ClaimSide:
                                  *decode_results(results))
             except (layout.BadRecord, UnicodeDecodeError, UnknownKey, BadCiphertext) as exc:
                 out[i] = Started(int(attempt), [], b"", *decode_results(results),
-                                 unsendable=unsendable_reason(exc))
+                                 unsendable=unsendable_reason(exc),
+                                 unknown_key=exc.key_id if isinstance(exc, UnknownKey) else None)
         return out
 
     async def complete(self, bucket: int, *, now_ms: int,

@@ -134,6 +134,9 @@ class Started(NamedTuple):
     # does not list, or undecodable): the attempt is failed at its time with this reason as
     # its last_error, never sent (Executor.set_aside). None for a record to send.
     unsendable: str | None = None
+    # The key id it is sealed under when that is why (the dispatcher hands such an attempt
+    # back while another live process lists the key: timewheel/engine/key_lists.py).
+    unknown_key: str | None = None
 
 
 NOT_STARTED = Started(0, [], b"")
