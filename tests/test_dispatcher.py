@@ -11,7 +11,7 @@ import asyncio
 import gc
 import itertools
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
@@ -62,7 +62,8 @@ class Harness:
 
     def __init__(self, store: Store, clock: FakeClock, signer: Signer | None = None,
                  sender: Callable[[HttpxSender], Sender] = lambda inner: inner,
-                 key_listers: Callable[[str], list[str]] = lambda key_id: []) -> None:
+                 key_listers: Callable[[str], Awaitable[Sequence[str]]] | None = None
+                 ) -> None:
         self.store = store
         self.clock = clock
         self.metrics = Metrics()

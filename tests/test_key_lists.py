@@ -241,7 +241,7 @@ async def test_a_task_sealed_under_a_key_this_process_lacks_is_handed_back_while
                  cipher=Cipher([K1]))
     asked: list[str] = []
 
-    def key_listers(key_id: str) -> list[str]:
+    async def key_listers(key_id: str) -> list[str]:
         asked.append(key_id)
         return listers
 
@@ -279,3 +279,75 @@ async def test_a_task_sealed_under_a_key_this_process_lacks_is_handed_back_while
     finally:
         await harness.dispatcher.stop(0.1)
         await harness.sender.aclose()
+
+
+@pytest.mark.parametrize("checked_before_ms", [None, 3 * INTERVAL_MS + 1])
+async def test_a_stale_or_missing_snapshot_is_checked_again_before_a_task_is_failed(
+        redis: Redis, fake_clock: FakeClock, router: respx.MockRouter,
+        checked_before_ms: int | None) -> None:
+    """Redis away for longer than a process stays live (or this process just started), and
+    back: the ticker claims at once (its backoff is 5 s at most), the key-list check only at
+    its next interval (10 s). Meanwhile the snapshot says no process lists k0, although the
+    one that does runs and noted it. The task is handed back to that one, not failed for good."""
+    route = router.post(URL).respond(200)
+    sealer = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                   cipher=Cipher([K0]))
+    await sealer.init()
+    mine = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                 cipher=Cipher([K1]))
+    old = KeyListCheck(mine, fake_clock, "host:2:old", ("k1",))
+    if checked_before_ms is not None:
+        await sealer.note_key_ids("host:1:new", ("k0",), fake_clock.now_ms(), stale_ms=30_000)
+        await old.check()
+        fake_clock.advance(checked_before_ms)  # Redis away: no check since
+    # Redis answers again; the process that lists k0 has noted it since, this one not yet.
+    await sealer.note_key_ids("host:1:new", ("k0",), fake_clock.now_ms(), stale_ms=30_000)
+    harness = Harness(mine, fake_clock, key_listers=old.listers)
+    try:
+        task = prepare(TaskFields(callback_url=URL, delay=1.0), "sealed-1",
+                       fake_clock.now_ms(), default_timeout=10.0)
+        await sealer.schedule(task, replace=False, now_ms=fake_clock.now_ms())
+        [claimed] = await harness.claim("sealed-1")
+        harness.dispatcher.submit([claimed], fake_clock.now_ms())
+        fake_clock.set(claimed.due_ms)
+        await harness.settle()
+        assert await harness.raw("sealed-1") == {
+            "status": "scheduled", "attempts": "0", "due": str(claimed.due_ms)}
+        assert await harness.dead() == []
+        assert route.call_count == 0
+    finally:
+        await harness.dispatcher.stop(0.1)
+        await harness.sender.aclose()
+
+
+async def test_listers_checks_again_once_for_its_callers_and_not_while_stopping(
+        store: Store, fake_clock: FakeClock, redis: Redis) -> None:
+    """``listers`` with no snapshot checks once for every caller meanwhile; Redis away, it
+    answers none (the task fails as before); stopped, it no longer notes this process."""
+    await store.note_key_ids("host:1:new", ("k0",), fake_clock.now_ms(), stale_ms=30_000)
+    old = KeyListCheck(store, fake_clock, "host:2:old", ("k1",))
+    noted: list[str] = []
+    real = store.note_key_ids
+
+    async def counting(process: str, *args: object, **kwargs: object
+                       ) -> dict[str, tuple[str, ...]]:
+        noted.append(process)
+        return await real(process, *args, **kwargs)  # type: ignore[arg-type]
+
+    store.note_key_ids = counting  # type: ignore[method-assign]
+    assert await asyncio.gather(old.listers("k0"), old.listers("k0"), old.listers("k9")) == [
+        ["host:1:new"], ["host:1:new"], []]
+    assert noted == ["host:2:old"]
+    await old.listers("k0")  # fresh: no check
+    assert noted == ["host:2:old"]
+
+    away = KeyListCheck(_Unreachable(), fake_clock, "host:3:b", ("k1",))  # type: ignore[arg-type]
+    assert await asyncio.wait_for(away.listers("k0"), 2) == []
+
+    fake_clock.advance(3 * INTERVAL_MS + 1)
+    old.start()
+    await old.stop()
+    noted.clear()
+    assert await old.listers("k0") == []
+    assert noted == []
+    assert b"host:2:old" not in await redis.hkeys(store.keys.key_ids)

@@ -120,7 +120,7 @@ class Wheel:
                                 tokens=tokens, flow_local_cap=settings.flow_local_waiting,
                                 tracing=Tracing.from_env(),
                                 log_deliveries=settings.log_deliveries,
-                                key_listers=key_lists.listing)
+                                key_listers=key_lists.listers)
         ticker = Ticker(store, clock, dispatcher, metrics,
                         tick_ms=int(settings.tick_seconds * 1000),
                         claim_batch=settings.claim_batch,

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 10.0
 STALE_INTERVALS = 3  # a process that has not noted its keys for this long counts no more
 FORGET_TIMEOUT_S = 0.5  # at stop: the longest a silent Redis may hold up a shutdown here
+# ``listers`` with no snapshot, or a stale one: the longest it waits for a check of its own.
+REFRESH_TIMEOUT_S = 1.0
 DOCS = 'docs/security.md, "What a skipped step costs"'
 
 
@@ -82,6 +84,7 @@ class KeyListCheck:
         # The other live processes' key ids at the last check that Redis answered, and when.
         self._others: dict[str, tuple[str, ...]] = {}
         self._checked_ms: int | None = None
+        self._refreshing: asyncio.Task[list[Mismatch]] | None = None  # listers' own check
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -100,10 +103,29 @@ class KeyListCheck:
     def listing(self, key_id: str) -> list[str]:
         """The other live processes that list ``key_id``, as the last check saw them: none
         before the first, or when it is older than a process stays live (Redis away since)."""
-        if (self._checked_ms is None
-                or self._clock.now_ms() - self._checked_ms > self._stale_ms):
+        if not self._fresh():
             return []
         return [process for process, ids in self._others.items() if key_id in ids]
+
+    async def listers(self, key_id: str) -> list[str]:
+        """``listing``, checked again first when the snapshot is missing or stale: after
+        Redis was away for longer than a process stays live, or before the first check, the
+        ticker claims at once (its backoff is MAX_BACKOFF_SECONDS at most) while the next check
+        may be an interval away, and a task a live process could send would be failed for good
+        meanwhile. One check at a time, shared by every caller, REFRESH_TIMEOUT_S at most;
+        none while stopping (this process's entry is forgotten then)."""
+        if not self._fresh() and not self._stopping.is_set():
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.create_task(self.check(),
+                                                       name="timewheel-key-lists-refresh")
+                self._refreshing.add_done_callback(_retrieved)
+            with contextlib.suppress(Exception):  # as the snapshot left it: none live
+                await asyncio.wait_for(asyncio.shield(self._refreshing), REFRESH_TIMEOUT_S)
+        return self.listing(key_id)
+
+    def _fresh(self) -> bool:
+        return (self._checked_ms is not None
+                and self._clock.now_ms() - self._checked_ms <= self._stale_ms)
 
     @property
     def _stale_ms(self) -> int:
@@ -120,6 +142,10 @@ class KeyListCheck:
         every step-0 process gone within the last 30 s). Neither waits long for a silent
         Redis: a shutdown must stay quick."""
         self._stopping.set()
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.wait([self._refreshing])
+            self._refreshing = None
         if self._task is None:
             return
         self._task.cancel()
@@ -143,6 +169,12 @@ class KeyListCheck:
                                 "works", type(exc).__name__, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.interval_s)
+
+
+def _retrieved(task: asyncio.Task[list[Mismatch]]) -> None:
+    """A check of ``listers`` that failed: what it waited for says so (a debug log)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("key ids not compared: %s", task.exception())
 
 
 def _away(exc: BaseException) -> bool:
