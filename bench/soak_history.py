@@ -76,7 +76,7 @@ def _lines(path: Path) -> Iterator[Event]:
                 continue
 
 
-# timewheel/engine/dispatcher.py ``LastCheck.written``: its message, in either log format.
+# timewheel/engine/last_check.py ``LastCheck.written``: its message, in either log format.
 # Only a write whose last check said yes by the send-by: one with no such check is a bug.
 _LATE_WRITE = re.compile(r"callback (\S+) attempt=(\d+) written (\d+) ms after its send-by; "
                          r"its last check, \d+ ms before the send-by, said yes")

@@ -686,7 +686,7 @@ async def test_a_request_written_after_its_send_by_is_logged(
         wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
         [attempt] = wheel.dispatcher._lifecycle.live
         senders[0].pause_ms = attempt.send_by_ms - DUE_MS + (1 if past_send_by else 0)
-        with caplog.at_level("WARNING", logger="timewheel.engine.dispatcher"):
+        with caplog.at_level("WARNING", logger="timewheel.engine.last_check"):
             wheel.clock.set(DUE_MS)
             await wheel.settle()
         assert router.calls.call_count == 1
