@@ -225,6 +225,16 @@ def router() -> Iterator[respx.MockRouter]:
         yield mock
 
 
+async def sealer_and_mine(redis: Redis) -> tuple[Store, Store]:
+    """A process that seals under k0, and this one, which lists only k1."""
+    sealer = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                   cipher=Cipher([K0]))
+    await sealer.init()
+    mine = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
+                 cipher=Cipher([K1]))
+    return sealer, mine
+
+
 @pytest.mark.parametrize("listers", [["host:1:new"], []])
 async def test_a_task_sealed_under_a_key_this_process_lacks_is_handed_back_while_another_lists_it(
         redis: Redis, fake_clock: FakeClock, router: respx.MockRouter,
@@ -234,11 +244,7 @@ async def test_a_task_sealed_under_a_key_this_process_lacks_is_handed_back_while
     uncounted before its due time, for that one to claim; with none, it fails for good here,
     unsent, as before (tests/test_encryption.py)."""
     route = router.post(URL).respond(200)
-    sealer = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
-                   cipher=Cipher([K0]))
-    await sealer.init()
-    mine = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
-                 cipher=Cipher([K1]))
+    sealer, mine = await sealer_and_mine(redis)
     asked: list[str] = []
 
     async def key_listers(key_id: str) -> list[str]:
@@ -290,11 +296,7 @@ async def test_a_stale_or_missing_snapshot_is_checked_again_before_a_task_is_fai
     its next interval (10 s). Meanwhile the snapshot says no process lists k0, although the
     one that does runs and noted it. The task is handed back to that one, not failed for good."""
     route = router.post(URL).respond(200)
-    sealer = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
-                   cipher=Cipher([K0]))
-    await sealer.init()
-    mine = Store(redis, "tw", retention_ms=86_400_000, lease_margin_ms=5000,
-                 cipher=Cipher([K1]))
+    sealer, mine = await sealer_and_mine(redis)
     old = KeyListCheck(mine, fake_clock, "host:2:old", ("k1",))
     if checked_before_ms is not None:
         await sealer.note_key_ids("host:1:new", ("k0",), fake_clock.now_ms(), stale_ms=30_000)
