@@ -30,6 +30,7 @@ from timewheel.clock import Clock
 from timewheel.domain import FINISHED
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
+from timewheel.loops import stop_loop
 from timewheel.store import ScheduleReply, Store
 from timewheel.store.batch import schedule_many
 from timewheel.store.record import NewTask
@@ -312,10 +313,11 @@ class Materializer:
         self._task = asyncio.create_task(self.run(), name="timewheel-materializer")
 
     async def stop(self) -> None:
+        """Stop after the pass under way, or cancel it (and what ``materialize_soon`` started)
+        if Redis holds it up (timewheel/loops.py)."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
 
     async def run(self) -> None:
         """Tick every ``tick_ms`` until ``stop()``; errors are logged and the loop goes on.
@@ -324,6 +326,10 @@ class Materializer:
         listening, self._schedules.next_soon = self._schedules.next_soon, self.materialize_soon
         try:
             await self._run()
+        except asyncio.CancelledError:  # stop() waited long enough: theirs go too
+            for task in self._soon_tasks:
+                task.cancel()
+            raise
         finally:
             self._schedules.next_soon = listening
             await asyncio.gather(*self._soon_tasks, return_exceptions=True)

@@ -16,6 +16,7 @@ import logging
 
 from timewheel.clock import Clock
 from timewheel.errors import StoreUnavailable
+from timewheel.loops import stop_loop
 from timewheel.store.publish import Publisher
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,11 @@ class PublishSweeper:
         self._task = asyncio.create_task(self.run(), name="timewheel-publish-sweeper")
 
     async def stop(self) -> None:
+        """Stop after the sweep under way, or cancel it if Redis holds it up
+        (timewheel/loops.py)."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
 
     async def run(self) -> None:
         """Sweep every ``period_ms`` until ``stop()``; errors are logged and the loop goes on."""

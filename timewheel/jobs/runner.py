@@ -28,6 +28,7 @@ from timewheel.clock import Clock
 from timewheel.domain import TaskStatus
 from timewheel.errors import RedisFull, StoreUnavailable
 from timewheel.jobs.sources import acting, sources, start_of, task_filter
+from timewheel.loops import stop_loop
 from timewheel.store.job_store import JobRecord, JobStore, Position, TaskFilter
 from timewheel.store.listing import Source
 from timewheel.store.replies import JobStepReply
@@ -74,12 +75,12 @@ class JobRunner:
         self._task = asyncio.create_task(self.run(), name="timewheel-jobs")
 
     async def stop(self) -> None:
-        """Stop between two steps; the job's lease expires and another process carries it on
-        (each step is atomic, so stopping never leaves half a step)."""
+        """Stop between two steps, or cancel the step under way if Redis holds it up
+        (timewheel/loops.py); the job's lease expires and another process carries it on (each
+        step is atomic, so stopping never leaves half a step)."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
+        await stop_loop(self._task)
+        self._task = None
 
     async def run(self) -> None:
         failing = False
