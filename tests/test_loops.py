@@ -6,16 +6,22 @@ before, its stop waited for the client's socket timeout, once or twice."""
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from tests.conftest import START_MS
+from tests.support.partition_proxy import forwarding
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 from timewheel.clock import FakeClock
 from timewheel.engine.materializer import Materializer
 from timewheel.engine.publish_sweeper import PublishSweeper
 from timewheel.jobs.runner import JobRunner
-from timewheel.loops import stop_loop
+from timewheel.loops import STOP_WAIT_S, stop_loop
+from timewheel.service import Wheel
+from timewheel.settings import Settings
 
 # Only a hang guard: a stop that waited on the silent Redis would never return.
 GUARD_S = 10
@@ -79,3 +85,29 @@ async def test_the_publish_sweeper_stops_while_its_sweep_waits_on_redis() -> Non
     await wait_until(lambda: sweeper._task is not None, "the sweeper's task")
     await asyncio.sleep(0.01)
     await asyncio.wait_for(sweeper.stop(), GUARD_S)
+
+
+async def test_the_wheel_stops_its_ticker_while_a_pass_waits_on_a_silent_redis(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """The ticker is a loop too: cut off from Redis, its pass waits on one call after another
+    (the clock's TIME, the flows' poll), the client's socket timeout each. Its stop is
+    bounded like the others', so the dispatcher's stop begins within about a second."""
+    with forwarding(redis_server.port) as proxy:
+        settings = Settings(redis_url=proxy.url, allow_private_networks=True, data_dir=tmp_path,
+                            key_prefix="tw-loops-silent", tick_seconds=0.2)
+        wheel = await Wheel.open(settings)
+        wheel.start_ticker()
+        await wait_until(lambda: wheel.store.ready, "the wheel's store")
+        await asyncio.sleep(0.5)  # a few passes while Redis answers
+        await asyncio.to_thread(proxy.partition)
+        await asyncio.sleep(0.5)  # the next pass began and waits on Redis (5 s socket timeout)
+        began, dispatcher_stop = time.monotonic(), wheel.dispatcher.stop
+        reached: list[float] = []
+
+        async def stop_dispatcher(grace_seconds: float) -> None:
+            reached.append(time.monotonic() - began)
+            await dispatcher_stop(grace_seconds)
+
+        wheel.dispatcher.stop = stop_dispatcher  # type: ignore[method-assign]
+        await asyncio.wait_for(wheel.close(), GUARD_S)
+        assert reached and reached[0] < STOP_WAIT_S + 1.0, reached

@@ -26,6 +26,7 @@ from timewheel.engine.tick_phase import TickPhases
 from timewheel.engine.ticker import Ticker, claim_tokens
 from timewheel.errors import StoreUnavailable, WheelMismatch
 from timewheel.jobs.runner import JobRunner
+from timewheel.loops import stop_loop
 from timewheel.metrics import Metrics
 from timewheel.operations.flows import FlowOperations
 from timewheel.operations.jobs import JobOperations
@@ -192,9 +193,12 @@ class Wheel:
             await asyncio.to_thread(self.embedded.stop)
 
     async def _stop_ticker(self) -> None:
+        """Like the other loops (timewheel/loops.py): its claims are bounded (CLAIM_WAIT_S,
+        engine/ticker.py), but the rest of a pass is not (the clock's TIME, the flows' poll,
+        the tick's note: a socket timeout each, 9 s cut off from Redis). A claim cancelled
+        unanswered is what a claim left to finish on its own becomes at the ticker's end."""
         self.ticker.stop()
-        if self._ticker_task is not None:
-            await self._ticker_task  # its claims wait CLAIM_WAIT_S at most (engine/ticker.py)
+        await stop_loop(self._ticker_task)
 
 
 async def _report_spread(redis: RedisCluster, store: Store) -> None:
