@@ -55,6 +55,16 @@ async def test_a_step_held_up_past_the_wait_is_cancelled() -> None:
     assert task.cancelled()
 
 
+async def test_a_stop_that_is_cancelled_cancels_its_loop() -> None:
+    loop_task = asyncio.create_task(never_answers())
+    stopping = asyncio.create_task(stop_loop(loop_task, wait_s=GUARD_S))
+    await asyncio.sleep(0.01)
+    stopping.cancel()
+    await asyncio.wait([stopping])
+    await asyncio.wait_for(asyncio.wait([loop_task]), GUARD_S)
+    assert loop_task.cancelled()
+
+
 async def test_the_materializer_stops_while_its_pass_and_a_soon_pass_wait_on_redis() -> None:
     clock = FakeClock(START_MS)
     schedules = SimpleNamespace(next_soon=None, mark_pass=never_answers, due=never_answers)

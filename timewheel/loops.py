@@ -16,10 +16,15 @@ STOP_WAIT_S = 1.0
 
 
 async def stop_loop(task: asyncio.Task[None] | None, wait_s: float = STOP_WAIT_S) -> None:
-    """Wait up to ``wait_s`` for a loop told to stop, then cancel it and wait for it."""
+    """Wait up to ``wait_s`` for a loop told to stop, then cancel it and wait for it. A stop
+    cancelled meanwhile cancels the loop too, as awaiting it did."""
     if task is None:
         return
-    _, running = await asyncio.wait([task], timeout=wait_s)
+    try:
+        _, running = await asyncio.wait([task], timeout=wait_s)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     if running:
         task.cancel()
         await asyncio.wait([task])
