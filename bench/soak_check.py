@@ -477,7 +477,7 @@ def table(summary: dict[str, Any]) -> str:
         ("delivered, never written (phantom)", c["phantom"]),
         ("duplicates explained", c["duplicates_explained"]),
         ("duplicates UNEXPLAINED", c["duplicates_unexplained"]),
-        ("  of which occurrences fired twice", c["occurrences_fired_twice"]),
+        ("  of both, schedule occurrences", c["occurrences_fired_twice"]),
         ("delivered after DELETE 204", c["delivered_after_cancel"]),
         ("replaced version delivered after the PUT", c["delivered_superseded"]),
         ("delivered later than due + bound", c["late_beyond_bound"]),
