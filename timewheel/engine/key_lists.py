@@ -8,7 +8,7 @@ puts a new key first before every process lists it does just that, silently. So 
 notes its key ids in Redis every INTERVAL_S, reads the others', and logs an error, once per
 process and key id, for each live process whose list does not fit its own: one that seals with
 a key this process does not list, or one that does not list the key this process seals with.
-What a process claims stays as it was; the dispatcher asks ``listing`` which live processes
+What a process claims stays as it was; the dispatcher asks ``listers`` which live processes
 list a key id this process does not, and hands a task sealed under it back for them instead of
 failing it for good here.
 """
