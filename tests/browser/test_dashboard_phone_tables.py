@@ -97,6 +97,21 @@ def assert_table_roles(page: Any, selector: str) -> None:
         cdp.detach()
 
 
+def read_as(page: Any, selector: str) -> tuple[str, str | None]:
+    """What Chromium's accessibility tree gives a screen reader for the element `selector`:
+    its name and its description."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        root = cdp.send("DOM.getDocument", {"depth": 0})["root"]["nodeId"]
+        node_id = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+        node = cdp.send("DOM.describeNode", {"nodeId": node_id})["node"]
+        [ax, *_] = cdp.send("Accessibility.getPartialAXTree", {
+            "backendNodeId": node["backendNodeId"], "fetchRelatives": False})["nodes"]
+        return ax.get("name", {}).get("value", ""), ax.get("description", {}).get("value")
+    finally:
+        cdp.detach()
+
+
 def assert_reachable(page: Any, selector: str) -> None:
     """Every button, link and box in the table (if any) is within the screen's width."""
     width = page.viewport_size["width"]
@@ -147,8 +162,12 @@ def test_dead_letters_on_a_phone(page: Any, service: Service, api: httpx.Client,
     expect(page.locator(f'#dead-results tr[data-key="{key}"]')).to_contain_text("400")
     shot("phone-dead-letters")
     assert_phone_table(page, "#dead-results table", headings=["Key", "Select all"])
+    # Said once: a title on the box itself was read again as its description.
+    assert read_as(page, "#select-all") == ("Select all", None)
     assert_desktop_table(page, "#dead-results table")
     shot("desktop-dead-letters")
+    assert read_as(page, "#select-all") == ("Select all", None)
+    assert page.locator("label.select-all").get_attribute("title") == "Select all"  # on hover
 
 
 def test_schedules_on_a_phone(page: Any, service: Service, api: httpx.Client,

@@ -8,16 +8,18 @@ export function render(root) {
   const results = h("div", { id: "dead-results" });
   const replaySelected = needs("write", h("button", { type: "button", id: "replay-selected",
     disabled: true, onclick: () => replay([...selected]) }, "Replay selected"));
-  const selectAll = h("input", { type: "checkbox", id: "select-all", title: "select all",
+  const selectAll = h("input", { type: "checkbox", id: "select-all",
     onchange: () => {
       for (const task of rows) {
         if (selectAll.checked) selected.add(task.key); else selected.delete(task.key);
       }
       draw();
     } });
-  // Its name is shown only on a narrow screen, where the header row is out of sight but this.
-  const selectAllHeader = needs("write", h("label", { class: "select-all" }, selectAll,
-    h("span", { class: "stacked-only" }, "Select all")));
+  // Its name is shown only on a narrow screen, where the header row is out of sight but this;
+  // elsewhere the label's title says it on hover. (A title on the box itself would be read as
+  // its description, after the same name.)
+  const selectAllHeader = needs("write", h("label", { class: "select-all", title: "Select all" },
+    selectAll, h("span", { class: "stacked-only" }, "Select all")));
   root.append(
     h("h1", {}, "Dead letters"),
     h("p", { class: "muted" }, "Tasks that failed for good, newest first. Replay schedules " +
