@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
@@ -55,19 +56,34 @@ def epoch_ms_ceil(seconds: Decimal) -> int:
     return int((seconds * 1000).to_integral_value(rounding=ROUND_CEILING))
 
 
+# Below 2**41 s (the year 71,700) two doubles are less than 0.0005 apart, so a double is the
+# nearest one to at most one decimal of three places: the one its shortest repr spells.
+_FAST_FLOAT_BELOW = float(2**41)
+
+
 def parse_execute_at(value: str | int | float) -> int:
-    """``execute_at`` (RFC 3339 with offset, or Unix seconds) as epoch milliseconds."""
+    """``execute_at`` (RFC 3339 with offset, or Unix seconds) as epoch milliseconds, rounded up
+    from the decimal the request spelled (a float's shortest repr, what its JSON said).
+
+    Exact integer arithmetic on the common forms (a number with at most three decimals, any
+    date-time), where Decimal took ~3-4 us a number and ~11 us a date-time, and a created
+    task's execute_at is read up to four times: `python -m bench.batch --due execute-at` spent
+    0.82x the service CPU a task after this, `--due date-time` 0.63x (bench/README.md,
+    "Session 28"). Decimal stays for the rest; tests/test_execute_at.py checks every form
+    against a frozen copy of the Decimal code."""
     if isinstance(value, str):
-        if not _RFC3339.match(value):
-            raise ValueError("must be an RFC 3339 date-time with offset, e.g. "
-                             "2026-11-22T10:00:00Z, or Unix seconds as a number")
-        try:
-            moment = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ValueError(f"not a valid date-time: {exc}") from exc
-        whole = Decimal(int(moment.replace(microsecond=0).timestamp()))
-        fraction = re.search(r"\.(\d+)", value)
-        return epoch_ms_ceil(whole + (Decimal("0." + fraction.group(1)) if fraction else 0))
+        return _date_time_ms(value)
+    if type(value) is int:  # not bool, which Decimal refuses below
+        if value < 0:
+            raise ValueError("must be Unix epoch seconds >= 0")
+        return value * 1000
+    if type(value) is float and 0.0 <= value < _FAST_FLOAT_BELOW:
+        ms = round(value * 1000)
+        # True exactly when the value's shortest repr has at most three decimals (the double
+        # nearest to ms/1000 is the value): then that decimal is ms/1000, with nothing to
+        # round up. round() is exact here: value * 1000 is within 0.5 of ms.
+        if ms / 1000 == value:
+            return ms
     try:
         seconds = Decimal(str(value))
     except InvalidOperation as exc:  # pragma: no cover - StrictFloat excludes nan/inf
@@ -75,6 +91,32 @@ def parse_execute_at(value: str | int | float) -> int:
     if seconds < 0:
         raise ValueError("must be Unix epoch seconds >= 0")
     return epoch_ms_ceil(seconds)
+
+
+# A created task's execute_at is read up to four times (validation, the horizon check, its due
+# time, its fingerprint), each ~6 us for a date-time: remember the last few thousand.
+@functools.lru_cache(maxsize=4096)
+def _date_time_ms(value: str) -> int:
+    match = _RFC3339.match(value)
+    if not match:
+        raise ValueError("must be an RFC 3339 date-time with offset, e.g. "
+                         "2026-11-22T10:00:00Z, or Unix seconds as a number")
+    try:
+        moment = datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"not a valid date-time: {exc}") from exc
+    whole = int(moment.replace(microsecond=0).timestamp())
+    return whole * 1000 + _fraction_ms_ceil(match.group(1))
+
+
+def _fraction_ms_ceil(fraction: str | None) -> int:
+    """``.d1d2d3...`` (the regex's fraction group) as milliseconds, rounded up."""
+    if fraction is None:
+        return 0
+    digits = fraction[1:]
+    if len(digits) <= 3:
+        return int(digits.ljust(3, "0"))
+    return int(digits[:3]) + (digits[3:].strip("0") != "")
 
 
 def _parses_as_execute_at(value: str | float) -> str | float:
