@@ -55,11 +55,27 @@ from bench.service import CpuMeter, Service, check_service_importable, start_ser
 HOOK = "http://127.0.0.1:9/hook"  # never called: every task is due in an hour
 
 
-def batch_bodies(run_id: str, prefix: str, count: int, size: int) -> list[bytes]:
+def due_field(due: str, n: int, now: float) -> dict[str, Any]:
+    """When the n-th task is due, an hour from now, in the form ``--due`` names: ``delay``
+    (seconds), ``execute-at`` (Unix seconds with milliseconds, what most clients send) or
+    ``date-time`` (RFC 3339 with milliseconds)."""
+    if due == "delay":
+        return {"delay": 3600}
+    at = round(now + 3600 + n / 1000, 3)
+    if due == "execute-at":
+        return {"execute_at": at}
+    moment = dt.datetime.fromtimestamp(at, dt.UTC)
+    return {"execute_at": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+
+
+def batch_bodies(run_id: str, prefix: str, count: int, size: int, due: str = "delay"
+                 ) -> list[bytes]:
     """``count`` request bodies of ``size`` tasks each, encoded before the clock starts."""
     bodies = []
+    now = time.time()
     for b in range(count):
-        tasks = [{"key": f"{prefix}-{run_id}-{b}-{i}", "callback_url": HOOK, "delay": 3600,
+        tasks = [{"key": f"{prefix}-{run_id}-{b}-{i}", "callback_url": HOOK,
+                  **due_field(due, b * size + i, now),
                   "body": {"order": b * size + i, "note": "batch bench"},
                   "headers": {"X-Bench": run_id}} for i in range(size)]
         bodies.append(json.dumps({"tasks": tasks}).encode())
@@ -115,8 +131,8 @@ async def _main(args: argparse.Namespace, svc: Service, run_id: str) -> dict[str
         pids = svc.pids()
         print(f"service : {svc.base} up in {started:.1f} s; processes {', '.join(pids)}")
         count = -(-args.tasks // args.batch)
-        warm = batch_bodies(run_id, "warm", args.warmup, args.batch)
-        bodies = batch_bodies(run_id, "t", count, args.batch)
+        warm = batch_bodies(run_id, "warm", args.warmup, args.batch, args.due)
+        bodies = batch_bodies(run_id, "t", count, args.batch, args.due)
         print(f"warm-up : {args.warmup} batch(es) of {args.batch}", flush=True)
         warmup = await send(session, svc.base, warm, args.concurrency, headers)
         await asyncio.sleep(args.pause)
@@ -190,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=1000, help="tasks per request (1-1000)")
     p.add_argument("--concurrency", type=int, default=2, help="requests in flight")
+    p.add_argument("--due", default="delay", choices=["delay", "execute-at", "date-time"],
+                   help="how each task says when it is due (an hour ahead): a delay, "
+                   "execute_at as Unix seconds, or as an RFC 3339 date-time")
     p.add_argument("--warmup", type=int, default=3, help="batches sent before measuring")
     p.add_argument("--pause", type=float, default=1.0, help="idle seconds after the warm-up")
     p.add_argument("--request-timeout", type=float, default=60.0)
