@@ -13,13 +13,15 @@ Redis (docs/design.md, "Recurring schedules"):
    forgotten; one whose schedule was paused or deleted is cancelled (or tombstoned).
 
 Occurrences are materialized ``ahead_ms`` (two ticks) before they are due: early enough for the
-ticker to claim them on time, late enough that a pause or delete stops them at once. After an
-outage (the due ``next`` is older than ``grace_ms``) only the latest missed occurrence fires.
+ticker to claim them on time, late enough that a pause or delete stops them at once. After every
+process was down (the due ``next`` is older than ``grace_ms``, and so is the last pass) only the
+latest missed occurrence fires; after an outage of Redis alone, every one fires, late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import OrderedDict
@@ -45,6 +47,7 @@ from timewheel.store.schedule_store import (
 log = logging.getLogger(__name__)
 
 MAX_OCCURRENCES_PER_RESERVATION = 32
+CATCH_UP_PER_PASS = 4  # occurrences of a schedule behind by more than grace, in one pass
 _SPEC_CACHE = 100_000
 
 
@@ -76,6 +79,10 @@ class Materializer:
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._passed_ms: int | None = None  # now_ms of this process's last whole pass
+        # This process's loop: since when it has run without a gap longer than grace, and
+        # when it last ran (_note_running).
+        self._running_since: int | None = None
+        self._running_at: int | None = None
         # materialize_soon: the buckets with a pass under way (True: once more after it).
         self._soon: dict[int, bool] = {}
         self._soon_tasks: set[asyncio.Task[None]] = set()
@@ -95,11 +102,9 @@ class Materializer:
         and Python overlap. Returns how many schedules were reserved."""
         buckets = self._store.keys.buckets
         share = max(1, self.max_per_tick // buckets)
-        # Whether the wheel was down: the previous pass of any process is older than grace.
-        # A slow pass or a Redis blip shorter than grace does not skip occurrences; a longer
-        # outage of Redis (or a full Redis, refusing the pass's mark) counts as the wheel down.
+        self._note_running(now_ms)
         previous = await self._schedules.mark_pass(now_ms)
-        was_down = previous is None or previous < now_ms - self.grace_ms
+        was_down = self._wheel_was_down(previous, now_ms)
 
         async def settle(bucket: int) -> None:
             left = share
@@ -118,6 +123,29 @@ class Materializer:
         # materialize_soon may pass a bucket as if it had not been.
         self._passed_ms = now_ms
         return sum(reserved)
+
+    def _note_running(self, now_ms: int) -> None:
+        """This process's loop is at ``now_ms``: a gap of more than grace since it last was
+        (the process stopped, stalled, or had not started) begins a new stretch of running."""
+        if self._running_at is None or now_ms - self._running_at > self.grace_ms:
+            self._running_since = now_ms
+        self._running_at = now_ms
+
+    def _wheel_was_down(self, previous: int | None, now_ms: int) -> bool:
+        """Whether every process was down since the previous pass (``previous``, any
+        process's; None: none in a day), so that only the latest missed occurrence fires
+        (docs/api.md). A previous pass within grace says the wheel was up. One older than grace
+        says no process reached Redis since: every process was down, or Redis was (away,
+        full, failing over on a cluster), or both. This process tells them apart for itself:
+        if it has been running since that pass, its loop tried every tick and Redis did not
+        answer, so not every process was down, and every occurrence fires, late (a pass
+        catches up CATCH_UP_PER_PASS of a schedule at a time). A process that
+        started or stalled since cannot tell, and judges the wheel down."""
+        if previous is None:
+            return True
+        if previous >= now_ms - self.grace_ms:
+            return False
+        return self._running_since is None or self._running_since > previous
 
     async def _bucket(self, bucket: int, now_ms: int, was_down: bool, budget: int) -> int:
         """Materialize the bucket's schedules due by ``now_ms + ahead_ms``, in batches, up to
@@ -204,7 +232,11 @@ class Materializer:
                 first = latest
         assert first is not None
         until = max(now_ms + self.ahead_ms, first)
-        occurrences = [first, *rec.between(first, until, MAX_OCCURRENCES_PER_RESERVATION - 1)]
+        # Behind by more than grace, after an outage of Redis alone (_wheel_was_down): a few
+        # at a time, so that making up a long outage costs a pass a few times its usual work.
+        most = (CATCH_UP_PER_PASS if first < now_ms - self.grace_ms
+                else MAX_OCCURRENCES_PER_RESERVATION)
+        occurrences = [first, *rec.between(first, until, most - 1)]
         return Reservation(due.id, due.version, due.next_raw,
                            rec.next_after(occurrences[-1]), tuple(occurrences))
 
@@ -324,6 +356,7 @@ class Materializer:
         Meanwhile materialize schedules put with an occurrence before the next pass
         (``materialize_soon``)."""
         listening, self._schedules.next_soon = self._schedules.next_soon, self.materialize_soon
+        heartbeat = asyncio.create_task(self._heartbeat(), name="timewheel-materializer-beat")
         try:
             await self._run()
         except asyncio.CancelledError:  # stop() waited long enough: theirs go too
@@ -331,8 +364,18 @@ class Materializer:
                 task.cancel()
             raise
         finally:
+            heartbeat.cancel()
             self._schedules.next_soon = listening
-            await asyncio.gather(*self._soon_tasks, return_exceptions=True)
+            await asyncio.gather(heartbeat, *self._soon_tasks, return_exceptions=True)
+
+    async def _heartbeat(self) -> None:
+        """Notes that this process runs (``_note_running``) a few times a tick, apart from the
+        passes: a pass that waits on a silent Redis (a master failing over: seconds) is this
+        process running, not stopped, and must not make it judge the wheel down."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):  # the clock not read from Redis yet
+                self._note_running(self._clock.now_ms())
+            await asyncio.sleep(self.tick_ms / 4000)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
