@@ -153,9 +153,36 @@ def serve(settings: Settings, host: str, port: int) -> None:
     _tune_gc()
     # log_config=None: uvicorn's own lines go through the handler configure_logging set up
     # (JSON lines when TIMEWHEEL_LOG_FORMAT=json) instead of its own plain-text handlers.
-    uvicorn.run(QuietRefusal(app), host=host, port=port, loop="uvloop", http="httptools",
-                log_config=None, log_level=settings.log_level.lower(), access_log=False,
-                timeout_graceful_shutdown=int(settings.batch_deadline_seconds) + 5)
+    config = uvicorn.Config(QuietRefusal(app), host=host, port=port, loop="uvloop",
+                            http="httptools", log_config=None,
+                            log_level=settings.log_level.lower(), access_log=False,
+                            timeout_graceful_shutdown=int(settings.batch_deadline_seconds) + 5)
+    server = _stopping_server(config, app)
+    server.run()
+    if not server.started:  # what uvicorn.run does after a start the app refused
+        sys.exit(STARTUP_FAILURE)
+
+
+STARTUP_FAILURE = 3  # uvicorn's exit status for a start that failed
+
+
+def _stopping_server(config: Any, app: Any) -> Any:
+    """uvicorn's server, but its shutdown stops the wheel's work at once (``Wheel.begin_stop``)
+    before it waits, up to the batch deadline + 5 s, for the API requests under way; the
+    lifespan's ``close`` after that waits for the same stop and closes the clients. Without it
+    the wheel went on claiming and sending while uvicorn waited, though docs/deploy.md
+    ("Stopping: the grace period") says "On SIGTERM a `timewheel serve` process stops
+    claiming", and the attempts it started late could outlast the grace period."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            wheel = getattr(app.state, "wheel", None)
+            if wheel is not None:
+                wheel.begin_stop()
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 class QuietRefusal:

@@ -75,6 +75,7 @@ class Wheel:
     job_runner: JobRunner = field(init=False, repr=False)
     key_lists: KeyListCheck = field(init=False, repr=False)
     _ticker_task: asyncio.Task[None] | None = field(default=None, repr=False)
+    _stop_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def open(cls, settings: Settings, *, clock: Clock | None = None,
@@ -174,10 +175,31 @@ class Wheel:
         self.job_runner.start()
         self.key_lists.start()
 
+    def begin_stop(self) -> asyncio.Task[None]:
+        """Stop claiming, hand back what has not started, let attempts in flight finish within
+        the batch deadline: at SIGTERM, while the API still answers the requests under way
+        (``timewheel.cli``). uvicorn runs the lifespan's ``close`` only once those are done, up
+        to the batch deadline + 5 s later; a wheel that kept ticking meanwhile claimed and sent
+        tasks after its SIGTERM, whose attempts could then outlast the grace period. The same
+        task for every call."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop_work(), name="timewheel-stop")
+        return self._stop_task
+
     async def close(self) -> None:
-        """Stop claiming, hand back or finish what is in flight, then close everything. The
-        loops stop together, each within about a second however silent Redis is
-        (timewheel/loops.py): one after another, each waiting on Redis, they took 11 s."""
+        """Stop claiming, hand back or finish what is in flight (``begin_stop``, if SIGTERM has
+        not already begun it), then close everything."""
+        await self.begin_stop()
+        await self.sender.aclose()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop)
+
+    async def _stop_work(self) -> None:
+        """The loops stop together, each within about a second however silent Redis is
+        (timewheel/loops.py): one after another, each waiting on Redis, they took 11 s. Then
+        the dispatcher hands back and finishes what it holds."""
         stops = [self.key_lists.stop(), self.job_runner.stop(), self.materializer.stop(),
                  self._stop_ticker()]
         if self.sweeper is not None:
@@ -186,11 +208,6 @@ class Wheel:
             if isinstance(failed, Exception):  # a bug: the shutdown goes on
                 log.error("a loop's stop failed", exc_info=failed)
         await self.dispatcher.stop(self.settings.batch_deadline_seconds)
-        await self.sender.aclose()
-        with contextlib.suppress(Exception):
-            await self.redis.aclose()
-        if self.embedded is not None:
-            await asyncio.to_thread(self.embedded.stop)
 
     async def _stop_ticker(self) -> None:
         """Like the other loops (timewheel/loops.py): its claims are bounded (CLAIM_WAIT_S,

@@ -8,6 +8,7 @@ attempts in flight, Redis killed and restarted from its append-only file.
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -356,6 +357,35 @@ def test_sigterm_exit_status_is_zero(start_service, receiver: ThreadedReceiver,
     code = service.stop(timeout=30)
     assert raw_task(redis_server_e2e, "bye-1")["status"] == "succeeded"
     assert code == 0, service.log()
+
+
+def test_sigterm_stops_claiming_while_an_api_request_is_still_open(
+        start_service, receiver: ThreadedReceiver, redis_server_e2e: RedisServer) -> None:
+    """docs/deploy.md: "On SIGTERM a `timewheel serve` process stops claiming". uvicorn first
+    waits for the API connections with a request under way (a slow upload, up to the batch
+    deadline + 5 s) and only then runs the lifespan's shutdown: a process that kept ticking
+    meanwhile claimed and sent tasks after its SIGTERM, and the attempts it started late could
+    run past the grace period (35 s of waiting + a 30 s deadline against docs/deploy.md's 45 s)."""
+    receiver.respond("/late", [200])
+    service = start_service(batch_deadline_seconds="10")
+    with service.client() as client:
+        # Due after the SIGTERM, beyond a tick's look-ahead: not claimed before it.
+        schedule(client, receiver.url("/late"), "late-1", delay=4)
+    upload = socket.create_connection(("127.0.0.1", service.port))
+    try:
+        body = b'{"key": "slow-upload", "callback_url": "http://127.0.0.1:9/x"}'
+        upload.sendall(b"POST /tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:10]))
+        time.sleep(0.3)  # the head is read: a request under way
+        service.signal(signal.SIGTERM)
+        time.sleep(6.5)  # past the task's due time, the upload still open
+        assert receiver.arrivals_for("/late") == [], "claimed and sent after its SIGTERM"
+    finally:
+        upload.close()
+    code = service.stop(timeout=60)
+    assert code == 0, service.log()
+    record = raw_task(redis_server_e2e, "late-1")
+    assert record["status"] == "scheduled" and "claim" not in record, record
 
 
 # -- Redis faults ----------------------------------------------------------------------------

@@ -71,6 +71,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         wheel = await Wheel.open(settings, clock=clock, sender=sender, metrics=metrics)
         if run_ticker:
             wheel.start_ticker()
+        app.state.wheel = wheel  # for the server's shutdown (timewheel.cli, ``_Server``)
         try:
             yield {"wheel": wheel}
         finally:
