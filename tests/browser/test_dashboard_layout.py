@@ -153,7 +153,7 @@ def test_a_21_character_key_on_a_phone_stays_on_one_line_by_its_cancel_button(
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     shot("phone-tasks-21-character-key-question")
     no.click()
-    page.set_viewport_size({"width": 768, "height": 844})  # a tablet: stacked too
+    page.set_viewport_size({"width": 768, "height": 844})  # a tablet: a table, Cancel on screen
     cancel = page.locator(f'#task-results tr[data-key="{keys[0]}"]').get_by_role(
         "button", name="Cancel")
     assert cancel.bounding_box()["x"] + cancel.bounding_box()["width"] <= 768

@@ -86,11 +86,12 @@ export function badge(status) {
   return h("span", { class: `badge badge-${status}` }, status);
 }
 
-// On a narrow screen (style.css) every table shows each row as a block, so nothing scrolls
-// sideways and every row's buttons are on the screen: its `title` cell (a key, a name) on top,
-// with the `aside` cell (a status badge) beside it and the `pick` cell (a selection box) before
-// it, then each other cell under it, named by its column (data-label), the buttons last. The
-// header row is then out of sight, but its `pick` cell ("Select all").
+// On a phone (style.css; a tablet keeps the table, in narrower columns) every table shows each
+// row as a block, so nothing scrolls sideways and every row's buttons are on the screen: its
+// `title` cell (a key, a name) on top, with the `aside` cell (a status badge) beside it and the
+// `pick` cell (a selection box) before it, then each other cell under it, named by its column
+// (data-label), the buttons last. The header row is then out of sight, but its `pick` cell
+// ("Select all").
 // CSS that changes the display of a table's elements has taken their table semantics away
 // (WebKit, older Chromium), so the table and its parts say their roles themselves: the same as
 // their elements' own, right at any width.
