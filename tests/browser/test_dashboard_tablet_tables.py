@@ -149,6 +149,13 @@ def test_every_table_on_a_768_px_tablet(page: Any, service: Service, api: httpx.
         assert_laid_out_as_a_table(page, selector)
         assert_controls_reachable(page, selector)
         assert_no_sideways_page_scroll(page)
+        if name == "flows":  # an open edit fits too
+            page.locator("#flow-results button.edit").first.click()
+            expect(page.locator("#flow-results .edit-parallelism")).to_be_visible()
+            shot("tablet-768-flows-editing")
+            assert_laid_out_as_a_table(page, selector)
+            assert_controls_reachable(page, selector)
+            page.locator("#flow-results tr.editing").get_by_role("button", name="Cancel").click()
     page.set_viewport_size({"width": 400, "height": 844})
     assert_stacked(page, "#topic-detail table:has(tr[data-publish])")
 
