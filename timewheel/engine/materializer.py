@@ -138,9 +138,9 @@ class Materializer:
         says no process reached Redis since: every process was down, or Redis was (away,
         full, failing over on a cluster), or both. This process tells them apart for itself:
         if it has been running since that pass, its loop tried every tick and Redis did not
-        answer, so not every process was down, and every occurrence fires, late (a pass
-        catches up CATCH_UP_PER_PASS of a schedule at a time). A process that
-        started or stalled since cannot tell, and judges the wheel down."""
+        answer, so not every process was down, and every occurrence fires, late (a pass makes
+        up CATCH_UP_PER_PASS of a schedule at a time). A process that started or stalled
+        since cannot tell, and judges the wheel down."""
         if previous is None:
             return True
         if previous >= now_ms - self.grace_ms:

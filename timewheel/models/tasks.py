@@ -68,7 +68,7 @@ def parse_execute_at(value: str | int | float) -> int:
     Exact integer arithmetic on the common forms (a number with at most three decimals, any
     date-time), where Decimal took ~3-4 us a number and ~11 us a date-time, and a created
     task's execute_at is read up to four times: `python -m bench.batch --due execute-at` spent
-    0.82x the service CPU a task after this, `--due date-time` 0.63x (bench/README.md,
+    0.83x the service CPU a task after this, `--due date-time` 0.63x (bench/README.md,
     "Session 28"). Decimal stays for the rest; tests/test_execute_at.py checks every form
     against a frozen copy of the Decimal code."""
     if isinstance(value, str):
