@@ -71,7 +71,7 @@ async def test_the_materializer_stops_while_its_pass_and_a_soon_pass_wait_on_red
     m = Materializer(silent_store(), schedules, clock, tick_ms=1000)  # type: ignore[arg-type]
     m.start()
     await asyncio.sleep(0.01)  # its pass waits on mark_pass
-    m._passed_ms = clock.now_ms()  # as after an earlier pass: a schedule put now is told
+    m.downtime.passed_ms = clock.now_ms()  # as after an earlier pass: a schedule put now is told
     m.materialize_soon(0, clock.now_ms() + 10)
     [soon] = [t for t in asyncio.all_tasks() if t.get_name() == "timewheel-materialize-soon"]
     await asyncio.wait_for(m.stop(), GUARD_S)

@@ -143,8 +143,12 @@ async def test_after_an_outage_only_the_latest_missed_occurrence_fires(store: St
     await put(schedules, "a", every=10)
     m = materializer(store)
     await m.tick(NOW + 9000)  # materializes NOW+10s
-    # Every process is down for a minute and a half.
-    await m.tick(NOW + 100_500)
+    # Every process is down for a minute and a half. The process that comes back cannot tell
+    # whether others ran meanwhile: it waits three ticks for one that can, then judges.
+    for second in range(3):
+        await m.tick(NOW + 100_500 + second * 1000)
+        assert await task_keys(redis) == [f"a.{NOW + 10_000}"] and m.skipped == 0
+    await m.tick(NOW + 103_500)
     assert await task_keys(redis) == [f"a.{NOW + 10_000}", f"a.{NOW + 100_000}"]
     assert m.skipped == 1
     await m.tick(NOW + 108_500)
@@ -181,10 +185,9 @@ async def test_an_outage_of_redis_alone_skips_nothing_for_a_process_that_ran_thr
         store: Store, redis: Redis) -> None:
     """Redis away for 8 s (stopped, full, a Redis Cluster master failing over) while the
     process runs: its loop tried every tick, so not every process was down, and every
-    occurrence fires once (docs/api.md), late, a few at a time (CATCH_UP_PER_PASS). A process
-    started during the outage cannot tell and skips to the latest missed one, as after the
-    wheel was down. Before, any outage longer than two ticks skipped: an outside audit saw a
-    cluster's failover skip occurrences of every schedule while both processes ran."""
+    occurrence fires once (docs/api.md), late, a few at a time (CATCH_UP_PER_PASS). Before,
+    any outage longer than two ticks skipped: an outside audit saw a cluster's failover skip
+    occurrences of every schedule while both processes ran."""
     schedules = schedules_of(store)
     await put(schedules, "a", every=1)
     await put(schedules, "b", every=1)
@@ -209,9 +212,62 @@ async def test_an_outage_of_redis_alone_skips_nothing_for_a_process_that_ran_thr
     # Made up four at a time, then two ticks ahead again.
     assert await task_keys(redis) == sorted(f"{i}.{NOW + s * 1000}" for i in "ab"
                                             for s in range(1, 14))
-    started = materializer(store, schedules)  # a process started while Redis was away
-    started._note_running(NOW + 8000)
-    assert started._wheel_was_down(NOW, NOW + 9000)
+
+
+async def test_a_process_started_while_redis_was_away_waits_for_one_that_ran_through(
+        store: Store, redis: Redis) -> None:
+    """A process started during an outage of Redis (a deploy during a failover) cannot tell
+    whether every process was down. Its pass comes first once Redis is back: it waits for a
+    process that ran through the outage, whose pass makes up every missed occurrence, and then
+    goes on as up. Before, it judged the wheel down at once and skipped what it reserved first
+    (occurrences a running process would have made up): the contract skips them only when
+    every process was down."""
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    away, mark, last = False, schedules.mark_pass, schedules.last_pass
+
+    async def mark_pass(now_ms: int) -> int | None:
+        if away:
+            raise StoreUnavailable("mark pass: ConnectionError: Connection refused")
+        return await mark(now_ms)
+
+    async def last_pass() -> int | None:
+        if away:
+            raise StoreUnavailable("read last pass: ConnectionError: Connection refused")
+        return await last()
+
+    schedules.mark_pass = mark_pass  # type: ignore[method-assign]
+    schedules.last_pass = last_pass  # type: ignore[method-assign]
+    running, started = materializer(store, schedules), materializer(store, schedules)
+    await running.tick(NOW)
+    away = True
+    for second in range(1, 9):
+        with pytest.raises(StoreUnavailable):
+            await running.tick(NOW + second * 1000)
+        if second >= 5:  # started while Redis was away
+            with pytest.raises(StoreUnavailable):
+                await started.tick(NOW + second * 1000 + 500)
+    away = False
+    await started.tick(NOW + 8600)  # first: it waits
+    assert await task_keys(redis) == [f"a.{NOW + 1000}", f"a.{NOW + 2000}"]
+    for second in range(9, 13):
+        await running.tick(NOW + second * 1000)
+        await started.tick(NOW + second * 1000 + 500)
+    assert running.skipped == 0 and started.skipped == 0
+    assert await task_keys(redis) == sorted(f"a.{NOW + s * 1000}" for s in range(1, 15))
+
+
+async def test_a_schedule_that_is_not_behind_fires_on_time_during_the_wait(
+        store: Store, redis: Redis) -> None:
+    """While a process waits for a witness (the wheel was away, it cannot tell why), the
+    schedules that are not behind are materialized as usual: no judgement touches them."""
+    schedules = schedules_of(store)
+    m = materializer(store)
+    await m.tick(NOW)
+    await put(schedules, "b", now=NOW + 60_000, every=1)  # put while every process was down
+    await m.tick(NOW + 60_500)  # waits
+    assert await task_keys(redis) == [f"b.{NOW + s * 1000}" for s in (61, 62)]
+    assert await schedules.last_pass() == NOW  # a waiting process marks nothing
 
 
 async def test_ten_thousand_schedules_are_bounded_per_tick(store: Store, redis: Redis) -> None:
@@ -376,7 +432,7 @@ async def test_an_occurrence_before_the_next_pass_is_materialized_as_the_schedul
     m = Materializer(store, schedules, clock, tick_ms=LONG_TICK)
     m.start()
     try:
-        await wait_until(lambda: m._passed_ms == NOW, "the first pass")
+        await wait_until(lambda: m.downtime.passed_ms == NOW, "the first pass")
         await put(schedules, "soon", every=1)
         await wait_until(lambda: has_task(redis, f"soon.{NOW + 1000}"), "the occurrence's task")
         await wait_until(lambda: soon_passes() == [], "that pass to end")
@@ -424,6 +480,9 @@ async def test_no_materializing_soon_during_the_pass_after_an_outage(store: Stor
     await put(schedules, "a", every=10)
     await m.tick(NOW + 9000)  # materializes NOW + 10 s
     clock.advance(91_500)  # every process down for a minute and a half
+    for _ in range(3):  # it waits for a process that can tell whether it was (none comes)
+        await m.tick(clock.now_ms())
+        clock.advance(1000)
     bucket = schedules.bucket_of("a")
     other = next(f"b{i}" for i in range(10_000) if schedules.bucket_of(f"b{i}") == bucket)
     reading, go_on = asyncio.Event(), asyncio.Event()

@@ -299,6 +299,9 @@ async def test_due_returns_live_running_schedules_up_to_until(redis: Redis) -> N
     reply = await run(redis, "sched_due", NOW + 1000, 10)
     assert reply == [4, b"a", b"3", str(NOW).encode(), b"b", b"9", str(NOW + 500).encode()]
     assert (await run(redis, "sched_due", NOW + 1000, 1))[0] == 1
+    # From a time on: what is behind it is left out (a process that waits for a witness).
+    reply = await run(redis, "sched_due", NOW + 1000, 10, NOW + 1)
+    assert reply == [1, b"b", b"9", str(NOW + 500).encode()]
     assert await dump(redis) == seeded
 
 

@@ -15,7 +15,8 @@ Redis (docs/design.md, "Recurring schedules"):
 Occurrences are materialized ``ahead_ms`` (two ticks) before they are due: early enough for the
 ticker to claim them on time, late enough that a pause or delete stops them at once. After every
 process was down (the due ``next`` is older than ``grace_ms``, and so is the last pass) only the
-latest missed occurrence fires; after an outage of Redis alone, every one fires, late.
+latest missed occurrence fires; after an outage of Redis alone, every one fires, late
+(timewheel/engine/downtime.py tells them apart).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from timewheel.clock import Clock
 from timewheel.domain import FINISHED
+from timewheel.engine.downtime import Downtime
 from timewheel.engine.occurrences import Recurrence
 from timewheel.errors import StoreUnavailable
 from timewheel.loops import stop_loop
@@ -67,9 +69,8 @@ class Materializer:
         self._clock = clock
         self.tick_ms = tick_ms
         self.ahead_ms = 2 * tick_ms  # the ticker claims one tick (plus a margin) ahead
-        # A due next older than this, with no pass of any process for as long, means every
-        # process was down: only the latest missed occurrence fires.
-        self.grace_ms = 2 * tick_ms
+        self.downtime = Downtime(schedules, tick_ms=tick_ms)
+        self.grace_ms = self.downtime.grace_ms
         self.lease_ms = 2 * tick_ms  # a reservation not settled by then is created again
         self.settle_ms = settle_ms
         self.recheck_ms = recheck_ms
@@ -78,11 +79,6 @@ class Materializer:
         self._specs: OrderedDict[tuple[str, str], _Spec] = OrderedDict()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._passed_ms: int | None = None  # now_ms of this process's last whole pass
-        # This process's loop: since when it has run without a gap longer than grace, and
-        # when it last ran (_note_running).
-        self._running_since: int | None = None
-        self._running_at: int | None = None
         # materialize_soon: the buckets with a pass under way (True: once more after it).
         self._soon: dict[int, bool] = {}
         self._soon_tasks: set[asyncio.Task[None]] = set()
@@ -102,9 +98,10 @@ class Materializer:
         and Python overlap. Returns how many schedules were reserved."""
         buckets = self._store.keys.buckets
         share = max(1, self.max_per_tick // buckets)
-        self._note_running(now_ms)
-        previous = await self._schedules.mark_pass(now_ms)
-        was_down = self._wheel_was_down(previous, now_ms)
+        self.downtime.note_running(now_ms)
+        was_down = await self.downtime.judge(now_ms)
+        # Waiting for a witness: only what is not behind, which no judgement touches.
+        since = now_ms - self.grace_ms if was_down is None else None
 
         async def settle(bucket: int) -> None:
             left = share
@@ -116,44 +113,24 @@ class Materializer:
                 if not full or not items:
                     break
 
-        reserved = await asyncio.gather(*(self._bucket(b, now_ms, was_down, share)
+        reserved = await asyncio.gather(*(self._bucket(b, now_ms, bool(was_down), share, since)
                                           for b in range(buckets)))
         await asyncio.gather(*(settle(b) for b in range(buckets)))
         # Only now: a pass that judged the wheel down must have skipped what it skips before
         # materialize_soon may pass a bucket as if it had not been.
-        self._passed_ms = now_ms
+        if was_down is not None:
+            self.downtime.passed_ms = now_ms
         return sum(reserved)
 
-    def _note_running(self, now_ms: int) -> None:
-        """This process's loop is at ``now_ms``: a gap of more than grace since it last was
-        (the process stopped, stalled, or had not started) begins a new stretch of running."""
-        if self._running_at is None or now_ms - self._running_at > self.grace_ms:
-            self._running_since = now_ms
-        self._running_at = now_ms
-
-    def _wheel_was_down(self, previous: int | None, now_ms: int) -> bool:
-        """Whether every process was down since the previous pass (``previous``, any
-        process's; None: none in a day), so that only the latest missed occurrence fires
-        (docs/api.md). A previous pass within grace says the wheel was up. One older than grace
-        says no process reached Redis since: every process was down, or Redis was (away,
-        full, failing over on a cluster), or both. This process tells them apart for itself:
-        if it has been running since that pass, its loop tried every tick and Redis did not
-        answer, so not every process was down, and every occurrence fires, late (a pass makes
-        up CATCH_UP_PER_PASS of a schedule at a time). A process that started or stalled
-        since cannot tell, and judges the wheel down."""
-        if previous is None:
-            return True
-        if previous >= now_ms - self.grace_ms:
-            return False
-        return self._running_since is None or self._running_since > previous
-
-    async def _bucket(self, bucket: int, now_ms: int, was_down: bool, budget: int) -> int:
-        """Materialize the bucket's schedules due by ``now_ms + ahead_ms``, in batches, up to
-        ``budget`` of them; how many were reserved."""
+    async def _bucket(self, bucket: int, now_ms: int, was_down: bool, budget: int,
+                      since_ms: int | None = None) -> int:
+        """Materialize the bucket's schedules due by ``now_ms + ahead_ms`` (and from
+        ``since_ms``, when given), in batches, up to ``budget`` of them; how many were
+        reserved."""
         made, left = 0, budget
         while left > 0:
             full, due = await self._schedules.due(bucket, until_ms=now_ms + self.ahead_ms,
-                                                  limit=min(self.batch, left))
+                                                  limit=min(self.batch, left), from_ms=since_ms)
             left -= len(due)
             made += await self._materialize(bucket, due, now_ms, was_down)
             if not full or not due:
@@ -167,13 +144,14 @@ class Materializer:
         to a tick after it is due. Only after a pass of this process within ``grace_ms``
         (none yet: the wheel may have been down, which only a pass may judge) and one bucket
         pass at a time (asked again meanwhile: once more after it)."""
-        if self._stopping.is_set() or self._passed_ms is None:
+        passed_ms = self.downtime.passed_ms
+        if self._stopping.is_set() or passed_ms is None:
             return
         try:
             now_ms = self._clock.now_ms()
         except Exception:  # never raise into the write that told it: leave it to a pass
             return
-        if next_ms >= now_ms + self.tick_ms or self._passed_ms < now_ms - self.grace_ms:
+        if next_ms >= now_ms + self.tick_ms or passed_ms < now_ms - self.grace_ms:
             return
         if bucket in self._soon:
             self._soon[bucket] = True
@@ -232,7 +210,7 @@ class Materializer:
                 first = latest
         assert first is not None
         until = max(now_ms + self.ahead_ms, first)
-        # Behind by more than grace, after an outage of Redis alone (_wheel_was_down): a few
+        # Behind by more than grace, after an outage of Redis alone (engine/downtime.py): a few
         # at a time, so that making up a long outage costs a pass a few times its usual work.
         most = (CATCH_UP_PER_PASS if first < now_ms - self.grace_ms
                 else MAX_OCCURRENCES_PER_RESERVATION)
@@ -369,12 +347,12 @@ class Materializer:
             await asyncio.gather(heartbeat, *self._soon_tasks, return_exceptions=True)
 
     async def _heartbeat(self) -> None:
-        """Notes that this process runs (``_note_running``) a few times a tick, apart from the
-        passes: a pass that waits on a silent Redis (a master failing over: seconds) is this
-        process running, not stopped, and must not make it judge the wheel down."""
+        """Notes that this process runs (``Downtime.note_running``) a few times a tick, apart
+        from the passes: a pass that waits on a silent Redis (a master failing over: seconds)
+        is this process running, not stopped, and must not make it judge the wheel down."""
         while True:
             with contextlib.suppress(StoreUnavailable):  # the clock not read from Redis yet
-                self._note_running(self._clock.now_ms())
+                self.downtime.note_running(self._clock.now_ms())
             await asyncio.sleep(self.tick_ms / 4000)
 
     async def _run(self) -> None:

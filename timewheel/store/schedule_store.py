@@ -155,6 +155,13 @@ class ScheduleStore:
     def buckets(self) -> int:
         return self.store.keys.buckets
 
+    async def last_pass(self) -> int | None:
+        """The time of the last materializer pass (any process's), or None; ``mark_pass``
+        without the mark."""
+        async with redis_errors("read last pass"):
+            last: Any = await self.redis.get(f"{self.store.keys.key_prefix}:sched:pass")
+        return int(last) if last is not None else None
+
     async def mark_pass(self, now_ms: int) -> int | None:
         """Record a materializer pass at ``now_ms``; returns the previous pass's time (any
         process's), or None. The key expires a day after the last pass."""
@@ -338,9 +345,12 @@ class ScheduleStore:
         if members:
             await self._run("sched_drop", bucket, members)
 
-    async def due(self, bucket: int, *, until_ms: int, limit: int) -> tuple[bool, list[Due]]:
-        """(full, schedules due by ``until_ms``): call again while full (after reserving)."""
-        reply = await self._run("sched_due", bucket, [until_ms, limit])
+    async def due(self, bucket: int, *, until_ms: int, limit: int, from_ms: int | None = None
+                  ) -> tuple[bool, list[Due]]:
+        """(full, schedules due by ``until_ms``, and from ``from_ms`` when given): call again
+        while full (after reserving)."""
+        args = [until_ms, limit] if from_ms is None else [until_ms, limit, from_ms]
+        reply = await self._run("sched_due", bucket, args)
         rows = reply[1:]
         found = [Due(rows[i].decode(), rows[i + 1].decode(), rows[i + 2].decode())
                  for i in range(0, len(rows), 3)]
