@@ -128,13 +128,16 @@ async def test_metrics_are_served_while_redis_is_down(own_redis: RedisServer,
                                                       tmp_path: Path) -> None:
     """An outage is when an operator needs the process's metrics: /metrics answers 200 with
     `timewheel_redis_up 0` and the failing ticks counted; the per-flow series, which need
-    Redis, are left out rather than shown stale; they come back with Redis."""
+    Redis, are left out rather than shown stale, and Redis's memory ratio is NaN (it kept its
+    last value, so an alert on it went on firing, or stayed quiet, through an outage); they
+    come back with Redis."""
     app = create_app(make_settings(own_redis, tmp_path), run_ticker=True)
     async with running_app(app) as client:
         assert (await client.put("/flows/tenant-1", json={"parallelism": 5})).status_code == 200
         text = (await client.get("/metrics")).text
         assert "timewheel_redis_up 1.0" in text
         assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text
+        assert "timewheel_redis_memory_used_ratio 0.0" in text
 
         await asyncio.to_thread(own_redis.stop)
 
@@ -146,12 +149,14 @@ async def test_metrics_are_served_while_redis_is_down(own_redis: RedisServer,
         assert r.status_code == 200, r.text
         assert "timewheel_redis_up 0.0" in r.text
         assert 'flow="' not in r.text
+        assert "timewheel_redis_memory_used_ratio NaN" in r.text
 
         await asyncio.to_thread(own_redis.start)
         await poll(client, "GET", "/healthz", 200)
         text = (await client.get("/metrics")).text
         assert "timewheel_redis_up 1.0" in text
         assert 'timewheel_flow_in_flight{flow="tenant-1"} 0.0' in text
+        assert "timewheel_redis_memory_used_ratio 0.0" in text
 
 
 async def test_a_cluster_that_cannot_be_reached_is_503_not_a_crash(tmp_path: Path) -> None:

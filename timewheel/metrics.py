@@ -57,8 +57,9 @@ class Metrics:
                               "(the per-flow series are then left out)", registry=r)
         self.redis_memory = Gauge("timewheel_redis_memory_used_ratio",
                                   "used_memory / maxmemory of the fullest Redis primary at "
-                                  "this scrape (0: no maxmemory set); at 1 Redis refuses "
-                                  "writes and no callback is sent", registry=r)
+                                  "this scrape (0: no maxmemory set; NaN: Redis did not "
+                                  "answer); at 1 Redis refuses writes and no callback is "
+                                  "sent", registry=r)
         self.ticks = Counter("timewheel_ticks", "Ticker passes", registry=r)
         self.tick_errors = Counter("timewheel_tick_errors", "Ticker passes that failed",
                                    registry=r)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -48,6 +49,7 @@ async def metrics(wheel: WheelDep) -> Response:
     except (StoreUnavailable, TimeoutError):
         wheel.metrics.redis_up.set(0)
         flows.drop_gauges(wheel)  # unknown now: better absent than stale
+        wheel.metrics.redis_memory.set(math.nan)  # no labels to drop it by: NaN, "unknown"
     else:
         wheel.metrics.redis_up.set(1)
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)
