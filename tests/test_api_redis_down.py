@@ -159,6 +159,30 @@ async def test_metrics_are_served_while_redis_is_down(own_redis: RedisServer,
         assert "timewheel_redis_memory_used_ratio 0.0" in text
 
 
+async def test_metrics_are_served_by_a_process_started_while_redis_is_down(
+        own_redis: RedisServer, tmp_path: Path) -> None:
+    """README, Operations: /metrics "answers while Redis is away too". A process started
+    during an outage answered 503 until Redis first answered (its wheel was taken through
+    WheelDep, which waits for that first read), so a scrape showed nothing of it, not even
+    `timewheel_redis_up 0`. Now 200 with `timewheel_redis_up 0`, then 1 once Redis is back."""
+    await asyncio.to_thread(own_redis.stop)
+    app = create_app(make_settings(own_redis, tmp_path), run_ticker=True)
+    async with running_app(app) as client:
+        r = await client.get("/metrics")
+        assert r.status_code == 200, r.text
+        assert "timewheel_redis_up 0.0" in r.text
+        assert "timewheel_tick_errors_total" in r.text
+
+        await asyncio.to_thread(own_redis.start)
+
+        async def redis_up() -> bool:
+            r = await client.get("/metrics")
+            assert r.status_code == 200, r.text
+            return "timewheel_redis_up 1.0" in r.text
+
+        await wait_until(redis_up, "timewheel_redis_up 1 once Redis is back", RECOVERY_SECONDS)
+
+
 async def test_a_cluster_that_cannot_be_reached_is_503_not_a_crash(tmp_path: Path) -> None:
     """TIMEWHEEL_REDIS_CLUSTER=true with no node reachable: redis-py's cluster client raises
     RedisClusterException ("cannot be connected"), which is no RedisError, and the service

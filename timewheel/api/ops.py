@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import math
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from timewheel.api import flows
-from timewheel.api.deps import WheelDep
+from timewheel.api.deps import WheelDep, get_wheel
 from timewheel.errors import StoreUnavailable
 from timewheel.service import Wheel
 
@@ -39,13 +39,16 @@ async def livez() -> JSONResponse:
 
 
 @metrics_router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(wheel: WheelDep) -> Response:
+async def metrics(request: Request) -> Response:
     """Prometheus text format. Served while Redis is away too: that is when an operator needs
-    this process's own counters (failed ticks, callbacks in flight)."""
+    this process's own counters (failed ticks, callbacks in flight). So the wheel is taken
+    without ``WheelDep``, which answers 503 until Redis has answered once since the start: a
+    process started during an outage is scraped too (``timewheel_redis_up 0``)."""
+    wheel: Wheel = request.state.wheel
     try:
         # Bounded: a cluster client retries a silent master for minutes, and a scrape that
         # outlasts Prometheus's timeout (10 s by default) shows nothing at all.
-        await asyncio.wait_for(_refresh_gauges(wheel), GAUGES_READ_S)
+        await asyncio.wait_for(_refresh_gauges(request), GAUGES_READ_S)
     except (StoreUnavailable, TimeoutError):
         wheel.metrics.redis_up.set(0)
         flows.drop_gauges(wheel)  # unknown now: better absent than stale
@@ -55,7 +58,9 @@ async def metrics(wheel: WheelDep) -> Response:
     return Response(generate_latest(wheel.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _refresh_gauges(wheel: Wheel) -> None:
-    """The gauges read from Redis at a scrape: the per-flow ones and Redis's memory."""
+async def _refresh_gauges(request: Request) -> None:
+    """The gauges read from Redis at a scrape: the per-flow ones and Redis's memory (after
+    the wheel's first read of Redis, when Redis was away at the start)."""
+    wheel = await get_wheel(request)
     await flows.refresh_gauges(wheel)
     wheel.metrics.redis_memory.set(await wheel.store.memory_used())
