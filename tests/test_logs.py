@@ -8,12 +8,13 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from timewheel.logs import REQUEST_ID, LogOnce, configure_logging
+from timewheel.logs import REQUEST_ID, SECRET_WORDS, LogOnce, configure_logging
 from timewheel.settings import Settings
 
 TOKEN = "tok-3f9a7c1e-very-secret"
@@ -153,6 +154,19 @@ def test_secrets_never_appear(output: Any, fmt: str) -> None:
         (record,) = lines(buffer)
         assert record["authorization"] == "[redacted]"
         assert record["signing_secret"] == "[redacted]"
+
+
+def test_the_redacted_field_names_are_those_deploy_md_lists(output: Any) -> None:
+    """docs/deploy.md ("Logs", Secrets) names the words a field name is redacted for; it left
+    out `passwd`, which the formatter redacts too. Each listed word redacts a field."""
+    deploy = (Path(__file__).resolve().parent.parent / "docs" / "deploy.md").read_text()
+    bullet = deploy.split("any structured field whose name contains", 1)[1].split(" with ", 1)[0]
+    words = re.findall(r"`([a-z_]+)`", bullet)
+    assert sorted(words) == sorted(SECRET_WORDS)
+    buffer = output("info", "json")
+    logging.getLogger("timewheel.test").info("x", extra={f"my_{w}": "value" for w in words})
+    (record,) = lines(buffer)
+    assert {record[f"my_{w}"] for w in words} == {"[redacted]"}
 
 
 async def test_serving_requests_logs_no_token(output: Any, make_client: Any,

@@ -3,10 +3,10 @@
 ``TIMEWHEEL_LOG_FORMAT=text`` keeps the classic ``<time> <LEVEL> <logger>: <message>`` lines;
 ``json`` writes one object per line for log stores (Loki, Elasticsearch, Cloud Logging...)::
 
-    {"time": "2026-11-22T10:00:00.123Z", "level": "INFO", "logger": "timewheel.engine.dispatcher",
+    {"time": "2026-11-22T10:00:00.123Z", "level": "INFO", "logger": "timewheel.engine.executor",
      "message": "callback invoice-42 attempt=2 503 0.041s -> retry",
-     "task_key": "invoice-42", "attempt": 2, "status_code": 503, "duration_ms": 41.2,
-     "outcome": "retry"}
+     "task_key": "invoice-42", "flow_key": "api.example.com:443", "attempt": 2,
+     "status_code": 503, "duration_ms": 41.2, "outcome": "retry", "error": "HTTP 503"}
 
 Structured fields: code keeps its one readable %-style message per event (STYLE.md) and passes
 the machine-readable parts through ``extra=``; the JSON formatter writes every such field as a
@@ -17,11 +17,11 @@ so that one query works across every log line of the service:
 ``task_key``        str        the task's key
 ``flow_key``        str        the flow the attempt counts against
 ``attempt``         int        1, 2, 3, ... (the ``timewheel-attempt`` header's value)
-``status_code``     int        the receiver's HTTP status; absent when no answer came
-``duration_ms``     float      how long the attempt (or request) took, in milliseconds
+``status_code``     int        the receiver's HTTP status; null when no answer came
+``duration_ms``     float      how long the attempt took, in milliseconds
 ``outcome``         str        ``ok``, ``retry`` or ``fail`` for a callback
-``error``           str        the error kind and text when there was no answer
-``lateness_ms``     float      start of an attempt minus its due time
+``error``           str        null for ``ok``; ``HTTP <status>`` for another answer; the error
+                               kind and text when there was no answer
 ``request_id``      str        set for every record logged while an API request is served
 ==================  =========  ===========================================================
 
@@ -34,9 +34,10 @@ verdict, extra={"task_key": key, "attempt": attempt, "status_code": code,
 the handler by :func:`configure_logging`) copies it onto every record emitted meanwhile.
 
 Never log secrets. As a second line of defence the JSON formatter replaces the value of any
-structured field whose name looks secret (``token``, ``secret``, ``password``, ``authorization``,
-``cookie``) with ``"[redacted]"``; settings themselves are pydantic ``SecretStr`` values, which
-render as ``**********`` in either format.
+structured field whose name looks secret (contains ``token``, ``secret``, ``password``,
+``passwd``, ``authorization``, ``cookie`` or ``api_key``: ``SECRET_WORDS``) with
+``"[redacted]"``; settings themselves are pydantic ``SecretStr`` values, which render as
+``**********`` in either format.
 
 Library choice: python-json-logger, a formatter for the standard library's logging. Every
 module of the package already logs through ``logging.getLogger(__name__)`` with %-style
@@ -67,7 +68,7 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("timewheel_request_id", default=
 
 # The documented structured fields, in the order a reader expects them.
 FIELDS = ("task_key", "flow_key", "attempt", "status_code", "duration_ms", "outcome", "error",
-          "lateness_ms", "request_id")
+          "request_id")
 
 SECRET_WORDS = ("token", "secret", "password", "passwd", "authorization", "cookie", "api_key")
 REDACTED = "[redacted]"
