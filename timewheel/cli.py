@@ -18,13 +18,19 @@ from pydantic import ValidationError
 from timewheel import __version__, keys_cli, listen
 from timewheel.client import cli as client_cli
 from timewheel.errors import StartRefused
-from timewheel.settings import Settings, redact_url, secret_settings
+from timewheel.settings import Settings, allowed, redact_url, secret_settings, shown_default
 
 GC_THRESHOLD = 50_000  # allocations between young collections; CPython's default is 700
 
 
+DESCRIPTION = ("Calls HTTP URLs at scheduled times, on Redis. `timewheel serve` runs the service; "
+               "the other commands are its client (TIMEWHEEL_URL, TIMEWHEEL_TOKEN), a local "
+               "receiver and the payload encryption keys' tools.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timewheel", description=__doc__)
+    # Not the module docstring: that one is about `serve`, and this is every command's help.
+    parser = argparse.ArgumentParser(prog="timewheel", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the service",
@@ -37,12 +43,20 @@ def _parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{name.replace('_', '-')}", dest=f"setting_{name}", default=None,
                            metavar=name.upper() if name in ("host", "port") else "VALUE",
                            **switch,
-                           help=f"TIMEWHEEL_{name.upper()} (default: {info.default!r})")
+                           help=_setting_help(name))
     # The client commands (tasks, flows, schedules) live in timewheel/client/cli.py.
     client_cli.add_commands(commands)
     listen.add_command(commands)
     keys_cli.add_command(commands)
     return parser
+
+
+def _setting_help(name: str) -> str:
+    """``TIMEWHEEL_<NAME> (default: ...; its range)``, as README.md's table gives them."""
+    # %% for argparse, which %-formats help text (a pattern may hold one).
+    bounds = (allowed(name) or "").replace("%", "%%")
+    return (f"TIMEWHEEL_{name.upper()} (default: {shown_default(name)}"
+            f"{'; ' + bounds if bounds else ''})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args, get_origin
 from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -209,6 +209,44 @@ def secret_settings() -> list[str]:
     A Redis URL is one only when it carries a password (``redact_url``)."""
     return [name for name, info in Settings.model_fields.items()
             if _holds_secret(info.annotation)]
+
+
+def shown_default(name: str) -> str:
+    """A setting's default as README.md's table gives it: ``unset`` for none, ``true`` or
+    ``false``, a number or a word (not a Python repr: ``PosixPath('.timewheel')``, ``[]``)."""
+    default = Settings.model_fields[name].default
+    if default is None or default == []:
+        return "unset"
+    if isinstance(default, bool):
+        return str(default).lower()
+    return _number(default) if isinstance(default, float) else str(default)
+
+
+def allowed(name: str) -> str | None:
+    """The values a setting takes beyond its type, as README.md's table gives them in brackets
+    (with a hyphen for its en dash): ``1-65535``, ``above 0, at most 60``, ``above 0``,
+    ``wire, aiohttp or httpx``; None when any value of its type does."""
+    info = Settings.model_fields[name]
+    choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
+    if choices:
+        return f"{', '.join(map(str, choices[:-1]))} or {choices[-1]}"
+    bounds = {kind: getattr(item, kind) for item in info.metadata
+              for kind in ("ge", "gt", "le", "pattern") if getattr(item, kind, None) is not None}
+    if "pattern" in bounds:
+        return f"matching {bounds['pattern']}"
+    low = (_number(bounds["ge"]) if "ge" in bounds else None,
+           _number(bounds["gt"]) if "gt" in bounds else None)
+    high = _number(bounds["le"]) if "le" in bounds else None
+    if low[0] is not None and high is not None:
+        return f"{low[0]}-{high}"
+    parts = ([f"at least {low[0]}"] if low[0] is not None else []) + (
+        [f"above {low[1]}"] if low[1] is not None else []) + (
+        [f"at most {high}"] if high is not None else [])
+    return ", ".join(parts) or None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def _holds_secret(annotation: object) -> bool:
