@@ -103,6 +103,10 @@ def test_json_callback_lines_carry_the_fields_deploy_md_lists(
         "time", "level", "logger", "message"}
     # request_id is on the lines logged while a request is served (tests/test_request_id.py).
     assert structured | {"request_id"} == documented_log_fields()
+    readme = (DEPLOY_MD.parent.parent / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `TIMEWHEEL_LOG_FORMAT`")]
+    assert set(re.findall(r"`([a-z_]+_[a-z_]+|attempt|outcome|error)`", row)) == (
+        documented_log_fields())
     seen = {key: (r["outcome"], r["status_code"], r["error"]) for key, r in lines.items()}
     assert seen["json-ok"] == ("ok", 200, None)
     assert seen["json-bad"] == ("fail", 500, "HTTP 500")
