@@ -372,3 +372,27 @@ def test_non_finite_numbers_are_usage_errors(args: list[str],
         main(["tasks", "add", "http://127.0.0.1:9/x", *args])
     assert exit_info.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "http://127.0.0.1:8080:5", "http://[::1"])
+def test_a_malformed_url_is_a_usage_error(router: respx.MockRouter,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str], url: str) -> None:
+    """One line naming TIMEWHEEL_URL, exit 2: not httpx's traceback, nor "cannot reach the
+    service" (exit 3) for a URL that is a setting to correct."""
+    monkeypatch.setenv("TIMEWHEEL_URL", url)
+    assert run("tasks", "get", "k1") == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("timewheel: TIMEWHEEL_URL must be an absolute http:// or https:// URL")
+    assert err.count("\n") == 1
+
+
+def test_an_empty_key_is_a_usage_error(router: respx.MockRouter,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``timewheel tasks get ''`` printed ``307 Temporary Redirect`` (GET /tasks/)."""
+    route = router.route().mock(return_value=httpx.Response(307))
+    assert run("tasks", "get", "") == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "timewheel: the task key must not be empty\n")
+    assert route.call_count == 0

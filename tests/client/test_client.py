@@ -494,3 +494,35 @@ def test_create_task_sends_and_reads_result_callbacks(router: respx.MockRouter) 
                                              on_success="https://example.com/ok"))
     assert json.loads(route.calls.last.request.content)["on_success"] == "https://example.com/ok"
     assert (task.on_success, task.on_failure) == ("https://example.com/ok", None)
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8080", "ftp://127.0.0.1:8080", "http://",
+                                 "http://127.0.0.1:8080:5", "http://[::1"])
+@pytest.mark.parametrize("cls", [Client, AsyncClient])
+def test_a_malformed_base_url_is_refused_at_once(
+        monkeypatch: pytest.MonkeyPatch, url: str, cls: type[Client] | type[AsyncClient]
+        ) -> None:
+    """A base URL that cannot name an http(s) service is a ValueError when the client is made
+    (as a malformed token is), naming TIMEWHEEL_URL when it came from there: not httpx's
+    InvalidURL (the CLI printed its traceback), nor an UnreachableError at the first call
+    ("cannot reach the service") for what is a setting to correct."""
+    with pytest.raises(ValueError, match="absolute http:// or https:// URL") as raised:
+        cls(url)
+    assert "TIMEWHEEL_URL" not in str(raised.value)
+    monkeypatch.setenv("TIMEWHEEL_URL", url)
+    with pytest.raises(ValueError, match="TIMEWHEEL_URL"):
+        cls()
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("get_task", ("",)), ("cancel_task", ("",)), ("replay_task", ("",)), ("attempts", ("",)),
+    ("get_schedule", ("",)), ("delete_schedule", ("",)), ("get_topic", ("",)),
+    ("delete_topic", ("",)), ("get_flow", ("",)), ("get_job", ("",))])
+async def test_an_empty_key_is_refused_before_any_request(
+        both: Both, router: respx.MockRouter, name: str, args: tuple[str, ...]) -> None:
+    """``/tasks/`` is no task: the service redirected it to the listing, and the caller saw
+    ``307 Temporary Redirect`` for a key it had left empty."""
+    route = router.route().mock(return_value=httpx.Response(307))
+    with pytest.raises(ValueError, match="must not be empty"):
+        await both.call(name, *args)
+    assert route.call_count == 0

@@ -105,6 +105,7 @@ def http_options(base_url: str | None, token: str | None,
     ``TIMEWHEEL_TOKEN``; an empty string sends no token even when the variable is set.
     Surrounding whitespace is dropped (a token read from a file ends with a newline)."""
     url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
+    _check_url(url, from_env=not base_url and bool(os.environ.get(URL_ENV)))
     secret = (os.environ.get(TOKEN_ENV, "") if token is None else token).strip()
     headers = {"User-Agent": f"timewheel-client/{__version__}", "Accept": "application/json"}
     if secret:
@@ -120,12 +121,46 @@ def http_options(base_url: str | None, token: str | None,
             "follow_redirects": False}
 
 
-def segment(value: str) -> str:
+def _check_url(url: str, *, from_env: bool) -> None:
+    """A ValueError unless ``url`` is an absolute ``http(s)://`` URL with a host: otherwise
+    httpx raised its own InvalidURL when the client was made (a traceback in the CLI), or
+    every call failed as UnreachableError ("cannot reach the service"), for a setting to
+    correct. Named without its value, which may carry a password."""
+    origin = "TIMEWHEEL_URL" if from_env else "the base URL"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        reason = f" ({exc})"
+    else:
+        if parsed.scheme in ("http", "https") and parsed.host:
+            return
+        reason = ""
+    raise ValueError(f"{origin} must be an absolute http:// or https:// URL, such as "
+                     f"{DEFAULT_URL}{reason}")
+
+
+def segment(value: str, what: str = "task key") -> str:
     """``value`` as one path segment. Keys may be ``.`` or ``..``, which URL normalisation
-    would otherwise resolve away (``/tasks/..`` is ``/``): their dots are percent-encoded."""
+    would otherwise resolve away (``/tasks/..`` is ``/``): their dots are percent-encoded.
+    An empty one names no resource (``/tasks/`` is redirected to the listing): a ValueError
+    saying ``what`` is empty."""
+    if not value:
+        raise ValueError(f"the {what} must not be empty")
     if value in (".", ".."):
         return value.replace(".", "%2E")
     return quote(value, safe=":")
+
+
+def _flow(key: str) -> str:
+    return f"/flows/{segment(key, 'flow key')}"
+
+
+def _schedule(schedule_id: str) -> str:
+    return f"/schedules/{segment(schedule_id, 'schedule id')}"
+
+
+def _topic(name: str) -> str:
+    return f"/topics/{segment(name, 'topic name')}"
 
 
 def _model(cls: type[M]) -> Callable[[httpx.Response], M]:
@@ -229,7 +264,7 @@ def start_job(kind: str, job_filter: JobFilter | Mapping[str, Any]) -> Call[JobC
 
 
 def get_job(job_id: str) -> Call[JobView]:
-    return Call("GET", f"/jobs/{segment(job_id)}", _model(JobView))
+    return Call("GET", f"/jobs/{segment(job_id, 'job id')}", _model(JobView))
 
 
 # -- /flows -------------------------------------------------------------------------------
@@ -239,11 +274,11 @@ def set_flow(key: str, limits: FlowLimits | Mapping[str, Any]) -> Call[FlowView]
     defaults ``max_attempts``, ``retry_backoff``, ``max_backoff``); what is not given is
     cleared (no limit, not paused, no default)."""
     payload = limits.model_dump(mode="json") if isinstance(limits, FlowLimits) else dict(limits)
-    return Call("PUT", f"/flows/{segment(key)}", _model(FlowView), json=payload)
+    return Call("PUT", _flow(key), _model(FlowView), json=payload)
 
 
 def get_flow(key: str) -> Call[FlowView]:
-    return Call("GET", f"/flows/{segment(key)}", _model(FlowView))
+    return Call("GET", _flow(key), _model(FlowView))
 
 
 def list_flows() -> Call[FlowList]:
@@ -252,18 +287,18 @@ def list_flows() -> Call[FlowList]:
 
 
 def delete_flow(key: str) -> Call[None]:
-    return Call("DELETE", f"/flows/{segment(key)}", _nothing)
+    return Call("DELETE", _flow(key), _nothing)
 
 
 def pause_flow(key: str) -> Call[FlowView]:
     """``POST /flows/{key}/pause``: no attempt of the flow starts on any process (within a
     tick); the rest of its configuration is kept."""
-    return Call("POST", f"/flows/{segment(key)}/pause", _model(FlowView))
+    return Call("POST", f"{_flow(key)}/pause", _model(FlowView))
 
 
 def resume_flow(key: str) -> Call[FlowView]:
     """``POST /flows/{key}/resume``: its waiting tasks start in due order, within its limits."""
-    return Call("POST", f"/flows/{segment(key)}/resume", _model(FlowView))
+    return Call("POST", f"{_flow(key)}/resume", _model(FlowView))
 
 
 # -- /schedules ---------------------------------------------------------------------------
@@ -271,12 +306,12 @@ def resume_flow(key: str) -> Call[FlowView]:
 def set_schedule(schedule_id: str,
                  schedule: ScheduleCreate | Mapping[str, Any]) -> Call[ScheduleView]:
     """``PUT /schedules/{id}``: create (201) or replace (200)."""
-    return Call("PUT", f"/schedules/{segment(schedule_id)}", _model(ScheduleView),
+    return Call("PUT", _schedule(schedule_id), _model(ScheduleView),
                 json=body(schedule))
 
 
 def get_schedule(schedule_id: str) -> Call[ScheduleView]:
-    return Call("GET", f"/schedules/{segment(schedule_id)}", _model(ScheduleView))
+    return Call("GET", _schedule(schedule_id), _model(ScheduleView))
 
 
 def list_schedules(limit: int | None, cursor: str | None) -> Call[ScheduleList]:
@@ -285,27 +320,27 @@ def list_schedules(limit: int | None, cursor: str | None) -> Call[ScheduleList]:
 
 
 def delete_schedule(schedule_id: str) -> Call[None]:
-    return Call("DELETE", f"/schedules/{segment(schedule_id)}", _nothing)
+    return Call("DELETE", _schedule(schedule_id), _nothing)
 
 
 def pause_schedule(schedule_id: str) -> Call[ScheduleView]:
-    return Call("POST", f"/schedules/{segment(schedule_id)}/pause", _model(ScheduleView))
+    return Call("POST", f"{_schedule(schedule_id)}/pause", _model(ScheduleView))
 
 
 def resume_schedule(schedule_id: str) -> Call[ScheduleView]:
-    return Call("POST", f"/schedules/{segment(schedule_id)}/resume", _model(ScheduleView))
+    return Call("POST", f"{_schedule(schedule_id)}/resume", _model(ScheduleView))
 
 
 # -- /topics -------------------------------------------------------------------------------
 
 def set_topic(name: str, topic: TopicPut | Mapping[str, Any]) -> Call[TopicView]:
     """``PUT /topics/{name}``: create (201) or replace (200) the topic's endpoints."""
-    return Call("PUT", f"/topics/{segment(name)}", _model(TopicView), json=body(topic))
+    return Call("PUT", _topic(name), _model(TopicView), json=body(topic))
 
 
 def get_topic(name: str) -> Call[TopicDetail]:
     """``GET /topics/{name}``: the topic and its recent publishes."""
-    return Call("GET", f"/topics/{segment(name)}", _model(TopicDetail))
+    return Call("GET", _topic(name), _model(TopicDetail))
 
 
 def list_topics(limit: int | None, cursor: str | None) -> Call[TopicList]:
@@ -313,13 +348,13 @@ def list_topics(limit: int | None, cursor: str | None) -> Call[TopicList]:
 
 
 def delete_topic(name: str) -> Call[None]:
-    return Call("DELETE", f"/topics/{segment(name)}", _nothing)
+    return Call("DELETE", _topic(name), _nothing)
 
 
 def publish(name: str, message: TopicPublish | Mapping[str, Any]) -> Call[PublishResult]:
     """``POST /topics/{name}/publish``: one task per endpoint (201), or the same tasks again
     for a repeated publish (200)."""
-    return Call("POST", f"/topics/{segment(name)}/publish", _model(PublishResult),
+    return Call("POST", f"{_topic(name)}/publish", _model(PublishResult),
                 json=body(message))
 
 

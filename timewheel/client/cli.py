@@ -7,7 +7,8 @@ printed on stderr with its status and detail, and the exit status says what kind
 
     0  success
     1  the service answered with an error (4xx, 5xx)
-    2  usage: bad arguments (argparse's own status), or a malformed TIMEWHEEL_TOKEN
+    2  usage: bad arguments (argparse's own status), an empty KEY, ID or NAME, or a malformed
+       TIMEWHEEL_URL or TIMEWHEEL_TOKEN
     3  the service could not be reached (connection refused, timeout)
 """
 
@@ -61,11 +62,13 @@ def run(args: argparse.Namespace, *, transport: httpx.BaseTransport | None = Non
     handler: Handler = args.handler
     try:
         client = Client(args.base_url, transport=transport)
-    except ValueError as exc:  # a malformed TIMEWHEEL_TOKEN (the message omits its value)
+    except ValueError as exc:  # a malformed URL or token (the message omits their values)
         return _fail(str(exc), EXIT_USAGE)
     try:
         with client:
             output = handler(client, args)
+    except ValueError as exc:  # refused before sending: an empty KEY, ID or NAME
+        return _fail(str(exc), EXIT_USAGE)
     except UnreachableError as exc:
         return _fail(f"cannot reach the service: {exc}", EXIT_UNREACHABLE)
     except ClientError as exc:
