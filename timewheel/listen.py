@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -55,10 +56,25 @@ def _status(text: str) -> int:
     return int(text)
 
 
+def secret_from_environment(environ: Mapping[str, str]) -> str | None:
+    """The first secret of ``TIMEWHEEL_SIGNING_SECRET``, read as the service reads it
+    (comma-separated, blank entries dropped); None when it holds none. ValueError when that
+    secret is malformed (its message never quotes it)."""
+    entries = [part.strip() for part in environ.get(SECRET_ENV, "").split(",") if part.strip()]
+    if not entries:
+        return None
+    decode_secret(entries[0])
+    return entries[0]
+
+
 def run(args: argparse.Namespace) -> int:
     secret = args.secret
-    if secret is None and os.environ.get(SECRET_ENV):
-        secret = _secret(os.environ[SECRET_ENV].split(",")[0].strip())
+    if secret is None:
+        try:
+            secret = secret_from_environment(os.environ)
+        except ValueError as exc:  # as argparse does for a bad --secret: one line, exit 2
+            sys.stderr.write(f"timewheel listen: {SECRET_ENV}: {exc}\n")
+            return 2
     app = make_app(secret=secret, status=args.status)
     checked = "checking signatures" if secret else "not checking signatures (no --secret)"
     banner = (f"timewheel listen: on http://{args.host}:{args.port}/ (any path), "
@@ -131,5 +147,10 @@ def signature_verdict(secret: str, headers: dict[str, str], body: bytes) -> str:
 
 
 def _print(out: TextIO, text: str) -> None:
-    out.write(text if text.endswith("\n") else text + "\n")
+    line = text if text.endswith("\n") else text + "\n"
+    try:
+        out.write(line)
+    except UnicodeEncodeError:  # a stdout that cannot encode it (PYTHONIOENCODING=ascii, ...)
+        encoding = out.encoding or "ascii"
+        out.write(line.encode(encoding, "backslashreplace").decode(encoding))
     out.flush()  # a pipe or a file sees each callback at once

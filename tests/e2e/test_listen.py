@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import os
 import subprocess
 import sys
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from standardwebhooks import Webhook
 
 from tests.e2e.conftest import Service
 from tests.support.ports import listens_on, on_a_free_port
 from tests.support.waiting import settle
+from timewheel.listen import make_app, secret_from_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -163,3 +166,43 @@ def _dt(timestamp: int):  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(timestamp, tz=UTC)
+
+
+@pytest.mark.parametrize("value", ["nope", "whsec_", f" , nope,{SECRET}"])
+def test_listen_refuses_a_malformed_secret_from_the_environment(value: str) -> None:
+    """Without --secret, listen checks with TIMEWHEEL_SIGNING_SECRET's first secret; a
+    malformed one printed argparse's ArgumentTypeError as a traceback. One line, exit 2, as
+    for a bad --secret, and never the value."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEWHEEL_")}
+    env["TIMEWHEEL_SIGNING_SECRET"] = value
+    done = subprocess.run([sys.executable, "-m", "timewheel", "listen", "--port", "9"],
+                          env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    assert done.stderr.startswith("timewheel listen: TIMEWHEEL_SIGNING_SECRET: "), done.stderr
+    assert done.stderr.count("\n") == 1 and "nope" not in done.stderr
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("", None), (" ", None), (",", None), (SECRET, SECRET), (f" , {SECRET} ,x", SECRET),
+    (f"{SECRET},whsec_b3RoZXItc2VjcmV0LTE2Ynl0ZXM=", SECRET)])
+def test_listen_reads_the_environment_as_the_service_does(value: str,
+                                                          expected: str | None) -> None:
+    """Comma-separated, blank entries dropped (timewheel/settings.py): a blank variable is no
+    secret, and a leading comma does not make the first secret an empty one."""
+    assert secret_from_environment({"TIMEWHEEL_SIGNING_SECRET": value}) == expected
+    assert secret_from_environment({}) is None
+
+
+async def test_a_callback_is_answered_whatever_stdout_can_encode() -> None:
+    """On a stdout that cannot encode the request (PYTHONIOENCODING=ascii, a Latin-1 locale,
+    a redirected Windows console), printing it raised UnicodeEncodeError: the callback was
+    answered 500 (so retried) and a traceback printed. It is printed with escapes instead."""
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    app = make_app(secret=None, status=200, out=out)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        response = await client.post("/caf\u00e9", json={"note": "caf\u00e9 \u2603"})
+    assert response.status == 200
+    text = out.buffer.getvalue().decode("ascii")
+    assert "POST /caf" in text
+    assert '"note": "caf\\xe9 \\u2603"' in text
