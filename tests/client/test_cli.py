@@ -3,6 +3,7 @@ command sends, JSON on stdout, errors on stderr with their exit status."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -396,3 +397,17 @@ def test_an_empty_key_is_a_usage_error(router: respx.MockRouter,
     out, err = capsys.readouterr()
     assert (out, err) == ("", "timewheel: the task key must not be empty\n")
     assert route.call_count == 0
+
+
+def test_json_stays_json_on_a_stdout_that_cannot_encode_it(router: respx.MockRouter,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """On an ASCII stdout (PYTHONIOENCODING=ascii, a Latin-1 locale, a redirected Windows
+    console) printing the answer raised UnicodeEncodeError: a traceback, and the task that was
+    just created unseen. JSON's own escapes keep it JSON there."""
+    router.route().mock(return_value=httpx.Response(200, json=view(last_error="caf\u00e9 \u2603")))
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", out)
+    assert run("tasks", "get", "k1") == 0
+    out.flush()
+    assert json.loads(out.buffer.getvalue())["last_error"] == "caf\u00e9 \u2603"

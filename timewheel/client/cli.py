@@ -75,7 +75,10 @@ def run(args: argparse.Namespace, *, transport: httpx.BaseTransport | None = Non
         return _fail(str(exc), EXIT_API)
     if isinstance(output, BaseModel):
         output = output.model_dump(mode="json")
-    sys.stdout.write(json.dumps(output, indent=2, ensure_ascii=False) + "\n")
+    try:
+        sys.stdout.write(json.dumps(output, indent=2, ensure_ascii=False) + "\n")
+    except UnicodeEncodeError:  # a stdout that cannot encode it: JSON's escapes, still JSON
+        sys.stdout.write(json.dumps(output, indent=2) + "\n")
     return EXIT_OK
 
 
