@@ -411,3 +411,24 @@ def test_json_stays_json_on_a_stdout_that_cannot_encode_it(router: respx.MockRou
     assert run("tasks", "get", "k1") == 0
     out.flush()
     assert json.loads(out.buffer.getvalue())["last_error"] == "caf\u00e9 \u2603"
+
+
+@pytest.mark.parametrize("command", [["tasks", "add"], ["schedules", "set"],
+                                     ["topics", "publish"]])
+def test_help_gives_the_defaults_the_service_applies(capsys: pytest.CaptureFixture[str],
+                                                     command: list[str]) -> None:
+    """A task that sets no max_attempts / retry_backoff takes its flow's retry defaults (v3),
+    so "default 5" was wrong for a flow with defaults; and topics publish has no URL: each
+    task's flow is by default its own callback URL's (its endpoint's) host:port."""
+    assert run(*command, "--help") == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--max-attempts N attempts (default: the flow's, else 5)" in out
+    assert ("--retry-backoff S seconds before the first retry (default: the flow's, else 1), "
+            "doubling") in out
+    assert "(default: each callback URL's host:port)" in out
+
+
+def test_tasks_list_help_says_what_status_is(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("tasks", "list", "--help") == 0
+    assert "the tasks with this status (failed: the dead letters" in " ".join(
+        capsys.readouterr().out.split())

@@ -122,7 +122,9 @@ def _tasks(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
     listing = command(group, "list", common, _list_tasks,
                        "one page of tasks with a status (failed: the dead letters)")
-    listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus])
+    listing.add_argument("--status", required=True, choices=[s.value for s in TaskStatus],
+                         help="the tasks with this status (failed: the dead letters, newest "
+                         "first; scheduled and retrying: soonest due first)")
     listing.add_argument("--prefix", metavar="P", help="only keys that start with P")
     listing.add_argument("--limit", type=int, metavar="N", help="page size, 1-1000 (default 100)")
     listing.add_argument("--cursor", metavar="C", help="next_cursor of the previous page")

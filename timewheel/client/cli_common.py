@@ -78,7 +78,8 @@ class HeaderAction(argparse.Action):
 
 
 def task_options(parser: argparse.ArgumentParser) -> None:
-    """The task fields shared by ``tasks add`` and ``schedules set``."""
+    """The task fields shared by ``tasks add``, ``schedules set`` and ``topics publish``. The
+    defaults named are the service's: a flow's retry defaults apply to a task that sets none."""
     parser.add_argument("--method", type=str.upper, choices=[m.value for m in Method],
                         help="HTTP method of the callback (default POST)")
     parser.add_argument("--body", type=json_value, metavar="JSON",
@@ -86,12 +87,14 @@ def task_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header", dest="headers", action=HeaderAction, metavar="'NAME: VALUE'",
                         help="a header of the callback; repeat for more")
     parser.add_argument("--flow-key", metavar="F", help="the flow whose limits apply "
-                        "(default: the URL's host:port)")
+                        "(default: each callback URL's host:port)")
     parser.add_argument("--timeout", type=number, metavar="S",
                         help="per-attempt callback timeout in seconds")
-    parser.add_argument("--max-attempts", type=int, metavar="N", help="attempts (default 5)")
+    parser.add_argument("--max-attempts", type=int, metavar="N",
+                        help="attempts (default: the flow's, else 5)")
     parser.add_argument("--retry-backoff", type=number, metavar="S",
-                        help="seconds before the first retry (default 1), doubling")
+                        help="seconds before the first retry (default: the flow's, else 1), "
+                        "doubling")
     parser.add_argument("--on-success", metavar="URL", help="where the outcome is POSTed "
                         "when the callback is delivered (the task KEY.on_success)")
     parser.add_argument("--on-failure", metavar="URL", help="where the outcome is POSTed "
