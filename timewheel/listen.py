@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     app = make_app(secret=secret, status=args.status)
     checked = "checking signatures" if secret else "not checking signatures (no --secret)"
-    banner = (f"timewheel listen: on http://{args.host}:{args.port}/ (any path), "
+    banner = (f"timewheel listen: on {listen_url(args.host, args.port)} (any path), "
               f"answering {args.status}, {checked}; Ctrl-C stops")
     try:
         # run_app calls print (in place of its own "Running on" lines) once the port is
@@ -89,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
                          f"{exc.strerror or exc}\n")
         return 1
     return 0
+
+
+def listen_url(host: str, port: int) -> str:
+    """The URL of ``host:port``, an IPv6 address in brackets (its zone's ``%`` encoded), so
+    that the banner's URL can be pasted as it is."""
+    if ":" in host:
+        host = "[" + host.replace("%", "%25") + "]"
+    return f"http://{host}:{port}/"
 
 
 def make_app(*, secret: str | None, status: int, out: TextIO | None = None) -> web.Application:

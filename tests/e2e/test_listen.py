@@ -20,7 +20,7 @@ from standardwebhooks import Webhook
 from tests.e2e.conftest import Service
 from tests.support.ports import listens_on, on_a_free_port
 from tests.support.waiting import settle
-from timewheel.listen import make_app, secret_from_environment
+from timewheel.listen import listen_url, make_app, secret_from_environment
 
 pytestmark = pytest.mark.e2e
 
@@ -206,3 +206,11 @@ async def test_a_callback_is_answered_whatever_stdout_can_encode() -> None:
     text = out.buffer.getvalue().decode("ascii")
     assert "POST /caf" in text
     assert '"note": "caf\\xe9 \\u2603"' in text
+
+
+@pytest.mark.parametrize(("host", "port", "url"), [
+    ("127.0.0.1", 9000, "http://127.0.0.1:9000/"), ("localhost", 80, "http://localhost:80/"),
+    ("::1", 9000, "http://[::1]:9000/"), ("fe80::1%eth0", 1, "http://[fe80::1%25eth0]:1/")])
+def test_the_banner_names_a_url_that_can_be_pasted(host: str, port: int, url: str) -> None:
+    """``--host ::1`` printed ``on http://::1:9000/``, which no client takes as a URL."""
+    assert listen_url(host, port) == url
