@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.conftest import START_MS
+from timewheel.errors import StoreUnavailable
 from timewheel.jobs.sources import sources, start_of, task_filter
 from timewheel.models import TaskFields, TaskStatus
 from timewheel.operations.prepare import prepare
-from timewheel.store import CompleteReply, Outcome, ScheduleReply, Store
+from timewheel.store import CompleteReply, Outcome, ScheduleReply, Store, batch
 from timewheel.store.batch import schedule_many
 from timewheel.store.job_store import JobStore, Position
 from timewheel.store.record import NewTask
@@ -74,6 +76,31 @@ async def test_a_batch_tells_each_bucket_its_earliest_created_task_once(
                                 task(other, NOW + 300), task(same[1], NOW + 600)], NOW)
     assert sorted(told) == sorted([(bucket, NOW + 400),
                                    (store.keys.bucket_of(other), NOW + 300)])
+
+
+async def test_a_batch_refused_part_way_tells_every_bucket_it_may_have_written(
+        store: Store, told: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose calls Redis refuses part-way (it filled up: 503, some buckets stored)
+    tells each bucket of the batch its earliest task: which calls went through is not known,
+    and a stored task due before the next tick would wait for that tick. Before, the refusal
+    skipped every word (an outside audit of a full Redis)."""
+    run_calls = batch._run_calls
+
+    async def half_then_refused(store: Store, calls: Any) -> Any:
+        await run_calls(store, calls[:len(calls) // 2])
+        raise StoreUnavailable("schedule_many: OOM command not allowed when used memory > "
+                               "'maxmemory'")
+
+    monkeypatch.setattr(batch, "_run_calls", half_then_refused)
+    tasks = [task(f"k{i}", NOW + 100 + i) for i in range(40)]
+    with pytest.raises(StoreUnavailable):
+        await schedule_many(store, tasks, NOW)
+    earliest: dict[int, int] = {}
+    for t in tasks:
+        bucket = store.keys.bucket_of(t.key)
+        earliest[bucket] = min(earliest.get(bucket, t.due_ms), t.due_ms)
+    assert sorted(told) == sorted(earliest.items())
+    assert await store.get("k0") is not None or await store.get("k39") is not None
 
 
 async def test_a_recorded_retry_or_result_tells_a_stale_outcome_does_not(

@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 from tests.support.bucket_state import MIN, NOW, RET, template
 from timewheel.clock import FakeClock
 from timewheel.engine.publish_sweeper import PublishSweeper
+from timewheel.errors import RedisFull
 from timewheel.store import Store, layout
 from timewheel.store.publish import Publisher, PublishRequest
 from timewheel.store.record import NewTask
@@ -355,3 +356,28 @@ async def test_tasks_a_completion_makes_are_told_to_the_ticker(store: Store,
     assert await publisher.complete_open(store.keys.bucket_of("o2"), now_ms=NOW + 20_000,
                                          older_than_ms=10_000) == 1
     assert told == [(store.keys.bucket_of("o2-a"), NOW + 60_000)]
+
+
+async def test_a_cluster_publish_refused_part_way_still_tells_the_tasks_it_made(
+        store: Store, redis: Redis) -> None:
+    """A cluster publish whose tasks step is refused on one master (full) after another
+    master stored its share: 503, and the publish stays open for its repeat or the sweep.
+    The tasks stored meanwhile are told to the ticker all the same, or one due before the
+    next tick waits for it (before, the refusal skipped every word)."""
+    told: list[tuple[int, int]] = []
+    store.due_soon = lambda bucket, due_ms: told.append((bucket, due_ms))
+    publisher = Publisher(store)
+    full = prefix(store, KEYS[0])
+    assert prefix(store, KEYS[1]) != full
+    script = publisher.script
+
+    async def refused_on_one_master(keys: list[str], args: list[Any]) -> Any:
+        if args[0] == "tasks" and keys == [full]:
+            raise RedisFull("publish: OOM command not allowed when used memory > 'maxmemory'")
+        return await script(keys=keys, args=args)
+
+    publisher.script = refused_on_one_master  # type: ignore[assignment]
+    with pytest.raises(RedisFull):
+        await publisher._in_steps(request(), NOW)
+    assert await redis.exists(f"{prefix(store, KEYS[1])}t:{KEYS[1]}") == 1
+    assert sorted(told) == sorted((store.keys.bucket_of(k), NOW + 60_000) for k in KEYS)

@@ -32,6 +32,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from timewheel.errors import StoreUnavailable
 from timewheel.store.durability import Call, DurableScript, run_acknowledged
 from timewheel.store.record import NewTask, TaskRecord
 from timewheel.store.redis_errors import redis_errors
@@ -80,8 +81,15 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
         for i in group:
             args += store.schedule_args(tasks[i], f"{batch_id}.{i}")
         calls.append(([store.keys.prefix(bucket)], args))
-    async with redis_errors("schedule_many"):
-        replies = await _run_calls(store, calls)
+    try:
+        async with redis_errors("schedule_many"):
+            replies = await _run_calls(store, calls)
+    except StoreUnavailable:
+        # Refused part-way (a Redis that filled up, a lost connection, replicas that did not
+        # confirm): any call may have stored its tasks, and one due before the next tick
+        # would wait for that tick. A word for a bucket with nothing new costs one claim.
+        _tell_due(store, tasks, groups, lambda i: True)
+        raise
     for (_, group), reply in zip(groups, replies, strict=True):
         for index, code in zip(group, reply, strict=True):
             codes[index] = ScheduleReply(int(code))
@@ -89,11 +97,18 @@ async def schedule_many(store: Store, tasks: Sequence[NewTask], now_ms: int
         for index, code in enumerate(codes):
             if code is ScheduleReply.CONFLICT and await store.same_request(tasks[index]):
                 codes[index] = ScheduleReply.EXISTS
-    for bucket, group in groups:  # the ticker keeps the earliest a bucket: one word a call
-        created = [tasks[i].due_ms for i in group if codes[i] is ScheduleReply.CREATED]
-        if created:
-            store.due_soon(bucket, min(created))
+    _tell_due(store, tasks, groups, lambda i: codes[i] is ScheduleReply.CREATED)
     return codes
+
+
+def _tell_due(store: Store, tasks: Sequence[NewTask], groups: list[tuple[int, list[int]]],
+              created: Callable[[int], bool]) -> None:
+    """``Store.due_soon`` for each call's bucket, with its earliest task ``created`` (the
+    ticker keeps the earliest a bucket: one word a call is enough)."""
+    for bucket, group in groups:
+        due = [tasks[i].due_ms for i in group if created(i)]
+        if due:
+            store.due_soon(bucket, min(due))
 
 
 async def _run_calls(store: Store, calls: Sequence[tuple[list[str], list[Any]]]

@@ -165,12 +165,14 @@ class Publisher:
         """Steps (2) and (3): each bucket's tasks, then the record closed: ``done``, or
         ``partial`` when a task key was taken by another task between (0) and (2)."""
         head: list[Any] = ["tasks", publish_key, now_ms, request_id, "", "", 0]
-        replies = [_published(reply) for reply in await asyncio.gather(*(
-            self.script(keys=[prefix], args=head + quads)
-            for prefix, quads in groups.items()))]
+        answers = await asyncio.gather(*(self.script(keys=[prefix], args=head + quads)
+                                         for prefix, quads in groups.items()),
+                                       return_exceptions=True)
         # Tell the ticker of each task, whichever call made it (this publish's own, its repeat
-        # after it died, the sweep), or one due before the next tick waits for that tick.
-        # Told of a task that was not written (a taken key): one claim of its bucket too many.
+        # after it died, the sweep), or one due before the next tick waits for that tick; and
+        # when a call was refused (a full master), of those the others stored meanwhile.
+        # Told of a task that was not written (a taken key, a refused call): one claim of its
+        # bucket too many.
         for quads in groups.values():
             for key, stored in zip(quads[1::4], quads[2::4], strict=True):
                 try:
@@ -178,6 +180,10 @@ class Publisher:
                 except layout.BadRecord:  # another layout (a rolling update): claim soon
                     due = now_ms
                 self.store.due_soon(self.keys.bucket_of(key), due)
+        refused = next((a for a in answers if isinstance(a, BaseException)), None)
+        if refused is not None:
+            raise refused
+        replies = [_published(answer) for answer in answers]
         taken = next((r for r in replies if r.reply is PublishReply.TASK_CONFLICT), None)
         await self.script(keys=[self.home(publish_key)], args=[
             "close", publish_key, now_ms, request_id, "", "partial" if taken else "done", 0])
