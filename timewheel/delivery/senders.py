@@ -66,14 +66,29 @@ def kept_headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
     for name, value in items:
         lower = name.lower()
         if lower in KEPT_HEADERS:
-            kept.setdefault(lower, value[:MAX_HEADER_VALUE])
+            kept.setdefault(lower, _as_text(value)[:MAX_HEADER_VALUE])
         elif len(ids) < MAX_KEPT_HEADERS and _ID_HEADER.search(lower):
-            ids.setdefault(lower, value[:MAX_HEADER_VALUE])
+            ids.setdefault(lower, _as_text(value)[:MAX_HEADER_VALUE])
     for name, value in ids.items():
         if len(kept) == MAX_KEPT_HEADERS:
             break
         kept[name] = value
     return kept
+
+
+def _as_text(value: str) -> str:
+    """A header value that can be written as UTF-8. aiohttp decodes a value that is not UTF-8
+    with surrogateescape, and a lone surrogate cannot be encoded: a result callback's body (and
+    so its outcome) could not be written, and the delivered task was sent again at every lease.
+    Such a value is read as its bytes in latin-1, as the wire and httpx senders read it."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("latin-1")
+        except UnicodeEncodeError:  # a surrogate that stands for no byte
+            return value.encode("utf-8", "replace").decode()
+    return value
 
 
 class SendError(Exception):
