@@ -252,3 +252,37 @@ async def test_no_body_kept_is_none_cut(store: Store, fake_clock: FakeClock,
     finally:
         await wheel.dispatcher.stop(0.1)
         await wheel.sender.aclose()
+
+
+async def test_an_outcome_that_cannot_be_written_does_not_keep_its_batch_mates_unwritten(
+        wheel: Harness, router: respx.MockRouter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outcomes answered together are written in one complete call. One that cannot be
+    written (a bug: session 29's audit found a result body that could not be encoded) failed
+    that call for all of them, and their retries, made together, failed together until
+    their leases ran out: every task of the batch was sent again. A retry after an error
+    that is not Redis's goes alone, so the others are written."""
+    from timewheel.store.results import ResultCallback
+
+    payload = ResultCallback.payload
+
+    def poisoned(self: ResultCallback, key: str, finished_ms: int) -> bytes:
+        if key == "job-1":
+            raise UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates not allowed")
+        return payload(self, key, finished_ms)
+
+    monkeypatch.setattr(ResultCallback, "payload", poisoned)
+    router.post(URL).respond(200)
+    for key in ("job-1", "job-2", "job-3"):
+        await wheel.add(key, on_success=OK_URL)
+    tasks = await wheel.claim(None)
+    assert sorted(t.key for t in tasks) == ["job-1", "job-2", "job-3"]
+    wheel.dispatcher.submit(tasks, wheel.clock.now_ms())
+    wheel.clock.set(max(t.due_ms for t in tasks))
+
+    async def written() -> bool:
+        return [(await wheel.view(k)).status for k in ("job-2", "job-3")] == [
+            "succeeded", "succeeded"]
+
+    await wait_until(written, "the batch mates' outcomes written")
+    assert (await wheel.view("job-1")).status == "delivering"  # its lease will do
+    assert await wheel.store.get("job-2.on_success") is not None

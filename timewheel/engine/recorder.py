@@ -23,6 +23,7 @@ from typing import Any
 from timewheel.clock import Clock
 from timewheel.engine.attempt import Attempt
 from timewheel.engine.batching import BucketBatcher
+from timewheel.errors import StoreUnavailable
 from timewheel.metrics import Metrics
 from timewheel.store import CompleteReply, Outcome, ParkReply, ReleaseReply, Store
 from timewheel.store.record import Started
@@ -78,10 +79,21 @@ class Recorder:
         the attempt's lease ran out (Redis away: another process re-sends the task).
         ``failed``: the error of a first try made already (``record_soon``)."""
         lease_end = attempt.send_by_ms + attempt.task.timeout_ms
-        result = await self._keep_trying(
-            lambda: self._completes.submit(attempt.task.bucket,
-                                           (attempt.task.bucket, outcome)), lease_end,
-            f"outcome of {attempt.task.key}", failed=failed)
+        bucket = attempt.task.bucket
+        # An error that is not Redis's may be an outcome of the same batch that cannot be
+        # written (a bug): written with it again, this one would fail with it again until its
+        # lease ran out, and its task would be sent again. Alone, it is written.
+        alone = failed is not None and not isinstance(failed, StoreUnavailable)
+
+        async def write() -> int:
+            if alone:
+                (reply,) = await self._store.complete_many([(bucket, outcome)],
+                                                           now_ms=self._clock.now_ms())
+                return reply
+            return await self._completes.submit(bucket, (bucket, outcome))
+
+        result = await self._keep_trying(write, lease_end, f"outcome of {attempt.task.key}",
+                                         failed=failed)
         return self._recorded(attempt, result)
 
     def record_soon(self, attempt: Attempt, outcome: Outcome) -> asyncio.Future[bool]:
