@@ -87,8 +87,7 @@ class Recorder:
 
         async def write() -> int:
             if alone:
-                (reply,) = await self._store.complete_many([(bucket, outcome)],
-                                                           now_ms=self._clock.now_ms())
+                (reply,) = await self._flush_completes(bucket, [(bucket, outcome)])
                 return reply
             return await self._completes.submit(bucket, (bucket, outcome))
 

@@ -155,19 +155,23 @@ class ScheduleStore:
     def buckets(self) -> int:
         return self.store.keys.buckets
 
+    @property
+    def _pass_key(self) -> str:
+        return f"{self.store.keys.key_prefix}:sched:pass"
+
     async def last_pass(self) -> int | None:
         """The time of the last materializer pass (any process's), or None; ``mark_pass``
         without the mark."""
         async with redis_errors("read last pass"):
-            last: Any = await self.redis.get(f"{self.store.keys.key_prefix}:sched:pass")
+            last: Any = await self.redis.get(self._pass_key)
         return int(last) if last is not None else None
 
     async def mark_pass(self, now_ms: int) -> int | None:
         """Record a materializer pass at ``now_ms``; returns the previous pass's time (any
         process's), or None. The key expires a day after the last pass."""
         async with redis_errors("mark pass"):
-            previous: Any = await self.redis.set(f"{self.store.keys.key_prefix}:sched:pass", now_ms,
-                                                 px=86_400_000, get=True)
+            previous: Any = await self.redis.set(self._pass_key, now_ms, px=86_400_000,
+                                                 get=True)
         return int(previous) if previous is not None else None
 
     async def _run(self, name: str, bucket: int, args: Sequence[str | int | bytes]) -> Any:
