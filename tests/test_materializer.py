@@ -504,3 +504,32 @@ async def test_no_materializing_soon_during_the_pass_after_an_outage(store: Stor
     assert [k for k in await task_keys(redis) if k.startswith("a.")] == [
         f"a.{NOW + 10_000}", f"a.{NOW + 100_000}"]
     assert m.skipped == 1
+
+
+async def test_a_wait_for_a_witness_that_redis_interrupts_starts_again(
+        store: Store, redis: Redis) -> None:
+    """The three ticks a process waits for a witness are ticks in which it reads Redis. A
+    wait that another outage interrupts starts again when Redis is back: counted from its
+    first tick, it ended at once then, and the process skipped what a witness that ran
+    through both outages would have made up."""
+    schedules = schedules_of(store)
+    await put(schedules, "a", every=1)
+    away, last = False, schedules.last_pass
+
+    async def last_pass() -> int | None:
+        if away:
+            raise StoreUnavailable("read last pass: ConnectionError: Connection refused")
+        return await last()
+
+    schedules.last_pass = last_pass  # type: ignore[method-assign]
+    await schedules.mark_pass(NOW)  # the last pass before the first outage
+    started = materializer(store, schedules)
+    await started.tick(NOW + 5000)  # started during the outage; Redis answers: it waits
+    away = True
+    for second in range(6, 20):  # Redis away again
+        with pytest.raises(StoreUnavailable):
+            await started.tick(NOW + second * 1000)
+    away = False
+    await started.tick(NOW + 20_000)  # back: it waits again, and judges nothing yet
+    assert started.skipped == 0 and await task_keys(redis) == []
+    assert await schedules.last_pass() == NOW

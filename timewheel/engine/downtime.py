@@ -34,7 +34,10 @@ class Downtime:
         # when it last ran (note_running).
         self._running_since: int | None = None
         self._running_at: int | None = None
-        self._unsure_since: int | None = None  # its first pass waiting for a witness
+        # Its passes waiting for a witness: the first, and the last (a gap longer than grace
+        # between two, an outage again, starts the wait over).
+        self._unsure_since: int | None = None
+        self._unsure_at: int | None = None
 
     def note_running(self, now_ms: int) -> None:
         """This process's loop is at ``now_ms``: a gap of more than grace since it last was
@@ -77,11 +80,13 @@ class Downtime:
         if previous is None or not self.was_down(previous, now_ms):
             self._unsure_since = None  # up; or no pass in a day: nobody to wait for
             return False
-        if self._unsure_since is None:
+        if (self._unsure_since is None or self._unsure_at is None
+                or now_ms - self._unsure_at > self.grace_ms):
             self._unsure_since = now_ms
             log.info("schedules: no pass for %d ms, and this process cannot tell whether the "
                      "wheel was down: waiting up to %d ms for one that can", now_ms - previous,
                      self.witness_wait_ms)
+        self._unsure_at = now_ms
         if now_ms - self._unsure_since < self.witness_wait_ms:
             return True
         self._unsure_since = None
